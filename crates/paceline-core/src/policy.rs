@@ -1,0 +1,431 @@
+//! Policies: what is limited, by how much, and how it refills.
+//!
+//! A [`Policy`] is one named limit — a quota `q` over a window of `w`
+//! seconds, counted in a [`Unit`] with an [`Algorithm`]. Policies are built
+//! through constructors that validate them, so a policy that could never
+//! work (a zero quota, a zero window, a rate above one unit per nanosecond)
+//! cannot exist.
+//!
+//! ```
+//! use paceline_core::{Policy, PolicyKind};
+//!
+//! let burst = Policy::token_bucket("burst", 20, 2).unwrap();
+//! let daily = Policy::daily("daily", 10_000).unwrap();
+//! assert_eq!(burst.kind(), PolicyKind::Burst);
+//! assert_eq!(daily.kind(), PolicyKind::Quota);
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::clock::Nanos;
+
+/// Seconds in a day.
+pub const DAY_SECS: u64 = 86_400;
+/// Windows at least this long are quotas unless said otherwise.
+pub const QUOTA_THRESHOLD_SECS: u64 = 3_600;
+/// The largest quota a sliding-window log keeps a timestamp for, per key.
+pub const MAX_LOG_QUOTA: u64 = 4_096;
+
+/// How a policy counts and refills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Token bucket as GCRA: capacity `q`, continuous refill of `q` per `w`.
+    TokenBucket,
+    /// Windows of `w` seconds aligned to the epoch plus `offset_s`; the count
+    /// resets at each window edge. With `w` = one day and an offset this is
+    /// a calendar day resetting at a chosen time of day.
+    FixedWindow {
+        /// Where windows start, in seconds after the epoch-aligned edge.
+        offset_s: u64,
+    },
+    /// Exact sliding window: one timestamp per unit admitted in the last `w`.
+    SlidingLog,
+    /// Approximate sliding window: the previous fixed window's count,
+    /// weighted by how much of it still overlaps, plus the current count.
+    SlidingCounter,
+    /// At most `q` units in flight at once; a lease gives them back.
+    Concurrency,
+}
+
+impl Algorithm {
+    /// A short stable name, used in configuration and diagnostics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingCounter => "sliding_counter",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+
+    pub(crate) fn tag(&self) -> u64 {
+        match self {
+            Algorithm::TokenBucket => 1,
+            Algorithm::FixedWindow { .. } => 2,
+            Algorithm::SlidingLog => 3,
+            Algorithm::SlidingCounter => 4,
+            Algorithm::Concurrency => 5,
+        }
+    }
+}
+
+/// What a policy counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Unit {
+    /// Requests (the default).
+    #[default]
+    Requests,
+    /// Bytes of request content.
+    ContentBytes,
+    /// Requests in flight at the same time.
+    ConcurrentRequests,
+}
+
+impl Unit {
+    /// The IETF draft's name for the unit (`qu` parameter).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Unit::Requests => "requests",
+            Unit::ContentBytes => "content-bytes",
+            Unit::ConcurrentRequests => "concurrent-requests",
+        }
+    }
+}
+
+/// Whether running out means "slow down" or "come back after the reset".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    /// A short window: a denial clears within seconds (429 `rate_limited`).
+    Burst,
+    /// A long window: a denial lasts until the reset (429 `quota_exhausted`).
+    Quota,
+}
+
+/// What a shared store failure means for this policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FailMode {
+    /// Admit when the store cannot be reached (availability first).
+    #[default]
+    Open,
+    /// Deny when the store cannot be reached (protection first).
+    Closed,
+}
+
+/// Why a policy could not be built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The name is empty or not a token-safe string.
+    BadName(String),
+    /// `q` is zero.
+    ZeroQuota,
+    /// `w` is zero.
+    ZeroWindow,
+    /// More than one unit per nanosecond cannot be represented.
+    RateTooHigh,
+    /// A sliding-window log keeps one timestamp per unit; this `q` is too big.
+    LogTooLarge(u64),
+    /// The window offset must be shorter than the window.
+    BadOffset,
+    /// A concurrency cap must count concurrent requests, and only it may.
+    UnitMismatch,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicyError::BadName(n) => write!(
+                f,
+                "policy name {n:?} must be 1-64 characters of letters, digits, '_', '-' or '.'"
+            ),
+            PolicyError::ZeroQuota => f.write_str("quota q must be at least 1"),
+            PolicyError::ZeroWindow => f.write_str("window w must be at least 1 second"),
+            PolicyError::RateTooHigh => {
+                f.write_str("q per w is more than one unit per nanosecond; lengthen the window")
+            }
+            PolicyError::LogTooLarge(q) => write!(
+                f,
+                "a sliding_log keeps one timestamp per unit; q={q} exceeds {MAX_LOG_QUOTA}, use sliding_counter"
+            ),
+            PolicyError::BadOffset => f.write_str("window offset must be shorter than the window"),
+            PolicyError::UnitMismatch => f.write_str(
+                "the concurrency algorithm goes with unit concurrent-requests, and only it",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// One named limit. Cheap to clone.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
+    name: Arc<str>,
+    algorithm: Algorithm,
+    quota: u64,
+    window_s: u64,
+    unit: Unit,
+    kind: PolicyKind,
+    fail_mode: FailMode,
+    shadow: bool,
+    // derived
+    window_ns: u64,
+    emission_ns: u64,
+}
+
+impl Policy {
+    /// Builds a policy, checking that it can work.
+    pub fn new(
+        name: &str,
+        algorithm: Algorithm,
+        quota: u64,
+        window_s: u64,
+    ) -> Result<Policy, PolicyError> {
+        validate_name(name)?;
+        if quota == 0 {
+            return Err(PolicyError::ZeroQuota);
+        }
+        if window_s == 0 {
+            return Err(PolicyError::ZeroWindow);
+        }
+        let window_ns = window_s
+            .checked_mul(1_000_000_000)
+            .ok_or(PolicyError::RateTooHigh)?;
+        if quota > window_ns {
+            return Err(PolicyError::RateTooHigh);
+        }
+        match algorithm {
+            Algorithm::SlidingLog if quota > MAX_LOG_QUOTA => {
+                return Err(PolicyError::LogTooLarge(quota))
+            }
+            Algorithm::FixedWindow { offset_s } if offset_s >= window_s => {
+                return Err(PolicyError::BadOffset)
+            }
+            _ => {}
+        }
+        let unit = if algorithm == Algorithm::Concurrency {
+            Unit::ConcurrentRequests
+        } else {
+            Unit::Requests
+        };
+        let kind = if window_s >= QUOTA_THRESHOLD_SECS && algorithm != Algorithm::Concurrency {
+            PolicyKind::Quota
+        } else {
+            PolicyKind::Burst
+        };
+        Ok(Policy {
+            name: Arc::from(name),
+            algorithm,
+            quota,
+            window_s,
+            unit,
+            kind,
+            fail_mode: FailMode::Open,
+            shadow: false,
+            window_ns,
+            emission_ns: window_ns / quota,
+        })
+    }
+
+    /// A token bucket holding `q`, refilling `q` every `w` seconds.
+    pub fn token_bucket(name: &str, q: u64, w: u64) -> Result<Policy, PolicyError> {
+        Policy::new(name, Algorithm::TokenBucket, q, w)
+    }
+
+    /// A fixed window of `w` seconds aligned to the epoch.
+    pub fn fixed_window(name: &str, q: u64, w: u64) -> Result<Policy, PolicyError> {
+        Policy::new(name, Algorithm::FixedWindow { offset_s: 0 }, q, w)
+    }
+
+    /// `q` per calendar day, resetting at 00:00 UTC.
+    pub fn daily(name: &str, q: u64) -> Result<Policy, PolicyError> {
+        Policy::daily_at(name, q, 0)
+    }
+
+    /// `q` per day, resetting `reset_s` seconds after 00:00 UTC.
+    pub fn daily_at(name: &str, q: u64, reset_s: u64) -> Result<Policy, PolicyError> {
+        Policy::new(
+            name,
+            Algorithm::FixedWindow { offset_s: reset_s },
+            q,
+            DAY_SECS,
+        )
+    }
+
+    /// An exact sliding window.
+    pub fn sliding_log(name: &str, q: u64, w: u64) -> Result<Policy, PolicyError> {
+        Policy::new(name, Algorithm::SlidingLog, q, w)
+    }
+
+    /// An approximate sliding window.
+    pub fn sliding_counter(name: &str, q: u64, w: u64) -> Result<Policy, PolicyError> {
+        Policy::new(name, Algorithm::SlidingCounter, q, w)
+    }
+
+    /// At most `q` requests in flight.
+    pub fn concurrency(name: &str, q: u64) -> Result<Policy, PolicyError> {
+        Policy::new(name, Algorithm::Concurrency, q, 1)
+    }
+
+    /// Counts in `unit` instead of requests.
+    pub fn with_unit(mut self, unit: Unit) -> Result<Policy, PolicyError> {
+        let conc = self.algorithm == Algorithm::Concurrency;
+        if conc != (unit == Unit::ConcurrentRequests) {
+            return Err(PolicyError::UnitMismatch);
+        }
+        self.unit = unit;
+        Ok(self)
+    }
+
+    /// Overrides the burst/quota classification.
+    pub fn with_kind(mut self, kind: PolicyKind) -> Policy {
+        self.kind = kind;
+        self
+    }
+
+    /// Sets what a store failure means for this policy.
+    pub fn with_fail_mode(mut self, fail_mode: FailMode) -> Policy {
+        self.fail_mode = fail_mode;
+        self
+    }
+
+    /// Shadow mode: decide, publish and count, but never deny.
+    pub fn with_shadow(mut self, shadow: bool) -> Policy {
+        self.shadow = shadow;
+        self
+    }
+
+    /// The policy's name, as published in headers.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+    /// The quota `q`.
+    pub fn quota(&self) -> u64 {
+        self.quota
+    }
+    /// The window `w` in seconds.
+    pub fn window_s(&self) -> u64 {
+        self.window_s
+    }
+    /// The window in nanoseconds.
+    pub fn window(&self) -> Nanos {
+        Nanos::new(self.window_ns)
+    }
+    /// The unit counted.
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+    /// Burst or quota.
+    pub fn kind(&self) -> PolicyKind {
+        self.kind
+    }
+    /// What a store failure means.
+    pub fn fail_mode(&self) -> FailMode {
+        self.fail_mode
+    }
+    /// Whether the policy only observes.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+    /// The nanoseconds one unit takes to refill (token bucket).
+    pub fn emission_interval(&self) -> Nanos {
+        Nanos::new(self.emission_ns)
+    }
+    pub(crate) fn window_ns(&self) -> u64 {
+        self.window_ns
+    }
+    pub(crate) fn emission_ns(&self) -> u64 {
+        self.emission_ns
+    }
+    /// How many `u64` words of state one key needs for this policy.
+    pub fn state_words(&self) -> usize {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Concurrency => 1,
+            Algorithm::FixedWindow { .. } => 2,
+            Algorithm::SlidingCounter => 3,
+            Algorithm::SlidingLog => 1 + self.quota as usize,
+        }
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), PolicyError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(PolicyError::BadName(name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_policies_cannot_be_built() {
+        assert_eq!(
+            Policy::token_bucket("b", 0, 1).unwrap_err(),
+            PolicyError::ZeroQuota
+        );
+        assert_eq!(
+            Policy::token_bucket("b", 1, 0).unwrap_err(),
+            PolicyError::ZeroWindow
+        );
+        assert!(matches!(
+            Policy::token_bucket("", 1, 1).unwrap_err(),
+            PolicyError::BadName(_)
+        ));
+        assert!(matches!(
+            Policy::token_bucket("a\"b", 1, 1).unwrap_err(),
+            PolicyError::BadName(_)
+        ));
+        assert_eq!(
+            Policy::token_bucket("b", 2_000_000_000, 1).unwrap_err(),
+            PolicyError::RateTooHigh
+        );
+        assert_eq!(
+            Policy::sliding_log("l", 10_000, 1).unwrap_err(),
+            PolicyError::LogTooLarge(10_000)
+        );
+        assert_eq!(
+            Policy::daily_at("d", 1, DAY_SECS).unwrap_err(),
+            PolicyError::BadOffset
+        );
+        assert_eq!(
+            Policy::token_bucket("b", 1, 1)
+                .unwrap()
+                .with_unit(Unit::ConcurrentRequests)
+                .unwrap_err(),
+            PolicyError::UnitMismatch
+        );
+        assert!(Policy::token_bucket("b", 1, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn kind_defaults_by_window() {
+        assert_eq!(
+            Policy::fixed_window("m", 5, 60).unwrap().kind(),
+            PolicyKind::Burst
+        );
+        assert_eq!(
+            Policy::fixed_window("h", 5, 3600).unwrap().kind(),
+            PolicyKind::Quota
+        );
+        assert_eq!(
+            Policy::concurrency("c", 5).unwrap().kind(),
+            PolicyKind::Burst
+        );
+    }
+}
