@@ -80,7 +80,18 @@ pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (De
         peeks.push(pk);
     }
     let mut rest_at = now_ns;
-    if denial.is_none() {
+    if denial.is_some() {
+        // nothing is charged: publish the policies that would have admitted
+        // as they stand, not as they would after a charge that never happens
+        for (i, p) in policies.iter().enumerate() {
+            if peeks[i].admit {
+                let off = plan.offset(i);
+                let pk = algorithm::peek(p, &words[off..off + p.state_words()], now_ns, 0);
+                peeks[i].remaining = pk.remaining;
+                peeks[i].reset_ns = pk.reset_ns;
+            }
+        }
+    } else {
         for (i, p) in policies.iter().enumerate() {
             if peeks[i].admit {
                 let off = plan.offset(i);

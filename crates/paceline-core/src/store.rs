@@ -114,6 +114,7 @@ struct Shard {
 struct ShardInner {
     map: Map,
     sweep_at: usize,
+    last_sweep: Nanos,
 }
 
 struct Inner {
@@ -178,6 +179,7 @@ impl MemoryStore {
                 inner: Mutex::new(ShardInner {
                     map: Map::default(),
                     sweep_at: MIN_SWEEP,
+                    last_sweep: Nanos::ZERO,
                 }),
             })
             .collect();
@@ -262,6 +264,7 @@ impl MemoryStore {
         let mut fresh: Words = SmallVec::from_elem(0, words_len);
         let (d, rest) = check_words(plan, &mut fresh[1..], now, cost);
         if rest > now {
+            fresh[0] = rest.as_u64();
             self.insert(&mut g, h, fresh, now)?;
         }
         Ok(d)
@@ -274,9 +277,14 @@ impl MemoryStore {
         words: Words,
         now: Nanos,
     ) -> Result<(), StoreError> {
-        if g.map.len() >= g.sweep_at {
+        let full = g.map.len() >= self.inner.max_per_shard;
+        // When full of live keys, sweep at most once a second: a flood of
+        // new keys must not turn every insert into a scan.
+        if g.map.len() >= g.sweep_at || (full && now >= g.last_sweep.saturating_add(Nanos::SECOND))
+        {
             g.map.retain(|_, w| w[0] > now.as_u64());
             g.sweep_at = (g.map.len() * 2).max(MIN_SWEEP);
+            g.last_sweep = now;
         }
         if g.map.len() >= self.inner.max_per_shard {
             return Err(StoreError::Full);

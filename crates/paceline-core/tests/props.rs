@@ -1,0 +1,154 @@
+//! Timing invariants that must hold for any arrival sequence.
+
+use paceline_core::{algorithm, check_words, Nanos, Plan, Policy};
+use proptest::prelude::*;
+
+const S: u64 = 1_000_000_000;
+
+/// Arrival gaps (ns) and costs; time only moves forward.
+fn arrivals() -> impl Strategy<Value = Vec<(u64, u64)>> {
+    prop::collection::vec((0u64..400_000_000, 1u64..4), 1..400)
+}
+
+fn run(plan: &Plan, start: u64, seq: &[(u64, u64)]) -> Vec<(u64, u64, bool)> {
+    let mut words = vec![0u64; plan.state_words()];
+    let mut now = start;
+    seq.iter()
+        .map(|&(gap, cost)| {
+            now += gap;
+            let (d, _) = check_words(plan, &mut words, Nanos::new(now), cost);
+            (now, cost, d.is_allowed())
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// A token bucket of capacity C refilling r/s admits at most
+    /// C + r·(b − a) units in any interval [a, b].
+    #[test]
+    fn token_bucket_never_exceeds_capacity_plus_refill(
+        q in 1u64..30, w in 1u64..5, seq in arrivals()
+    ) {
+        let plan = Plan::new("p", vec![Policy::token_bucket("b", q, w).unwrap()]).unwrap();
+        let out = run(&plan, 1_000 * S, &seq);
+        let admitted: Vec<(u64, u64)> = out.iter().filter(|x| x.2).map(|x| (x.0, x.1)).collect();
+        for i in 0..admitted.len() {
+            let mut total = 0u64;
+            for &(t, c) in &admitted[i..] {
+                total += c;
+                let span = (t - admitted[i].0) as u128;
+                // C + r*(b-a), r = q/w per second; integer-exact bound
+                let bound = q as u128 * (w as u128 * S as u128) + q as u128 * span;
+                prop_assert!(total as u128 * (w as u128 * S as u128) <= bound,
+                    "{} units in {} ns (q={}, w={})", total, span, q, w);
+            }
+        }
+    }
+
+    /// A fixed window never admits more than q in one window.
+    #[test]
+    fn fixed_window_never_exceeds_q(q in 1u64..30, w in 1u64..5, seq in arrivals()) {
+        let plan = Plan::new("p", vec![Policy::fixed_window("f", q, w).unwrap()]).unwrap();
+        let out = run(&plan, 1_000 * S, &seq);
+        let mut per_window = std::collections::HashMap::new();
+        for (t, c, ok) in out {
+            if ok {
+                *per_window.entry(t / (w * S)).or_insert(0u64) += c;
+            }
+        }
+        prop_assert!(per_window.values().all(|&n| n <= q));
+    }
+
+    /// The sliding log admits at most q in any window of w.
+    #[test]
+    fn sliding_log_never_exceeds_q_in_any_window(q in 1u64..20, w in 1u64..3, seq in arrivals()) {
+        let plan = Plan::new("p", vec![Policy::sliding_log("l", q, w).unwrap()]).unwrap();
+        let out = run(&plan, 1_000 * S, &seq);
+        let admitted: Vec<(u64, u64)> = out.iter().filter(|x| x.2).map(|x| (x.0, x.1)).collect();
+        for i in 0..admitted.len() {
+            let total: u64 = admitted[i..].iter()
+                .take_while(|(t, _)| *t < admitted[i].0 + w * S)
+                .map(|x| x.1).sum();
+            prop_assert!(total <= q);
+        }
+    }
+
+    /// The sliding counter's estimate never lets more than 2q through in any
+    /// window (its documented approximation bound) and q in an aligned one.
+    #[test]
+    fn sliding_counter_bounded(q in 1u64..20, w in 1u64..3, seq in arrivals()) {
+        let plan = Plan::new("p", vec![Policy::sliding_counter("c", q, w).unwrap()]).unwrap();
+        let out = run(&plan, 1_000 * S, &seq);
+        let mut per_window = std::collections::HashMap::new();
+        for (t, c, ok) in out {
+            if ok {
+                *per_window.entry(t / (w * S)).or_insert(0u64) += c;
+            }
+        }
+        prop_assert!(per_window.values().all(|&n| n <= q));
+    }
+
+    /// A denied request changes no state, for every algorithm in a plan.
+    #[test]
+    fn denial_changes_nothing(seq in arrivals(), q in 1u64..10) {
+        let plan = Plan::new("p", vec![
+            Policy::token_bucket("b", q, 1).unwrap(),
+            Policy::fixed_window("f", q + 3, 2).unwrap(),
+            Policy::sliding_log("l", q + 1, 1).unwrap(),
+            Policy::sliding_counter("c", q + 2, 1).unwrap(),
+            Policy::concurrency("n", 1_000).unwrap(),
+        ]).unwrap();
+        let mut words = vec![0u64; plan.state_words()];
+        let mut now = 1_000 * S;
+        for (gap, cost) in seq {
+            now += gap;
+            let before = words.clone();
+            let (d, _) = check_words(&plan, &mut words, Nanos::new(now), cost);
+            if !d.is_allowed() {
+                prop_assert_eq!(&before, &words);
+            }
+        }
+    }
+
+    /// Waiting exactly the announced wait always lets the request through
+    /// (when nothing else arrives), and a nanosecond less never does for a
+    /// token bucket.
+    #[test]
+    fn announced_wait_is_exact(q in 1u64..30, w in 1u64..5, seq in arrivals(), cost in 1u64..4) {
+        let cost = cost.min(q);
+        let p = Policy::token_bucket("b", q, w).unwrap();
+        let plan = Plan::new("p", vec![p.clone()]).unwrap();
+        let mut words = vec![0u64; 1];
+        let mut now = 1_000 * S;
+        for (gap, c) in seq {
+            now += gap;
+            check_words(&plan, &mut words, Nanos::new(now), c);
+        }
+        let pk = algorithm::peek(&p, &words, now, cost);
+        if !pk.admit {
+            prop_assert!(!algorithm::peek(&p, &words, now + pk.wait_ns - 1, cost).admit);
+            prop_assert!(algorithm::peek(&p, &words, now + pk.wait_ns, cost).admit);
+        }
+    }
+
+    /// Remaining is what can actually be spent right now.
+    #[test]
+    fn remaining_is_spendable(q in 1u64..30, w in 1u64..5, seq in arrivals()) {
+        let p = Policy::token_bucket("b", q, w).unwrap();
+        let plan = Plan::new("p", vec![p.clone()]).unwrap();
+        let mut words = vec![0u64; 1];
+        let mut now = 1_000 * S;
+        for (gap, c) in seq {
+            now += gap;
+            check_words(&plan, &mut words, Nanos::new(now), c);
+        }
+        let (d, _) = check_words(&plan, &mut words, Nanos::new(now), 0);
+        let r = d.statuses[0].remaining;
+        for _ in 0..r {
+            prop_assert!(check_words(&plan, &mut words, Nanos::new(now), 1).0.is_allowed());
+        }
+        prop_assert!(!check_words(&plan, &mut words, Nanos::new(now), 1).0.is_allowed());
+    }
+}
