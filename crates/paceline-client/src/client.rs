@@ -1,0 +1,674 @@
+//! The transport-free client: before a request, go / wait / drop; after a
+//! response, done / retry after / error.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use http::Method;
+use paceline_core::{Clock, Nanos, SystemClock};
+use parking_lot::{Mutex, RwLock};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+use crate::budget::RetryBudget;
+use crate::config::Config;
+use crate::diag::{ScopeSnapshot, Snapshot};
+use crate::error::ClientError;
+use crate::event::{trace, Event, Hook, Mode};
+use crate::jitter;
+use crate::observe::{Observation, PolicyObservation, ResponseKind};
+use crate::request::{Call, Flight, RequestInfo};
+use crate::scope::{Hold, Scope};
+use crate::throttle::AdaptiveThrottle;
+use crate::window::SlotWindow;
+
+/// What to do before sending an attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Before {
+    /// Send it now (the attempt is counted as in flight).
+    Go,
+    /// Ask again after this long.
+    Wait(Nanos),
+    /// Do not send it: the call ends with this error.
+    Drop(ClientError),
+}
+
+/// What to do after an attempt's response (or network error).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum After {
+    /// Hand the response to the application (whatever its status).
+    Done,
+    /// Wait this long, then call `before` again for the next attempt.
+    RetryAfter(Nanos),
+    /// The call ends with this error.
+    Error(ClientError),
+}
+
+/// Builds a [`Client`].
+pub struct ClientBuilder {
+    clock: Option<Arc<dyn Clock>>,
+    rng: Option<Box<dyn RngCore + Send>>,
+    config: Config,
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl ClientBuilder {
+    /// Reads time from `clock` (the system clock by default).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+    /// Seeds the random draws (jitter, drops, idempotency keys), for
+    /// reproducible runs.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.rng = Some(Box::new(StdRng::seed_from_u64(seed)));
+        self
+    }
+    /// Uses this random source.
+    pub fn rng(mut self, rng: impl RngCore + Send + 'static) -> Self {
+        self.rng = Some(Box::new(rng));
+        self
+    }
+    /// Replaces the settings.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+    /// Changes the adaptive throttle's K.
+    pub fn throttle_k(mut self, k: f64) -> Self {
+        self.config.throttle_k = k;
+        self
+    }
+    /// Changes the ceiling above which waits are never slept.
+    pub fn max_wait(mut self, max_wait: Nanos) -> Self {
+        self.config.max_wait = max_wait;
+        self
+    }
+    /// The client.
+    pub fn build(self) -> Client {
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
+        let rng = self.rng.unwrap_or_else(|| Box::new(StdRng::from_entropy()));
+        let c = &self.config;
+        let state = State {
+            rng,
+            budget: RetryBudget::new(c.budget_window, c.budget_percent, c.budget_min_retries),
+            scopes: HashMap::new(),
+            totals: Totals::default(),
+            rates: SlotWindow::new(Nanos::from_secs(60), Nanos::SECOND),
+        };
+        Client {
+            inner: Arc::new(Inner {
+                clock,
+                config: self.config,
+                state: Mutex::new(state),
+                hooks: RwLock::new(Vec::new()),
+            }),
+        }
+    }
+}
+
+/// Running totals since the client was built.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Totals {
+    pub(crate) calls: u64,
+    pub(crate) requests: u64,
+    pub(crate) retries: u64,
+    pub(crate) drops: u64,
+    pub(crate) transport_errors: u64,
+    pub(crate) by_status: BTreeMap<u16, u64>,
+}
+
+pub(crate) struct State {
+    rng: Box<dyn RngCore + Send>,
+    pub(crate) budget: RetryBudget,
+    pub(crate) scopes: HashMap<String, Scope>,
+    pub(crate) totals: Totals,
+    pub(crate) rates: SlotWindow,
+}
+
+struct Inner {
+    clock: Arc<dyn Clock>,
+    config: Config,
+    state: Mutex<State>,
+    hooks: RwLock<Vec<Hook>>,
+}
+
+/// The SDK's state machine. Cheap to clone; every clone shares the same
+/// state, so all workers of a process pace as one client.
+///
+/// ```
+/// use paceline_client::{After, Before, Client, Observation, RequestInfo};
+/// use paceline_core::{ManualClock, Nanos};
+///
+/// let clock = ManualClock::new(Nanos::from_secs(1_000));
+/// let client = Client::builder().clock(clock.clone()).seed(7).build();
+/// let mut call = client.call(RequestInfo::get("http://api.test/v1/rates"));
+/// assert_eq!(client.before(&mut call), Before::Go);
+/// // the server answers: 7 of a burst of 8 per 2 s left
+/// let ok = Observation::bare(200).with_policy("burst", 8, 2, 7, Nanos::from_secs(1));
+/// assert_eq!(client.after(&mut call, &ok), After::Done);
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Client {
+    fn default() -> Self {
+        Client::builder().build()
+    }
+}
+
+impl Client {
+    /// A builder with the default settings.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder {
+            clock: None,
+            rng: None,
+            config: Config::default(),
+        }
+    }
+
+    /// A client on the system clock with the default settings.
+    pub fn new() -> Self {
+        Client::default()
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The current time on the client's clock.
+    pub fn now(&self) -> Nanos {
+        self.inner.clock.now()
+    }
+
+    /// Calls `hook` for every event from now on.
+    pub fn subscribe(&self, hook: impl Fn(&Event) + Send + Sync + 'static) {
+        self.inner.hooks.write().push(Arc::new(hook));
+    }
+
+    fn emit(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let hooks = self.inner.hooks.read();
+        for e in &events {
+            trace(e);
+            for h in hooks.iter() {
+                h(e);
+            }
+        }
+    }
+
+    /// Starts a call: one application request across all its attempts. A
+    /// POST gets an `Idempotency-Key` (a UUID v4) unless it has one.
+    pub fn call(&self, info: RequestInfo) -> Call {
+        let mut st = self.inner.state.lock();
+        st.totals.calls += 1;
+        let key = match &info.idempotency_key {
+            Some(k) => Some(k.clone()),
+            None if self.inner.config.idempotency_keys && info.method == Method::POST => {
+                let mut b = [0u8; 16];
+                st.rng.fill_bytes(&mut b);
+                Some(uuid::Builder::from_random_bytes(b).into_uuid().to_string())
+            }
+            None => None,
+        };
+        Call::new(info, key)
+    }
+
+    /// Asks whether the next attempt of `call` may go now.
+    pub fn before(&self, call: &mut Call) -> Before {
+        let now = self.now();
+        let mut events = Vec::new();
+        let b = self.before_at(call, now, &mut events);
+        self.emit(events);
+        b
+    }
+
+    fn before_at(&self, call: &mut Call, now: Nanos, events: &mut Vec<Event>) -> Before {
+        let cfg = &self.inner.config;
+        if call.flight.is_some() {
+            return Before::Go;
+        }
+        if call.not_before > now {
+            let wait = call.not_before.saturating_sub(now);
+            events.push(wait_event(&call.info.scope, wait, "retry"));
+            return Before::Wait(wait);
+        }
+        let mut guard = self.inner.state.lock();
+        let st = &mut *guard;
+        let scope = st.scopes.entry(call.info.scope.clone()).or_insert_with(|| {
+            Scope::new(
+                &call.info.scope,
+                AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k),
+            )
+        });
+        let (until, hold) = scope.earliest(now, &call.info.path);
+        if until > now {
+            let wait = until.saturating_sub(now);
+            if wait > cfg.max_wait {
+                let error = match hold {
+                    Some(Hold::Mirror(i)) if scope.mirrors[i].is_quota() => {
+                        ClientError::QuotaExceeded {
+                            policy: scope.mirrors[i].name.clone(),
+                            reset_at: until,
+                        }
+                    }
+                    _ => ClientError::WaitTooLong { until },
+                };
+                scope.drops += 1;
+                st.totals.drops += 1;
+                events.push(Event::Drop {
+                    scope: scope.name.clone(),
+                    error: error.clone(),
+                });
+                return Before::Drop(error);
+            }
+            let (wait, reason) = match hold {
+                Some(Hold::Pause) if scope.pause_spread => {
+                    let extra = jitter::uniform(jitter::jitter_span(scope.pause_len), &mut st.rng);
+                    (wait.saturating_add(extra), "pause")
+                }
+                Some(Hold::Pause) => (wait, "pause"),
+                _ => (wait, "pacing"),
+            };
+            events.push(wait_event(&scope.name, wait, reason));
+            return Before::Wait(wait);
+        }
+        if scope.mode == Mode::Unseeded && !scope.in_flight.is_empty() {
+            events.push(wait_event(&scope.name, cfg.probe_poll, "probe"));
+            return Before::Wait(cfg.probe_poll);
+        }
+        if scope.throttle.should_drop(now, &mut st.rng) {
+            let p = scope.throttle.probability(now);
+            scope.throttle.record_request(now);
+            let error = ClientError::Throttled {
+                probability_per_mille: (p * 1000.0).round() as u32,
+            };
+            scope.drops += 1;
+            st.totals.drops += 1;
+            events.push(Event::Drop {
+                scope: scope.name.clone(),
+                error: error.clone(),
+            });
+            return Before::Drop(error);
+        }
+        let seq = scope.spend(now, &call.info.path);
+        let retry = call.attempts > 0;
+        if retry {
+            scope.retries += 1;
+        } else {
+            st.budget.record_request(now);
+        }
+        call.flight = Some(Flight {
+            seq,
+            mode: scope.mode,
+        });
+        call.attempts += 1;
+        st.totals.requests += 1;
+        st.rates.add(now, 1, u64::from(retry));
+        Before::Go
+    }
+
+    /// Reports the response to the attempt in flight and says what next.
+    pub fn after(&self, call: &mut Call, obs: &Observation) -> After {
+        let now = self.now();
+        let mut events = Vec::new();
+        let a = self.after_at(call, obs, now, &mut events);
+        self.emit(events);
+        a
+    }
+
+    /// Reports a network error (no response) for the attempt in flight.
+    /// `transient` errors (connection reset or refused, timeout) may be
+    /// retried when the call may be resent; others end the call.
+    pub fn after_error(&self, call: &mut Call, transient: bool, message: &str) -> After {
+        let now = self.now();
+        let mut events = Vec::new();
+        let a = self.after_error_at(call, transient, message, now, &mut events);
+        self.emit(events);
+        a
+    }
+
+    /// Forgets the attempt in flight without an answer (the request was
+    /// cancelled). The call may start a new attempt with `before`.
+    pub fn cancel(&self, call: &mut Call) {
+        if let Some(f) = call.flight.take() {
+            if let Some(scope) = self.inner.state.lock().scopes.get_mut(&call.info.scope) {
+                scope.land(f.seq);
+            }
+        }
+    }
+
+    /// Seeds a scope's mirrors before its first response, for example from
+    /// the API's usage endpoint.
+    pub fn seed_policies(&self, scope: &str, policies: &[PolicyObservation]) {
+        let now = self.now();
+        let cfg = &self.inner.config;
+        let mut events = Vec::new();
+        {
+            let mut st = self.inner.state.lock();
+            let s = st.scopes.entry(scope.to_string()).or_insert_with(|| {
+                Scope::new(
+                    scope,
+                    AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k),
+                )
+            });
+            let alone = s.in_flight.is_empty();
+            s.observe(now, "/", policies, 0, alone);
+            if policies
+                .iter()
+                .any(|p| p.counts_requests && p.remaining.is_some())
+            {
+                s.set_mode(Mode::Paced, &mut events);
+            }
+        }
+        self.emit(events);
+    }
+
+    fn after_at(
+        &self,
+        call: &mut Call,
+        obs: &Observation,
+        now: Nanos,
+        events: &mut Vec<Event>,
+    ) -> After {
+        let cfg = &self.inner.config;
+        let Some(flight) = call.flight.take() else {
+            return After::Done;
+        };
+        call.last_status = Some(obs.status);
+        let mut guard = self.inner.state.lock();
+        let st = &mut *guard;
+        *st.totals.by_status.entry(obs.status).or_insert(0) += 1;
+        let Some(scope) = st.scopes.get_mut(&call.info.scope) else {
+            return After::Done;
+        };
+        let (later, alone) = scope.land(flight.seq);
+        if obs.has_limits() {
+            scope.headerless = 0;
+            scope.observe(now, &call.info.path, &obs.policies, later, alone);
+            scope.set_mode(Mode::Paced, events);
+        } else {
+            scope.headerless += 1;
+            if scope.mode == Mode::Unseeded || scope.headerless >= 5 {
+                scope.set_mode(Mode::HeaderAbsent, events);
+            }
+        }
+        let rejected = matches!(obs.status, 429 | 503);
+        scope.throttle.record_request(now);
+        if !rejected {
+            scope.throttle.record_accept(now);
+        }
+        if obs.status == 429 {
+            scope.last_429 = Some((now, obs.headers.clone()));
+        }
+        let retryable = match obs.kind {
+            ResponseKind::QuotaExhausted => {
+                let policy = obs.limit.clone().unwrap_or_else(|| quota_name(scope));
+                let reset_at = now.saturating_add(obs.retry_after.unwrap_or(Nanos::ZERO));
+                mark_exhausted(scope, &policy, now, reset_at);
+                let error = ClientError::QuotaExceeded { policy, reset_at };
+                events.push(Event::Drop {
+                    scope: scope.name.clone(),
+                    error: error.clone(),
+                });
+                return After::Error(error);
+            }
+            ResponseKind::RateLimited | ResponseKind::Overloaded => obs.should_retry != Some(false),
+            _ => obs.should_retry == Some(true) && obs.status >= 500,
+        };
+        if !retryable {
+            if !rejected {
+                scope.success(now, cfg.restore_after, events);
+            }
+            return After::Done;
+        }
+        // the whole scope reacts, not only this call
+        if obs.kind == ResponseKind::RateLimited {
+            match scope.mode {
+                Mode::HeaderAbsent => {
+                    scope.absent_429(cfg.absent_gap);
+                    let wait = obs
+                        .retry_after
+                        .unwrap_or_else(|| cfg.absent_backoff.nominal(call.attempts));
+                    scope.pause(now, now.saturating_add(wait.min(cfg.max_wait)), false);
+                }
+                _ => {
+                    if flight.mode == Mode::Paced {
+                        scope.obeyed_429(now, cfg.escalate_after, cfg.max_factor, events);
+                    }
+                    if let Some(ra) = obs.retry_after {
+                        scope.pause(now, now.saturating_add(ra.min(cfg.max_wait)), false);
+                    }
+                }
+            }
+        } else if let Some(ra) = obs.retry_after {
+            scope.pause(now, now.saturating_add(ra.min(cfg.max_wait)), true);
+        }
+        let absent = scope.mode == Mode::HeaderAbsent;
+        let scope_name = scope.name.clone();
+        let max_attempts = if absent {
+            cfg.absent_backoff.max_attempts
+        } else {
+            cfg.max_attempts
+        };
+        if let Some(ra) = obs.retry_after {
+            if ra > cfg.max_wait {
+                return self.fail(
+                    st,
+                    &scope_name,
+                    ClientError::WaitTooLong {
+                        until: now.saturating_add(ra),
+                    },
+                    events,
+                );
+            }
+        }
+        if call.attempts >= max_attempts {
+            let e = ClientError::RetriesExhausted {
+                attempts: call.attempts,
+                status: Some(obs.status),
+            };
+            return self.fail(st, &scope_name, e, events);
+        }
+        let wait = match obs.retry_after {
+            Some(ra) => jitter::retry_wait(Some(ra), call.attempts, &mut st.rng),
+            None if absent => cfg.absent_backoff.wait(call.attempts, &mut st.rng),
+            None => jitter::retry_wait(None, call.attempts, &mut st.rng),
+        };
+        self.retry(st, call, &scope_name, wait, Some(obs.status), now, events)
+    }
+
+    fn after_error_at(
+        &self,
+        call: &mut Call,
+        transient: bool,
+        message: &str,
+        now: Nanos,
+        events: &mut Vec<Event>,
+    ) -> After {
+        let cfg = &self.inner.config;
+        let Some(flight) = call.flight.take() else {
+            return After::Done;
+        };
+        let mut guard = self.inner.state.lock();
+        let st = &mut *guard;
+        st.totals.transport_errors += 1;
+        let Some(scope) = st.scopes.get_mut(&call.info.scope) else {
+            return After::Done;
+        };
+        scope.land(flight.seq);
+        scope.throttle.record_request(now);
+        let absent = scope.mode == Mode::HeaderAbsent;
+        let name = scope.name.clone();
+        let transport = ClientError::Transport {
+            message: message.to_string(),
+        };
+        if !transient || !call.may_resend() {
+            return self.fail(st, &name, transport, events);
+        }
+        let max_attempts = if absent {
+            cfg.absent_backoff.max_attempts
+        } else {
+            cfg.max_attempts
+        };
+        if call.attempts >= max_attempts {
+            let e = ClientError::RetriesExhausted {
+                attempts: call.attempts,
+                status: None,
+            };
+            return self.fail(st, &name, e, events);
+        }
+        let wait = if absent {
+            cfg.absent_backoff.wait(call.attempts, &mut st.rng)
+        } else {
+            jitter::retry_wait(None, call.attempts, &mut st.rng)
+        };
+        self.retry(st, call, &name, wait, None, now, events)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn retry(
+        &self,
+        st: &mut State,
+        call: &mut Call,
+        scope: &str,
+        wait: Nanos,
+        status: Option<u16>,
+        now: Nanos,
+        events: &mut Vec<Event>,
+    ) -> After {
+        if !st.budget.try_retry(now) {
+            return self.fail(st, scope, ClientError::BudgetExhausted { status }, events);
+        }
+        st.totals.retries += 1;
+        call.not_before = now.saturating_add(wait);
+        events.push(Event::Retry {
+            scope: scope.to_string(),
+            attempt: call.attempts,
+            wait,
+            status,
+        });
+        After::RetryAfter(wait)
+    }
+
+    fn fail(
+        &self,
+        st: &mut State,
+        scope: &str,
+        error: ClientError,
+        events: &mut Vec<Event>,
+    ) -> After {
+        st.totals.drops += 1;
+        if let Some(s) = st.scopes.get_mut(scope) {
+            s.drops += 1;
+        }
+        events.push(Event::Drop {
+            scope: scope.to_string(),
+            error: error.clone(),
+        });
+        After::Error(error)
+    }
+
+    /// The retry budget as it stands.
+    pub fn budget(&self) -> crate::budget::BudgetStats {
+        let now = self.now();
+        self.inner.state.lock().budget.stats(now)
+    }
+
+    /// A snapshot of everything the client knows and did.
+    pub fn diagnostics(&self) -> Snapshot {
+        let now = self.now();
+        let st = self.inner.state.lock();
+        let (req_min, retry_min) = st.rates.totals(now);
+        let mut scopes: Vec<ScopeSnapshot> = st
+            .scopes
+            .values()
+            .map(|s| ScopeSnapshot::of(s, now))
+            .collect();
+        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+        Snapshot {
+            at_s: now.as_secs_f64(),
+            calls: st.totals.calls,
+            requests: st.totals.requests,
+            retries: st.totals.retries,
+            local_drops: st.totals.drops,
+            transport_errors: st.totals.transport_errors,
+            by_status: st
+                .totals
+                .by_status
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            request_rate_per_s: req_min as f64 / 60.0,
+            retry_rate_per_s: retry_min as f64 / 60.0,
+            budget: st.budget.stats(now),
+            scopes,
+        }
+    }
+
+    /// Draws a uniform number in `[0, 1)` from the client's random source
+    /// (shared with jitter; for adapters and the simulator).
+    pub fn random(&self) -> f64 {
+        self.inner.state.lock().rng.gen()
+    }
+}
+
+fn wait_event(scope: &str, wait: Nanos, reason: &'static str) -> Event {
+    Event::Wait {
+        scope: scope.to_string(),
+        wait,
+        reason,
+    }
+}
+
+fn quota_name(scope: &Scope) -> String {
+    scope
+        .mirrors
+        .iter()
+        .find(|m| m.is_quota())
+        .map(|m| m.name.clone())
+        .unwrap_or_else(|| "quota".to_string())
+}
+
+fn mark_exhausted(scope: &mut Scope, policy: &str, now: Nanos, reset_at: Nanos) {
+    let p = PolicyObservation {
+        name: policy.to_string(),
+        quota: None,
+        window_s: Some(86_400),
+        remaining: Some(0),
+        reset_in: Some(reset_at.saturating_sub(now)),
+        counts_requests: true,
+        per_endpoint: false,
+    };
+    let keep_window = scope
+        .mirrors
+        .iter()
+        .find(|m| m.name == policy)
+        .and_then(|m| m.window);
+    let p = PolicyObservation {
+        window_s: keep_window.map(|w| w.as_secs_floor()).or(p.window_s),
+        ..p
+    };
+    scope.observe(now, "/", std::slice::from_ref(&p), 0, true);
+}

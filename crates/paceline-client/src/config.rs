@@ -1,0 +1,70 @@
+//! The client's settings, with the defaults the contract names.
+
+use paceline_core::Nanos;
+
+use crate::backoff::{Backoff, ABSENT};
+
+/// Settings of a [`Client`](crate::Client). Every field has the documented
+/// default; change what you need with struct update syntax.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Attempts per call when the provider publishes its limits (3).
+    pub max_attempts: u32,
+    /// Backoff for providers that publish nothing useful (1 s × 2 ± 10%,
+    /// cap 300 s, 6 attempts).
+    pub absent_backoff: Backoff,
+    /// The retry budget's window (one minute).
+    pub budget_window: Nanos,
+    /// Retries allowed, in percent of first attempts in the window (10).
+    pub budget_percent: u32,
+    /// Retries always allowed per window, so a quiet client can still
+    /// retry a little (3).
+    pub budget_min_retries: u32,
+    /// The adaptive throttle's window (two minutes).
+    pub throttle_window: Nanos,
+    /// The adaptive throttle's K (2).
+    pub throttle_k: f64,
+    /// Waits longer than this are never slept: the call fails with the
+    /// instant to come back instead (300 s).
+    pub max_wait: Nanos,
+    /// How often a request waiting for a scope's first answer looks again
+    /// (5 ms).
+    pub probe_poll: Nanos,
+    /// Spacing a header-absent scope starts from after its first 429
+    /// (250 ms, that is 4 requests per second).
+    pub absent_gap: Nanos,
+    /// Whether to add an `Idempotency-Key` to POST requests (true).
+    pub idempotency_keys: bool,
+    /// Consecutive 429s, despite obeying the headers, that double the
+    /// spacing of a scope (2).
+    pub escalate_after: u32,
+    /// Successes in a row (spanning two reset windows) that halve it back (10).
+    pub restore_after: u32,
+    /// The largest spacing multiplier (64).
+    pub max_factor: u32,
+    /// The largest request body buffered so it can be replayed (1 MiB).
+    pub replay_buffer_cap: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_attempts: 3,
+            absent_backoff: ABSENT,
+            budget_window: Nanos::from_secs(60),
+            budget_percent: 10,
+            budget_min_retries: 3,
+            throttle_window: Nanos::from_secs(120),
+            throttle_k: 2.0,
+            max_wait: Nanos::from_secs(300),
+            probe_poll: Nanos::from_millis(5),
+            absent_gap: Nanos::from_millis(250),
+            idempotency_keys: true,
+            escalate_after: 2,
+            restore_after: 10,
+            max_factor: 64,
+            replay_buffer_cap: 1 << 20,
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The diagnostics snapshot: what the client knows and did, as data.
+
+use paceline_core::Nanos;
+use serde::Serialize;
+
+use crate::budget::BudgetStats;
+use crate::event::Mode;
+use crate::scope::Scope;
+
+/// One mirrored policy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PolicySnapshot {
+    /// The policy name.
+    pub name: String,
+    /// The endpoint it applies to, when it is per endpoint.
+    pub endpoint: Option<String>,
+    /// Quota `q`, if published.
+    pub quota: Option<u64>,
+    /// Window `w` in seconds, if published.
+    pub window_s: Option<u64>,
+    /// Whole units the mirror thinks are left.
+    pub available: Option<u64>,
+}
+
+/// One scope.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScopeSnapshot {
+    /// The scope name (authority or account).
+    pub scope: String,
+    /// The pacing mode.
+    pub mode: Mode,
+    /// The spacing multiplier from escalation (1 when not escalated).
+    pub factor: u32,
+    /// Header-absent spacing between requests, seconds.
+    pub gap_s: f64,
+    /// Seconds left of a pause every request of the scope obeys.
+    pub paused_for_s: f64,
+    /// The adaptive throttle's drop probability now.
+    pub drop_probability: f64,
+    /// Attempts on the wire.
+    pub in_flight: usize,
+    /// Attempts sent (first and retries).
+    pub requests: u64,
+    /// Retries sent.
+    pub retries: u64,
+    /// Calls ended locally.
+    pub drops: u64,
+    /// The mirrored policies.
+    pub policies: Vec<PolicySnapshot>,
+    /// Seconds since the last 429, if any.
+    pub last_429_ago_s: Option<f64>,
+    /// The last 429's headers.
+    pub last_429_headers: Vec<(String, String)>,
+}
+
+impl ScopeSnapshot {
+    pub(crate) fn of(s: &Scope, now: Nanos) -> Self {
+        ScopeSnapshot {
+            scope: s.name.clone(),
+            mode: s.mode,
+            factor: s.factor,
+            gap_s: s.gap.as_secs_f64(),
+            paused_for_s: s.pause_until.saturating_sub(now).as_secs_f64(),
+            drop_probability: s.throttle.probability(now),
+            in_flight: s.in_flight.len(),
+            requests: s.requests,
+            retries: s.retries,
+            drops: s.drops,
+            policies: s
+                .mirrors
+                .iter()
+                .map(|m| PolicySnapshot {
+                    name: m.name.clone(),
+                    endpoint: m.endpoint.clone(),
+                    quota: m.quota,
+                    window_s: m.window.map(|w| w.as_secs_floor()),
+                    available: m.available(now),
+                })
+                .collect(),
+            last_429_ago_s: s
+                .last_429
+                .as_ref()
+                .map(|(t, _)| now.saturating_sub(*t).as_secs_f64()),
+            last_429_headers: s
+                .last_429
+                .as_ref()
+                .map(|(_, h)| h.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Everything the client knows and did, at one instant.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Snapshot {
+    /// When (seconds since the UNIX epoch on the client's clock).
+    pub at_s: f64,
+    /// Calls started.
+    pub calls: u64,
+    /// Attempts sent.
+    pub requests: u64,
+    /// Retries scheduled.
+    pub retries: u64,
+    /// Calls ended locally (throttled, budget, too long a wait, quota...).
+    pub local_drops: u64,
+    /// Network errors.
+    pub transport_errors: u64,
+    /// Responses by status.
+    pub by_status: Vec<(String, u64)>,
+    /// Attempts per second over the last minute.
+    pub request_rate_per_s: f64,
+    /// Retries per second over the last minute.
+    pub retry_rate_per_s: f64,
+    /// The retry budget.
+    pub budget: BudgetStats,
+    /// Per scope.
+    pub scopes: Vec<ScopeSnapshot>,
+}

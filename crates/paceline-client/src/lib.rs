@@ -1,0 +1,75 @@
+//! # paceline-client
+//!
+//! The client half of the rate-limit contract: read what the server
+//! publishes, pace so that 429 is the exception, retry only what can
+//! succeed, and never join a thundering herd.
+//!
+//! Why a transport-free core: the same decisions must hold for a `reqwest`
+//! client, a `tower` stack, a CLI and a simulator running on virtual time.
+//! So [`Client`] does no I/O and reads time from a
+//! [`Clock`](paceline_core::Clock): before each attempt it answers
+//! [`Before::Go`], [`Before::Wait`] or [`Before::Drop`]; after each response
+//! it answers [`After::Done`], [`After::RetryAfter`] or [`After::Error`].
+//! Adapters (features `reqwest` and `tower`) turn those answers into sleeps
+//! and sends.
+//!
+//! The pieces, each usable alone:
+//!
+//! - [`budget::RetryBudget`]: retries at most 10% of the last minute's
+//!   requests, exact integer arithmetic;
+//! - [`throttle::AdaptiveThrottle`] and [`throttle::drop_probability`]: the
+//!   SRE book's client-side throttling over two minutes;
+//! - [`jitter::retry_wait`]: `Retry-After + uniform(0, J)`, or full jitter;
+//! - [`backoff::ABSENT`]: exponential backoff for providers that publish
+//!   nothing;
+//! - per-scope mirrored buckets, a pause shared by every request of a
+//!   scope, escalation and restore, and a [`Snapshot`] of it all.
+//!
+//! ```
+//! use paceline_client::{After, Before, Client, ClientError, Observation, RequestInfo, ResponseKind};
+//! use paceline_core::{ManualClock, Nanos};
+//!
+//! let clock = ManualClock::new(Nanos::from_secs(1_790_000_000));
+//! let client = Client::builder().clock(clock.clone()).seed(1).build();
+//!
+//! // A daily quota runs out: the call fails at once with the reset time.
+//! let mut call = client.call(RequestInfo::post("http://api.test/v1/labels"));
+//! assert!(call.idempotency_key().is_some());
+//! assert_eq!(client.before(&mut call), Before::Go);
+//! let mut quota = Observation::bare(429).with_retry_after(Nanos::from_secs(19_200));
+//! quota.kind = ResponseKind::QuotaExhausted;
+//! quota.limit = Some("daily".into());
+//! match client.after(&mut call, &quota) {
+//!     After::Error(ClientError::QuotaExceeded { policy, reset_at }) => {
+//!         assert_eq!(policy, "daily");
+//!         assert_eq!(reset_at, Nanos::from_secs(1_790_000_000 + 19_200));
+//!     }
+//!     other => panic!("{other:?}"),
+//! }
+//! ```
+
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+mod bucket;
+pub mod budget;
+mod client;
+mod config;
+mod diag;
+mod error;
+mod event;
+pub mod jitter;
+mod observe;
+mod request;
+mod scope;
+pub mod throttle;
+pub mod window;
+
+pub use bucket::QUOTA_WINDOW;
+pub use client::{After, Before, Client, ClientBuilder};
+pub use config::Config;
+pub use diag::{PolicySnapshot, ScopeSnapshot, Snapshot};
+pub use error::ClientError;
+pub use event::{Event, Hook, Mode};
+pub use observe::{Observation, PolicyObservation, ResponseKind};
+pub use request::{Call, RequestInfo};

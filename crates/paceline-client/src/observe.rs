@@ -1,0 +1,119 @@
+//! What the client needs to know about a response, whoever parsed it.
+//!
+//! The header dialects are read by `paceline-wire`; the client folds the
+//! result into an [`Observation`]: the outcome, the wait the server asked
+//! for, vendor retry hints and every policy with what is left of it. The
+//! simulator can also build observations directly.
+
+use paceline_core::Nanos;
+
+/// How a response ended, from the client's point of view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseKind {
+    /// Anything the server accepted (2xx, 3xx, and 4xx/5xx other than the
+    /// rate-limit ones: those go back to the application unchanged).
+    Success,
+    /// 429 for a short window: retry after the wait.
+    RateLimited,
+    /// 429 for a long-window quota: surface it, do not retry.
+    QuotaExhausted,
+    /// 503: the server is overloaded.
+    Overloaded,
+    /// Another error status.
+    Error,
+}
+
+/// One published policy and what is left of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyObservation {
+    /// The policy name (empty for dialects without names).
+    pub name: String,
+    /// Quota `q`.
+    pub quota: Option<u64>,
+    /// Window `w` in seconds.
+    pub window_s: Option<u64>,
+    /// Units left `r`.
+    pub remaining: Option<u64>,
+    /// Time until the policy resets `t`.
+    pub reset_in: Option<Nanos>,
+    /// Whether the policy counts requests (not tokens, bytes or spend).
+    pub counts_requests: bool,
+    /// Whether the policy applies per endpoint rather than per account.
+    pub per_endpoint: bool,
+}
+
+/// A response, as far as pacing and retrying are concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    /// The HTTP status.
+    pub status: u16,
+    /// The outcome.
+    pub kind: ResponseKind,
+    /// The wait the server asked for (`Retry-After` or a vendor hint such
+    /// as `retry-after-ms` or `x-amz-retry-after`).
+    pub retry_after: Option<Nanos>,
+    /// An explicit retry hint (`Stripe-Should-Retry`, `x-should-retry`).
+    pub should_retry: Option<bool>,
+    /// Every policy the response published.
+    pub policies: Vec<PolicyObservation>,
+    /// The policy the rejection names (problem body `limit`), if any.
+    pub limit: Option<String>,
+    /// The raw headers, kept for diagnostics of 429s (may be empty).
+    pub headers: Vec<(String, String)>,
+}
+
+impl Observation {
+    /// A response with a status and no useful headers; the kind follows the
+    /// status (429 → rate limited, 503 → overloaded).
+    pub fn bare(status: u16) -> Self {
+        let kind = match status {
+            429 => ResponseKind::RateLimited,
+            503 => ResponseKind::Overloaded,
+            s if s >= 400 => ResponseKind::Error,
+            _ => ResponseKind::Success,
+        };
+        Observation {
+            status,
+            kind,
+            retry_after: None,
+            should_retry: None,
+            policies: Vec::new(),
+            limit: None,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Sets the wait the server asked for.
+    pub fn with_retry_after(mut self, ra: Nanos) -> Self {
+        self.retry_after = Some(ra);
+        self
+    }
+
+    /// Adds a named policy with everything known about it.
+    pub fn with_policy(
+        mut self,
+        name: &str,
+        quota: u64,
+        window_s: u64,
+        remaining: u64,
+        reset_in: Nanos,
+    ) -> Self {
+        self.policies.push(PolicyObservation {
+            name: name.to_string(),
+            quota: Some(quota),
+            window_s: Some(window_s),
+            remaining: Some(remaining),
+            reset_in: Some(reset_in),
+            counts_requests: true,
+            per_endpoint: false,
+        });
+        self
+    }
+
+    /// Whether the response published any usable policy.
+    pub fn has_limits(&self) -> bool {
+        self.policies
+            .iter()
+            .any(|p| p.counts_requests && p.remaining.is_some())
+    }
+}

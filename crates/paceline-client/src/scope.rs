@@ -1,0 +1,253 @@
+//! Per-scope state: the mirrored policies, the pause a throttle imposes on
+//! every request of the scope, the header-absent spacing and escalation.
+
+use std::collections::BTreeSet;
+
+use paceline_core::Nanos;
+
+use crate::bucket::Mirror;
+use crate::event::{Event, Mode};
+use crate::observe::PolicyObservation;
+use crate::throttle::AdaptiveThrottle;
+
+/// Why a request has to wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hold {
+    Pause,
+    Mirror(usize),
+    Gap,
+}
+
+#[derive(Debug)]
+pub(crate) struct Scope {
+    pub(crate) name: String,
+    pub(crate) mode: Mode,
+    pub(crate) mirrors: Vec<Mirror>,
+    pub(crate) throttle: AdaptiveThrottle,
+    pub(crate) in_flight: BTreeSet<u64>,
+    pub(crate) next_seq: u64,
+    pub(crate) pause_until: Nanos,
+    pub(crate) pause_len: Nanos,
+    pub(crate) pause_spread: bool,
+    /// Header-absent spacing between requests (zero: unpaced).
+    pub(crate) gap: Nanos,
+    pub(crate) gap_next: Nanos,
+    pub(crate) gap_successes: u32,
+    pub(crate) factor: u32,
+    pub(crate) obeyed_429s: u32,
+    pub(crate) restore_run: u32,
+    pub(crate) escalated_at: Nanos,
+    pub(crate) reset_window: Nanos,
+    pub(crate) headerless: u32,
+    pub(crate) last_429: Option<(Nanos, Vec<(String, String)>)>,
+    pub(crate) drops: u64,
+    pub(crate) requests: u64,
+    pub(crate) retries: u64,
+}
+
+impl Scope {
+    pub(crate) fn new(name: &str, throttle: AdaptiveThrottle) -> Self {
+        Scope {
+            name: name.to_string(),
+            mode: Mode::Unseeded,
+            mirrors: Vec::new(),
+            throttle,
+            in_flight: BTreeSet::new(),
+            next_seq: 0,
+            pause_until: Nanos::ZERO,
+            pause_len: Nanos::ZERO,
+            pause_spread: false,
+            gap: Nanos::ZERO,
+            gap_next: Nanos::ZERO,
+            gap_successes: 0,
+            factor: 1,
+            obeyed_429s: 0,
+            restore_run: 0,
+            escalated_at: Nanos::ZERO,
+            reset_window: Nanos::SECOND,
+            headerless: 0,
+            last_429: None,
+            drops: 0,
+            requests: 0,
+            retries: 0,
+        }
+    }
+
+    fn applies(m: &Mirror, path: &str) -> bool {
+        m.endpoint.as_deref().is_none_or(|e| e == path)
+    }
+
+    /// The earliest instant a request to `path` may go, and what holds it.
+    pub(crate) fn earliest(&self, now: Nanos, path: &str) -> (Nanos, Option<Hold>) {
+        let mut until = now;
+        let mut hold = None;
+        if self.pause_until > until {
+            until = self.pause_until;
+            hold = Some(Hold::Pause);
+        }
+        for (i, m) in self.mirrors.iter().enumerate() {
+            if !Self::applies(m, path) {
+                continue;
+            }
+            let e = m.earliest(now);
+            if e > until {
+                until = e;
+                hold = Some(Hold::Mirror(i));
+            }
+        }
+        if self.gap_next > until {
+            until = self.gap_next;
+            hold = Some(Hold::Gap);
+        }
+        (until, hold)
+    }
+
+    /// The spacing between requests now in force (escalation included).
+    pub(crate) fn effective_gap(&self) -> Nanos {
+        let base = match self.mode {
+            Mode::HeaderAbsent => self.gap,
+            _ if self.factor > 1 => self
+                .mirrors
+                .iter()
+                .filter_map(Mirror::emission)
+                .max()
+                .unwrap_or(Nanos::from_millis(100)),
+            _ => Nanos::ZERO,
+        };
+        Nanos::new(base.as_u64().saturating_mul(u64::from(self.factor)))
+    }
+
+    /// Charges one request sent at `now` to `path`; returns its sequence.
+    pub(crate) fn spend(&mut self, now: Nanos, path: &str) -> u64 {
+        for m in self.mirrors.iter_mut() {
+            if Self::applies(m, path) {
+                m.spend(now);
+            }
+        }
+        let gap = self.effective_gap();
+        if gap > Nanos::ZERO {
+            self.gap_next = now.saturating_add(gap);
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.in_flight.insert(seq);
+        self.requests += 1;
+        seq
+    }
+
+    /// Removes an attempt from the in-flight set; returns (sent later and
+    /// still in flight, nothing else in flight).
+    pub(crate) fn land(&mut self, seq: u64) -> (u64, bool) {
+        self.in_flight.remove(&seq);
+        let later = self.in_flight.range(seq + 1..).count() as u64;
+        (later, self.in_flight.is_empty())
+    }
+
+    pub(crate) fn set_mode(&mut self, to: Mode, events: &mut Vec<Event>) {
+        if self.mode != to {
+            events.push(Event::ModeChange {
+                scope: self.name.clone(),
+                from: self.mode,
+                to,
+            });
+            self.mode = to;
+        }
+    }
+
+    /// Folds the published policies into the mirrors.
+    pub(crate) fn observe(
+        &mut self,
+        now: Nanos,
+        path: &str,
+        policies: &[PolicyObservation],
+        later: u64,
+        alone: bool,
+    ) {
+        for p in policies.iter().filter(|p| p.counts_requests) {
+            let endpoint = p.per_endpoint.then(|| path.to_string());
+            let i = match self
+                .mirrors
+                .iter()
+                .position(|m| m.name == p.name && m.endpoint == endpoint)
+            {
+                Some(i) => i,
+                None => {
+                    self.mirrors.push(Mirror::new(p, endpoint));
+                    self.mirrors.len() - 1
+                }
+            };
+            self.mirrors[i].observe(now, p, later, alone);
+            if let Some(w) = self.mirrors[i].window {
+                if !self.mirrors[i].is_quota() {
+                    self.reset_window = self.reset_window.max(w);
+                }
+            }
+        }
+    }
+
+    /// Extends the pause of the whole scope to `until`.
+    pub(crate) fn pause(&mut self, now: Nanos, until: Nanos, spread: bool) {
+        if until > self.pause_until {
+            self.pause_until = until;
+            self.pause_len = until.saturating_sub(now);
+            self.pause_spread = spread;
+        }
+    }
+
+    /// A 429 although the request was sent on the mirror's word.
+    pub(crate) fn obeyed_429(
+        &mut self,
+        now: Nanos,
+        escalate_after: u32,
+        max_factor: u32,
+        events: &mut Vec<Event>,
+    ) {
+        self.restore_run = 0;
+        self.obeyed_429s += 1;
+        if self.obeyed_429s >= escalate_after && self.factor < max_factor {
+            self.factor = (self.factor * 2).min(max_factor);
+            self.obeyed_429s = 0;
+            self.escalated_at = now;
+            events.push(Event::Escalated {
+                scope: self.name.clone(),
+                factor: self.factor,
+            });
+        }
+    }
+
+    /// A 429 in header-absent mode: double the spacing.
+    pub(crate) fn absent_429(&mut self, min_gap: Nanos) {
+        self.gap_successes = 0;
+        let doubled = Nanos::new(self.gap.as_u64().saturating_mul(2));
+        self.gap = doubled.max(min_gap).min(Nanos::from_secs(60));
+    }
+
+    /// An accepted response.
+    pub(crate) fn success(&mut self, now: Nanos, restore_after: u32, events: &mut Vec<Event>) {
+        self.obeyed_429s = 0;
+        if self.factor > 1 {
+            self.restore_run += 1;
+            let spans = now.saturating_sub(self.escalated_at)
+                >= Nanos::new(self.reset_window.as_u64().saturating_mul(2));
+            if self.restore_run >= restore_after && spans {
+                self.factor /= 2;
+                self.restore_run = 0;
+                self.escalated_at = now;
+                events.push(Event::Restored {
+                    scope: self.name.clone(),
+                    factor: self.factor,
+                });
+            }
+        }
+        if self.mode == Mode::HeaderAbsent && self.gap > Nanos::ZERO {
+            self.gap_successes += 1;
+            if self.gap_successes >= 10 {
+                self.gap_successes = 0;
+                self.gap = Nanos::new(self.gap.as_u64() / 4 * 3);
+                if self.gap < Nanos::from_millis(10) {
+                    self.gap = Nanos::ZERO;
+                }
+            }
+        }
+    }
+}
