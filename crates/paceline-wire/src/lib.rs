@@ -1,0 +1,49 @@
+//! # paceline-wire
+//!
+//! The rate-limit contract as it travels over HTTP, with no I/O: emit the
+//! headers and problem bodies a server publishes, and parse what any server
+//! publishes back into one normalised view.
+//!
+//! Why a separate crate: the server layer, the gateway, the client SDK, the
+//! simulator and `paceline inspect` all speak the same wire format, so it is
+//! written (and tested, fuzzed and benchmarked) once.
+//!
+//! - [`emit`]: `RateLimit-Policy` / `RateLimit` (IETF draft, structured
+//!   fields), the older `X-RateLimit-*` and draft-03 fields, `Retry-After`.
+//! - [`problem`]: RFC 9457 problem bodies for each rejection.
+//! - [`parse`]: every common dialect, `Retry-After` in all its forms, vendor
+//!   retry hints and the problem body, into a [`parse::ResponseView`].
+//!
+//! ```
+//! use paceline_core::{Limiter, ManualClock, MemoryStore, Nanos, Plan, Policy};
+//! use paceline_wire::{emit, parse};
+//!
+//! let plan = Plan::new("free", vec![
+//!     Policy::token_bucket("burst", 20, 2).unwrap(),
+//!     Policy::daily("daily", 10_000).unwrap(),
+//! ]).unwrap();
+//! let clock = ManualClock::at_unix_secs(1_790_000_000);
+//! let limiter = Limiter::new(MemoryStore::new(), clock.clone());
+//! let mut last = None;
+//! for _ in 0..21 {
+//!     last = Some(limiter.check_sync(&plan, "key", 1).unwrap());
+//! }
+//! let d = last.unwrap();
+//! let mut headers = http::HeaderMap::new();
+//! emit::write_headers(&plan, &d, &emit::Dialects::default(), &mut headers);
+//!
+//! let view = parse::parse_response(429, &headers, None, Nanos::from_secs(1_790_000_000));
+//! assert_eq!(view.outcome, parse::OutcomeKind::RateLimited);
+//! assert!(view.retry);
+//! assert_eq!(view.retry_after, Some(Nanos::SECOND));
+//! ```
+
+#![forbid(unsafe_code)]
+
+pub mod emit;
+pub mod parse;
+pub mod problem;
+
+pub use emit::Dialects;
+pub use parse::{parse_response, parse_retry_after, OutcomeKind, PolicyView, ResponseView};
+pub use problem::{Problem, ProblemKind, PROBLEM_CONTENT_TYPE};

@@ -1,0 +1,234 @@
+//! The response body: an RFC 9457 problem, and the providers' JSON error
+//! shapes that change what a client should do (Discord's `retry_after`,
+//! OpenAI's `insufficient_quota`, GitHub's secondary-limit message, Shopify
+//! GraphQL's `throttleStatus`).
+
+use http::HeaderMap;
+use paceline_core::Nanos;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::time::MAX_DELAY_SECS;
+use super::vendor::Acc;
+use super::{PolicyView, Unit};
+
+/// Bodies larger than this are not read.
+pub(crate) const MAX_BODY: usize = 64 * 1024;
+
+/// A parsed problem+json body.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ProblemView {
+    /// The `type` URI.
+    #[serde(rename = "type")]
+    pub type_uri: Option<String>,
+    /// The last segment of `type` (`rate_limited`, `quota_exhausted`, …).
+    pub code: Option<String>,
+    /// `title`.
+    pub title: Option<String>,
+    /// `status`.
+    pub status: Option<u16>,
+    /// `detail`.
+    pub detail: Option<String>,
+    /// `limit`: the policy that was hit.
+    pub limit: Option<String>,
+    /// `retry_after_s`.
+    pub retry_after_s: Option<f64>,
+    /// The IETF draft's `violated-policies`.
+    #[serde(rename = "violated-policies")]
+    pub violated_policies: Vec<String>,
+}
+
+fn content_type(headers: &HeaderMap) -> &str {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// Reads the body; returns the problem if it is one.
+pub(crate) fn read_body(body: &[u8], headers: &HeaderMap, acc: &mut Acc) -> Option<ProblemView> {
+    let trimmed = body.trim_ascii();
+    if trimmed.is_empty() {
+        return None;
+    }
+    let ct = content_type(headers).to_ascii_lowercase();
+    let says_json = ct.contains("json");
+    if !says_json && trimmed[0] != b'{' {
+        return None;
+    }
+    if trimmed.len() > MAX_BODY {
+        acc.ignore(
+            "body",
+            format!("body too large to read ({} bytes)", trimmed.len()),
+        );
+        return None;
+    }
+    let v: Value = match serde_json::from_slice(trimmed) {
+        Ok(v) => v,
+        Err(e) => {
+            if says_json {
+                acc.ignore("body", format!("not valid JSON: {e}"));
+            }
+            return None;
+        }
+    };
+    let obj = v.as_object()?;
+    vendor_hints(&v, acc);
+    let is_problem = ct.starts_with("application/problem+json")
+        || (obj.get("type").is_some_and(Value::is_string)
+            && (obj.contains_key("title") || obj.contains_key("status")));
+    if !is_problem {
+        return None;
+    }
+    Some(problem(obj, acc))
+}
+
+fn string(v: Option<&Value>) -> Option<String> {
+    v.and_then(Value::as_str)
+        .map(|s| s.chars().take(1024).collect())
+}
+
+fn problem(obj: &serde_json::Map<String, Value>, acc: &mut Acc) -> ProblemView {
+    let type_uri = string(obj.get("type"));
+    let code = type_uri.as_deref().and_then(|t| {
+        let seg = t.trim_end_matches('/').rsplit(['/', '#', ':']).next()?;
+        (!seg.is_empty()).then(|| seg.to_string())
+    });
+    let mut p = ProblemView {
+        type_uri,
+        code,
+        title: string(obj.get("title")),
+        status: obj
+            .get("status")
+            .and_then(Value::as_u64)
+            .and_then(|s| u16::try_from(s).ok()),
+        detail: string(obj.get("detail")),
+        limit: string(obj.get("limit")),
+        retry_after_s: None,
+        violated_policies: Vec::new(),
+    };
+    match obj.get("retry_after_s").map(secs_value) {
+        Some(Ok(s)) => {
+            p.retry_after_s = Some(s);
+            acc.body_retry = acc.body_retry.or(Some(Nanos::from_secs_f64(s)));
+        }
+        Some(Err(e)) => acc.ignore("body.retry_after_s", e),
+        None => {}
+    }
+    if let Some(list) = obj.get("violated-policies").and_then(Value::as_array) {
+        p.violated_policies = list
+            .iter()
+            .filter_map(Value::as_str)
+            .take(32)
+            .map(str::to_string)
+            .collect();
+    }
+    if p.limit.is_none() && p.violated_policies.len() == 1 {
+        p.limit = p.violated_policies.first().cloned();
+    }
+    p
+}
+
+fn secs_value(v: &Value) -> Result<f64, String> {
+    match v.as_f64() {
+        Some(s) if s.is_finite() && s >= 0.0 && s <= MAX_DELAY_SECS as f64 => Ok(s),
+        Some(s) => Err(format!("implausible wait {s}")),
+        None => Err("not a number".into()),
+    }
+}
+
+fn lower_str(v: Option<&Value>) -> String {
+    v.and_then(Value::as_str).unwrap_or("").to_ascii_lowercase()
+}
+
+fn vendor_hints(v: &Value, acc: &mut Acc) {
+    // Discord: {"message": "...", "retry_after": 64.57, "global": false}
+    if let Some(ra) = v.get("retry_after") {
+        match secs_value(ra) {
+            Ok(s) => acc.body_retry = Some(Nanos::from_secs_f64(s)),
+            Err(e) => acc.ignore("body.retry_after", e),
+        }
+        if v.get("global").and_then(Value::as_bool) == Some(true) {
+            acc.set_global();
+        }
+    }
+    let err = v.get("error");
+    let (etype, ecode) = match err {
+        Some(Value::Object(_)) => (
+            lower_str(err.and_then(|e| e.get("type"))),
+            lower_str(err.and_then(|e| e.get("code"))),
+        ),
+        // Slack: {"ok": false, "error": "ratelimited"}
+        Some(Value::String(s)) => (s.to_ascii_lowercase(), String::new()),
+        _ => (String::new(), String::new()),
+    };
+    // OpenAI: a billing quota is not a rate limit.
+    if etype == "insufficient_quota" || ecode == "insufficient_quota" {
+        acc.body_quota = true;
+    }
+    // OpenAI `rate_limit_exceeded`, Anthropic `rate_limit_error`, Stripe
+    // `rate_limit`, Slack `ratelimited`.
+    if [
+        "rate_limit_exceeded",
+        "rate_limit_error",
+        "rate_limit",
+        "ratelimited",
+        "rate_limited",
+    ]
+    .iter()
+    .any(|c| etype == *c || ecode == *c)
+    {
+        acc.body_rate_limited = true;
+    }
+    // GitHub: {"message": "You have exceeded a secondary rate limit...",
+    //          "documentation_url": "https://docs.github.com/..."}
+    let message = lower_str(v.get("message"));
+    if message.contains("rate limit") {
+        acc.body_rate_limited = true;
+    }
+    if lower_str(v.get("documentation_url")).contains("docs.github.com")
+        || message.contains("secondary rate limit")
+    {
+        acc.github = true;
+        acc.dialect("github");
+    }
+    shopify_graphql(v, acc);
+}
+
+/// Shopify GraphQL: `extensions.cost.throttleStatus` is a leaky bucket of
+/// cost points.
+fn shopify_graphql(v: &Value, acc: &mut Acc) {
+    let Some(ts) = v.pointer("/extensions/cost/throttleStatus") else {
+        return;
+    };
+    let num = |k: &str| {
+        ts.get(k)
+            .and_then(Value::as_f64)
+            .filter(|x| x.is_finite() && *x >= 0.0)
+    };
+    let (Some(max), Some(avail)) = (num("maximumAvailable"), num("currentlyAvailable")) else {
+        acc.ignore(
+            "body.extensions.cost",
+            "throttleStatus without maximumAvailable/currentlyAvailable",
+        );
+        return;
+    };
+    acc.dialect("shopify-graphql");
+    let mut p = PolicyView::named("graphql-cost", Unit::Other("cost-points".into()));
+    p.quota = Some(max as u64);
+    p.remaining = Some(avail.min(max) as u64);
+    if let Some(rate) = num("restoreRate").filter(|r| *r > 0.0) {
+        p.reset_in = Some(Nanos::from_secs_f64((max - avail).max(0.0) / rate));
+    }
+    acc.push_policy(p);
+    let throttled = v
+        .get("errors")
+        .and_then(Value::as_array)
+        .is_some_and(|errs| {
+            errs.iter()
+                .any(|e| e.pointer("/extensions/code").and_then(Value::as_str) == Some("THROTTLED"))
+        });
+    if throttled {
+        acc.body_rate_limited = true;
+    }
+}

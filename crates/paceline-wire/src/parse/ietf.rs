@@ -1,0 +1,343 @@
+//! The IETF draft's structured fields, read without allocating per
+//! parameter: `RateLimit-Policy` and `RateLimit` (draft-09 onward: lists of
+//! quoted policy names with parameters), the draft-05/06 `RateLimit-Policy`
+//! (a list of integers with `w`) and the draft-07 `RateLimit` dictionary.
+//!
+//! A field that does not parse, or breaks its own constraints (a token where
+//! a string is required, a negative or decimal `q`/`w`/`r`/`t`, a missing
+//! required parameter, one name listed twice with different values), is
+//! rejected whole: the caller records why and uses none of it.
+
+use std::borrow::Cow;
+use std::convert::Infallible;
+
+use sfv::visitor::{
+    EntryVisitor, Ignored, InnerListVisitor, ItemVisitor, ListVisitor, ParameterVisitor,
+};
+use sfv::{BareItemFromInput, KeyRef, Parser};
+
+/// One list member as parsed: the bare item and the parameters we use.
+#[derive(Default)]
+struct Entry<'de> {
+    bare: Option<BareItemFromInput<'de>>,
+    inner_list: bool,
+    q: Option<BareItemFromInput<'de>>,
+    w: Option<BareItemFromInput<'de>>,
+    qu: Option<BareItemFromInput<'de>>,
+    r: Option<BareItemFromInput<'de>>,
+    t: Option<BareItemFromInput<'de>>,
+}
+
+struct Collect<'de>(Vec<Entry<'de>>);
+
+struct EntryRef<'a, 'de>(&'a mut Entry<'de>);
+
+impl<'de> ListVisitor<'de> for Collect<'de> {
+    type Out = Vec<Entry<'de>>;
+    type Error = Infallible;
+    fn entry(&mut self) -> Result<impl EntryVisitor<'de>, Infallible> {
+        self.0.push(Entry::default());
+        let last = self.0.len() - 1;
+        Ok(EntryRef(&mut self.0[last]))
+    }
+    fn finish(self) -> Result<Self::Out, Infallible> {
+        Ok(self.0)
+    }
+}
+
+impl<'de> EntryVisitor<'de> for EntryRef<'_, 'de> {
+    type Error = Infallible;
+    fn item(self) -> Result<impl ItemVisitor<'de>, Infallible> {
+        Ok(self)
+    }
+    fn inner_list(self) -> Result<impl InnerListVisitor<'de>, Infallible> {
+        self.0.inner_list = true;
+        Ok(Ignored)
+    }
+}
+
+impl<'de> ItemVisitor<'de> for EntryRef<'_, 'de> {
+    type Out = ();
+    type Error = Infallible;
+    fn bare_item(
+        self,
+        bare_item: BareItemFromInput<'de>,
+    ) -> Result<impl ParameterVisitor<'de, Out = ()>, Infallible> {
+        self.0.bare = Some(bare_item);
+        Ok(self)
+    }
+}
+
+impl<'de> ParameterVisitor<'de> for EntryRef<'_, 'de> {
+    type Out = ();
+    type Error = Infallible;
+    fn parameter(
+        &mut self,
+        key: &'de KeyRef,
+        value: BareItemFromInput<'de>,
+    ) -> Result<(), Infallible> {
+        // Later duplicates overwrite earlier ones, as RFC 9651 requires.
+        let slot = match key.as_str() {
+            "q" => &mut self.0.q,
+            "w" => &mut self.0.w,
+            "qu" => &mut self.0.qu,
+            "r" => &mut self.0.r,
+            "t" => &mut self.0.t,
+            _ => return Ok(()),
+        };
+        *slot = Some(value);
+        Ok(())
+    }
+    fn finish(self) -> Result<(), Infallible> {
+        Ok(())
+    }
+}
+
+fn parse_list(value: &str) -> Result<Vec<Entry<'_>>, String> {
+    Parser::new(value)
+        .parse_list_with_visitor(Collect(Vec::with_capacity(4)))
+        .map_err(|e| format!("not a structured-field list: {e}"))
+}
+
+/// One item of the current draft's `RateLimit-Policy`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PolicyItem {
+    pub(crate) name: String,
+    pub(crate) q: u64,
+    pub(crate) w: Option<u64>,
+    pub(crate) qu: Option<String>,
+}
+
+/// One item of the current draft's `RateLimit`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LimitItem {
+    pub(crate) name: String,
+    pub(crate) r: u64,
+    pub(crate) t: Option<u64>,
+}
+
+/// What a `RateLimit-Policy` field held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum PolicyField {
+    /// Draft-09 onward: named policies.
+    Named(Vec<PolicyItem>),
+    /// Draft-05/06: quota policies `10;w=1, 50;w=60`.
+    Numbered(Vec<(u64, Option<u64>)>),
+}
+
+/// What a `RateLimit` field held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LimitField {
+    /// Draft-09 onward: named items.
+    Named(Vec<LimitItem>),
+    /// Draft-07: `limit=10, remaining=1, reset=7`.
+    Draft07 {
+        limit: Option<u64>,
+        remaining: Option<u64>,
+        reset: Option<u64>,
+    },
+}
+
+fn non_neg(v: &Option<BareItemFromInput<'_>>, what: &str) -> Result<Option<u64>, String> {
+    match v {
+        None => Ok(None),
+        Some(b) => match b.as_integer() {
+            Some(i) => u64::try_from(i64::from(i))
+                .map(Some)
+                .map_err(|_| format!("`{what}` is negative ({i})")),
+            None => Err(format!("`{what}` is not an integer")),
+        },
+    }
+}
+
+fn name_of<'a>(e: &'a Entry<'_>) -> Result<Cow<'a, str>, String> {
+    if e.inner_list {
+        return Err("an inner list where a policy name is required".into());
+    }
+    match &e.bare {
+        Some(BareItemFromInput::String(s)) => Ok(Cow::Borrowed(s.as_str())),
+        Some(BareItemFromInput::Token(t)) => Err(format!(
+            "policy name {} is a token; the draft requires a quoted string",
+            t.as_str()
+        )),
+        _ => Err("a policy name must be a quoted string".into()),
+    }
+}
+
+/// Parses `RateLimit-Policy`.
+pub(crate) fn parse_policy_field(value: &str) -> Result<PolicyField, String> {
+    let entries = parse_list(value)?;
+    if entries.is_empty() {
+        return Err("empty list".into());
+    }
+    if matches!(entries[0].bare, Some(BareItemFromInput::Integer(_))) && !entries[0].inner_list {
+        return numbered(&entries).map(PolicyField::Numbered);
+    }
+    let mut out: Vec<PolicyItem> = Vec::with_capacity(entries.len());
+    for e in &entries {
+        let name = name_of(e)?;
+        let q = non_neg(&e.q, "q")?.ok_or_else(|| format!("policy {name:?} has no `q`"))?;
+        let w = non_neg(&e.w, "w")?;
+        if w == Some(0) {
+            return Err(format!("policy {name:?} has `w=0`"));
+        }
+        let qu = match &e.qu {
+            None => None,
+            Some(BareItemFromInput::String(s)) => Some(s.as_str().to_string()),
+            Some(_) => return Err(format!("policy {name:?}: `qu` must be a string")),
+        };
+        let item = PolicyItem {
+            name: name.into_owned(),
+            q,
+            w,
+            qu,
+        };
+        match out.iter().find(|o| o.name == item.name) {
+            Some(o) if *o != item => {
+                return Err(format!(
+                    "policy {:?} listed twice with different values",
+                    item.name
+                ))
+            }
+            Some(_) => {}
+            None => out.push(item),
+        }
+    }
+    Ok(PolicyField::Named(out))
+}
+
+fn numbered(entries: &[Entry<'_>]) -> Result<Vec<(u64, Option<u64>)>, String> {
+    entries
+        .iter()
+        .map(|e| {
+            let q = match &e.bare {
+                Some(BareItemFromInput::Integer(i)) if !e.inner_list => {
+                    u64::try_from(i64::from(*i)).map_err(|_| format!("negative quota {i}"))?
+                }
+                _ => return Err("mixed quota-policy items".to_string()),
+            };
+            Ok((q, non_neg(&e.w, "w")?))
+        })
+        .collect()
+}
+
+/// Parses `RateLimit`.
+pub(crate) fn parse_limit_field(value: &str) -> Result<LimitField, String> {
+    let entries = match parse_list(value) {
+        Ok(e) => e,
+        Err(list_err) => return draft07(value).ok_or(list_err),
+    };
+    if entries.is_empty() {
+        return Err("empty list".into());
+    }
+    let mut out: Vec<LimitItem> = Vec::with_capacity(entries.len());
+    for e in &entries {
+        let name = name_of(e)?;
+        let r = non_neg(&e.r, "r")?.ok_or_else(|| format!("item {name:?} has no `r`"))?;
+        let t = non_neg(&e.t, "t")?;
+        let item = LimitItem {
+            name: name.into_owned(),
+            r,
+            t,
+        };
+        match out.iter().find(|o| o.name == item.name) {
+            Some(o) if *o != item => {
+                return Err(format!(
+                    "policy {:?} listed twice with different values",
+                    item.name
+                ))
+            }
+            Some(_) => {}
+            None => out.push(item),
+        }
+    }
+    Ok(LimitField::Named(out))
+}
+
+fn draft07(value: &str) -> Option<LimitField> {
+    let dict: sfv::Dictionary = Parser::new(value).parse().ok()?;
+    let get = |k: &str| -> Result<Option<u64>, ()> {
+        match dict.get(k) {
+            None => Ok(None),
+            Some(sfv::ListEntry::Item(it)) => match it.bare_item.as_integer() {
+                Some(i) => u64::try_from(i64::from(i)).map(Some).map_err(|_| ()),
+                None => Err(()),
+            },
+            Some(_) => Err(()),
+        }
+    };
+    let (limit, remaining, reset) = (
+        get("limit").ok()?,
+        get("remaining").ok()?,
+        get("reset").ok()?,
+    );
+    if limit.is_none() && remaining.is_none() && reset.is_none() {
+        return None;
+    }
+    Some(LimitField::Draft07 {
+        limit,
+        remaining,
+        reset,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_draft_fields() {
+        let p = parse_policy_field(
+            r#""burst";q=100;w=60;pk=:YWJj:;x=1, "daily";q=1000;w=86400;qu="requests""#,
+        )
+        .unwrap();
+        let PolicyField::Named(p) = p else { panic!() };
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[0].q, p[0].w), (100, Some(60)));
+        assert_eq!(p[1].qu.as_deref(), Some("requests"));
+        let l = parse_limit_field(r#""default";r=50;t=30"#).unwrap();
+        assert_eq!(
+            l,
+            LimitField::Named(vec![LimitItem {
+                name: "default".into(),
+                r: 50,
+                t: Some(30)
+            }])
+        );
+    }
+
+    #[test]
+    fn constraint_violations_reject_the_field() {
+        for bad in [
+            "burst;r=1;t=1",
+            r#""a";r=-1;t=1"#,
+            r#""a";r=1.5;t=1"#,
+            r#""a";r=1;t=1000000000000000"#,
+            r#""a";t=1"#,
+            r#""a";r=1;t=2, "a";r=2;t=2"#,
+            r#"("a");r=1"#,
+            "",
+        ] {
+            assert!(parse_limit_field(bad).is_err(), "{bad}");
+        }
+        assert!(parse_policy_field(r#""a";w=1"#).is_err());
+        assert!(parse_policy_field(r#""a";q=1;w=0"#).is_err());
+        assert!(parse_policy_field(r#""a";q=1;qu=requests"#).is_err());
+    }
+
+    #[test]
+    fn older_drafts() {
+        assert_eq!(
+            parse_policy_field("10;w=1, 50;w=60").unwrap(),
+            PolicyField::Numbered(vec![(10, Some(1)), (50, Some(60))])
+        );
+        assert_eq!(
+            parse_limit_field("limit=10, remaining=1, reset=7").unwrap(),
+            LimitField::Draft07 {
+                limit: Some(10),
+                remaining: Some(1),
+                reset: Some(7)
+            }
+        );
+    }
+}

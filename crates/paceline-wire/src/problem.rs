@@ -1,0 +1,366 @@
+//! RFC 9457 problem details for every rejection the server makes.
+//!
+//! Why a body at all: `429` alone cannot tell "slow down for a second" from
+//! "your daily quota is gone until midnight". The body's `type` ends in a
+//! stable code, `limit` names the policy that was hit and `retry_after_s`
+//! repeats the `Retry-After` header, so a client can tell a burst from a
+//! quota without guessing. `violated-policies` is the IETF draft's name for
+//! the same fact.
+//!
+//! ```
+//! use paceline_wire::problem::{Problem, ProblemKind};
+//!
+//! let p = Problem::new(ProblemKind::Overloaded, "https://docs.example/errors/", "Try again shortly.");
+//! assert_eq!(p.status, 503);
+//! assert_eq!(p.type_uri, "https://docs.example/errors/overloaded");
+//! assert!(p.to_json().contains(r#""type":"https://docs.example/errors/overloaded""#));
+//! ```
+
+use paceline_core::policy::DAY_SECS;
+use paceline_core::{Decision, Outcome, Plan, PolicyKind, Unit};
+use serde::Serialize;
+
+/// The media type of a problem body.
+pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+
+/// Every rejection the server makes, by its stable code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// 429: a short-window policy is empty; retry after `Retry-After`.
+    RateLimited,
+    /// 429: a long-window quota is used up; do not retry before the reset.
+    QuotaExhausted,
+    /// 503: the load shedder refused the request; retry with jitter.
+    Overloaded,
+    /// 400: the request costs more than a policy can ever hold.
+    CostExceedsBurst,
+    /// 409: the same `Idempotency-Key` came with a different body.
+    IdempotencyConflict,
+    /// 400: the route requires an `Idempotency-Key` and none was sent.
+    IdempotencyKeyMissing,
+    /// 409: a request with the same `Idempotency-Key` is still in flight.
+    IdempotencyInFlight,
+}
+
+impl ProblemKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [ProblemKind; 7] = [
+        ProblemKind::RateLimited,
+        ProblemKind::QuotaExhausted,
+        ProblemKind::Overloaded,
+        ProblemKind::CostExceedsBurst,
+        ProblemKind::IdempotencyConflict,
+        ProblemKind::IdempotencyKeyMissing,
+        ProblemKind::IdempotencyInFlight,
+    ];
+
+    /// The HTTP status code.
+    pub fn status(&self) -> u16 {
+        match self {
+            ProblemKind::RateLimited | ProblemKind::QuotaExhausted => 429,
+            ProblemKind::Overloaded => 503,
+            ProblemKind::CostExceedsBurst | ProblemKind::IdempotencyKeyMissing => 400,
+            ProblemKind::IdempotencyConflict | ProblemKind::IdempotencyInFlight => 409,
+        }
+    }
+
+    /// The stable code the problem `type` ends in.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProblemKind::RateLimited => "rate_limited",
+            ProblemKind::QuotaExhausted => "quota_exhausted",
+            ProblemKind::Overloaded => "overloaded",
+            ProblemKind::CostExceedsBurst => "cost_exceeds_burst",
+            ProblemKind::IdempotencyConflict => "idempotency_conflict",
+            ProblemKind::IdempotencyKeyMissing => "idempotency_key_missing",
+            ProblemKind::IdempotencyInFlight => "idempotency_in_flight",
+        }
+    }
+
+    /// The kind whose code is `code`.
+    pub fn from_code(code: &str) -> Option<ProblemKind> {
+        ProblemKind::ALL.into_iter().find(|k| k.code() == code)
+    }
+
+    /// A short human summary.
+    pub fn title(&self) -> &'static str {
+        match self {
+            ProblemKind::RateLimited => "Too many requests",
+            ProblemKind::QuotaExhausted => "Quota used up",
+            ProblemKind::Overloaded => "Service overloaded",
+            ProblemKind::CostExceedsBurst => "Request costs more than the limit allows",
+            ProblemKind::IdempotencyConflict => "Idempotency key reused with a different request",
+            ProblemKind::IdempotencyKeyMissing => "Idempotency key required",
+            ProblemKind::IdempotencyInFlight => "Request with this idempotency key in progress",
+        }
+    }
+
+    /// Whether a client should retry this rejection by itself.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ProblemKind::RateLimited | ProblemKind::Overloaded)
+    }
+}
+
+/// An RFC 9457 problem body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Which rejection this is (not serialized: `type` carries it).
+    #[serde(skip)]
+    pub kind: ProblemKind,
+    /// The `type` URI: the base URI followed by the code.
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    /// A short summary.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What happened, in words.
+    pub detail: String,
+    /// The name of the policy that was hit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
+    /// Equal to the `Retry-After` header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_s: Option<u64>,
+    /// The IETF draft's list of the policies that denied the request.
+    #[serde(rename = "violated-policies", skip_serializing_if = "Vec::is_empty")]
+    pub violated_policies: Vec<String>,
+}
+
+impl Problem {
+    /// A problem of `kind` with its standard title and status.
+    pub fn new(kind: ProblemKind, base_uri: &str, detail: impl Into<String>) -> Problem {
+        Problem {
+            kind,
+            type_uri: format!("{base_uri}{}", kind.code()),
+            title: kind.title().to_string(),
+            status: kind.status(),
+            detail: detail.into(),
+            limit: None,
+            retry_after_s: None,
+            violated_policies: Vec::new(),
+        }
+    }
+
+    /// The problem for a rejected decision; `None` when it was allowed.
+    ///
+    /// A denial by a quota policy is `quota_exhausted`, by a burst policy
+    /// `rate_limited` (both 429, with `retry_after_s`); a cost larger than a
+    /// policy can hold is `cost_exceeds_burst` (400).
+    pub fn from_decision(plan: &Plan, d: &Decision, base_uri: &str) -> Option<Problem> {
+        match d.outcome {
+            Outcome::Allowed => None,
+            Outcome::Denied(den) => {
+                let policy = plan.policy(den.policy);
+                let kind = match den.kind {
+                    PolicyKind::Quota => ProblemKind::QuotaExhausted,
+                    PolicyKind::Burst => ProblemKind::RateLimited,
+                };
+                let mut p = Problem::new(kind, base_uri, denial_detail(plan, den.policy));
+                if kind == ProblemKind::QuotaExhausted && policy.window_s() == DAY_SECS {
+                    p.title = "Daily quota used up".to_string();
+                }
+                p.limit = Some(policy.name().to_string());
+                p.retry_after_s = Some(den.retry_after_secs());
+                p.violated_policies = violated(plan, d, den.policy);
+                Some(p)
+            }
+            Outcome::CostExceedsBurst { policy, cost } => {
+                let pol = plan.policy(policy);
+                let detail = format!(
+                    "This request costs {} {}; policy \"{}\" holds at most {}. Split it into smaller requests.",
+                    group(cost),
+                    unit_words(pol.unit()),
+                    pol.name(),
+                    group(pol.quota())
+                );
+                let mut p = Problem::new(ProblemKind::CostExceedsBurst, base_uri, detail);
+                p.limit = Some(pol.name().to_string());
+                p.violated_policies = vec![pol.name().to_string()];
+                Some(p)
+            }
+        }
+    }
+
+    /// The body as compact JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+    }
+}
+
+fn violated(plan: &Plan, d: &Decision, binding: usize) -> Vec<String> {
+    let mut names: Vec<String> = d
+        .statuses
+        .iter()
+        .enumerate()
+        .filter(|(i, s)| s.would_deny && *i < plan.policies().len())
+        .map(|(i, _)| plan.policy(i).name().to_string())
+        .collect();
+    let name = plan.policy(binding).name();
+    if !names.iter().any(|n| n == name) {
+        names.insert(0, name.to_string());
+    }
+    names
+}
+
+fn denial_detail(plan: &Plan, index: usize) -> String {
+    let p = plan.policy(index);
+    let q = group(p.quota());
+    let unit = unit_words(p.unit());
+    if p.unit() == Unit::ConcurrentRequests {
+        return format!(
+            "{q} of {q} concurrent requests in flight ({} plan).",
+            plan.name()
+        );
+    }
+    let period = if p.window_s() == DAY_SECS {
+        "today".to_string()
+    } else {
+        format!("in the last {}", window_words(p.window_s()))
+    };
+    format!("{q} of {q} {unit} used {period} ({} plan).", plan.name())
+}
+
+fn unit_words(u: Unit) -> &'static str {
+    match u {
+        Unit::ContentBytes => "bytes",
+        Unit::ConcurrentRequests => "concurrent requests",
+        _ => "requests",
+    }
+}
+
+fn window_words(w: u64) -> String {
+    match w {
+        1 => "second".to_string(),
+        60 => "minute".to_string(),
+        3_600 => "hour".to_string(),
+        w if w % 3_600 == 0 => format!("{} hours", w / 3_600),
+        w if w % 60 == 0 => format!("{} minutes", w / 60),
+        w => format!("{w} seconds"),
+    }
+}
+
+/// `10000` as `10,000`.
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paceline_core::{Denial, Nanos, Policy, PolicyStatus};
+
+    const BASE: &str = "https://docs.shiplane.example/errors/";
+
+    fn free() -> Plan {
+        Plan::new(
+            "Free",
+            vec![
+                Policy::token_bucket("burst", 20, 2).unwrap(),
+                Policy::daily("daily", 10_000).unwrap(),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn decision(outcome: Outcome, deny: [bool; 2]) -> Decision {
+        let mut d = Decision {
+            outcome,
+            statuses: Default::default(),
+        };
+        for (i, w) in deny.into_iter().enumerate() {
+            d.statuses.push(PolicyStatus {
+                remaining: if w { 0 } else { 5 },
+                reset_after: Nanos::from_secs(1 + i as u64),
+                would_deny: w,
+            });
+        }
+        d
+    }
+
+    #[test]
+    fn daily_quota_example_from_the_design_doc() {
+        // Free key, daily quota out at 18:40 UTC: 5 h 20 min to midnight.
+        let d = decision(
+            Outcome::Denied(Denial {
+                policy: 1,
+                kind: PolicyKind::Quota,
+                retry_after: Nanos::from_secs(19_200),
+            }),
+            [false, true],
+        );
+        let p = Problem::from_decision(&free(), &d, BASE).unwrap();
+        assert_eq!(p.status, 429);
+        assert_eq!(p.type_uri, format!("{BASE}quota_exhausted"));
+        assert_eq!(p.title, "Daily quota used up");
+        assert_eq!(p.limit.as_deref(), Some("daily"));
+        assert_eq!(p.retry_after_s, Some(19_200));
+        assert_eq!(
+            p.detail,
+            "10,000 of 10,000 requests used today (Free plan)."
+        );
+        let v: serde_json::Value = serde_json::from_str(&p.to_json()).unwrap();
+        assert_eq!(v["violated-policies"], serde_json::json!(["daily"]));
+        assert_eq!(v["retry_after_s"], 19_200);
+        assert_eq!(v["type"], format!("{BASE}quota_exhausted"));
+    }
+
+    #[test]
+    fn burst_denial_is_rate_limited_with_at_least_one_second() {
+        let d = decision(
+            Outcome::Denied(Denial {
+                policy: 0,
+                kind: PolicyKind::Burst,
+                retry_after: Nanos::new(1),
+            }),
+            [true, false],
+        );
+        let p = Problem::from_decision(&free(), &d, BASE).unwrap();
+        assert_eq!(p.kind, ProblemKind::RateLimited);
+        assert_eq!(p.retry_after_s, Some(1));
+        assert_eq!(p.violated_policies, vec!["burst".to_string()]);
+        assert_eq!(
+            p.detail,
+            "20 of 20 requests used in the last 2 seconds (Free plan)."
+        );
+    }
+
+    #[test]
+    fn cost_exceeds_burst_is_400_without_retry() {
+        let d = decision(
+            Outcome::CostExceedsBurst {
+                policy: 0,
+                cost: 25,
+            },
+            [false, false],
+        );
+        let p = Problem::from_decision(&free(), &d, BASE).unwrap();
+        assert_eq!(p.status, 400);
+        assert_eq!(p.retry_after_s, None);
+        assert!(!p.to_json().contains("retry_after_s"));
+        assert!(
+            Problem::from_decision(&free(), &decision(Outcome::Allowed, [false; 2]), BASE)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn codes_round_trip_and_statuses() {
+        for k in ProblemKind::ALL {
+            assert_eq!(ProblemKind::from_code(k.code()), Some(k));
+            assert!([400, 409, 429, 503].contains(&k.status()));
+        }
+        assert_eq!(group(1_234_567), "1,234,567");
+        assert_eq!(group(999), "999");
+    }
+}
