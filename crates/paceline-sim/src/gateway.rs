@@ -1,0 +1,280 @@
+//! The simulated gateway: an edge with finite capacity, injected faults,
+//! and the real limiter behind them.
+//!
+//! Each request passes three stages, in the order a real deployment has
+//! them: the [`Edge`] (capacity, shed per key), then any active [`Fault`]
+//! (a blip of 429s or 503s that charges nothing), then the plan checked by
+//! [`paceline_core::check_words`] on the key's own state words. Keys are
+//! small integers, so state lives in one flat vector and a check costs no
+//! hashing.
+//!
+//! ```
+//! use paceline_core::{Nanos, Plan, Policy};
+//! use paceline_sim::gateway::{Gateway, Verdict};
+//!
+//! let plan = Plan::new("race", vec![Policy::token_bucket("burst", 8, 2).unwrap()]).unwrap();
+//! let mut gw = Gateway::new(plan, 1);
+//! let t = Nanos::from_secs(1);
+//! let served = (0..10).filter(|_| gw.handle(0, 1, t).verdict == Verdict::Served).count();
+//! assert_eq!(served, 8);
+//! assert_eq!(gw.handle(0, 1, t).status(), Some(429));
+//! ```
+
+use http::{HeaderMap, HeaderValue, StatusCode};
+use paceline_core::{check_words, Decision, Nanos, Outcome, Plan, PolicyKind};
+use paceline_wire::emit::{self, Dialects};
+
+use crate::edge::Edge;
+
+/// A stretch of time during which every request gets the same failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// When the blip starts (inclusive).
+    pub from: Nanos,
+    /// When it ends (exclusive).
+    pub until: Nanos,
+    /// The status answered: 429 or 503.
+    pub status: u16,
+    /// The `Retry-After` sent with it, in seconds (0 sends none).
+    pub retry_after_s: u64,
+}
+
+impl Fault {
+    /// Whether the fault applies at `now`.
+    pub fn covers(&self, now: Nanos) -> bool {
+        self.from <= now && now < self.until
+    }
+}
+
+/// What the gateway did with one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted and charged: 200.
+    Served,
+    /// The limiter said no: 429 (burst or quota, per the denial).
+    Limited {
+        /// Burst or quota.
+        kind: PolicyKind,
+        /// The `Retry-After` the response carries, whole seconds.
+        retry_after_s: u64,
+    },
+    /// The request can never fit: 400.
+    TooBig,
+    /// An injected failure answered it.
+    Fault {
+        /// 429 or 503.
+        status: u16,
+        /// `Retry-After` seconds (0: none).
+        retry_after_s: u64,
+    },
+    /// Shed at the edge: no response at all (a reset connection).
+    Dropped,
+}
+
+/// One request's fate, with the limiter's decision when it ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// What happened.
+    pub verdict: Verdict,
+    /// The limiter's decision (absent when the edge or a fault answered).
+    pub decision: Option<Decision>,
+}
+
+impl Answer {
+    /// The HTTP status, or `None` for a request dropped at the edge.
+    pub fn status(&self) -> Option<u16> {
+        match self.verdict {
+            Verdict::Served => Some(200),
+            Verdict::Limited { .. } => Some(429),
+            Verdict::TooBig => Some(400),
+            Verdict::Fault { status, .. } => Some(status),
+            Verdict::Dropped => None,
+        }
+    }
+}
+
+/// Counters of what the gateway answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GatewayStats {
+    /// Requests that reached the gateway.
+    pub received: u64,
+    /// 200s.
+    pub served: u64,
+    /// 429s from the limiter.
+    pub limited: u64,
+    /// Answers from injected faults.
+    pub faulted: u64,
+    /// Shed at the edge.
+    pub dropped: u64,
+}
+
+/// The simulated gateway for keys `0..keys`, all on one plan.
+#[derive(Clone, Debug)]
+pub struct Gateway {
+    plan: Plan,
+    stride: usize,
+    words: Vec<u64>,
+    edge: Option<Edge>,
+    faults: Vec<Fault>,
+    stats: GatewayStats,
+}
+
+impl Gateway {
+    /// A gateway checking `keys` keys against `plan`, with unlimited
+    /// capacity and no faults.
+    pub fn new(plan: Plan, keys: usize) -> Self {
+        let stride = plan.state_words();
+        Gateway {
+            plan,
+            stride,
+            words: vec![0; stride * keys],
+            edge: None,
+            faults: Vec::new(),
+            stats: GatewayStats::default(),
+        }
+    }
+
+    /// Limits the edge to `per_s` requests per second, shed per key.
+    pub fn with_capacity(mut self, per_s: u64) -> Self {
+        self.edge = Some(Edge::new(per_s, self.words.len() / self.stride.max(1)));
+        self
+    }
+
+    /// Adds an injected fault.
+    pub fn with_fault(mut self, fault: Fault) -> Self {
+        self.faults.push(fault);
+        self
+    }
+
+    /// The plan every key is checked against.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// What the gateway has answered so far.
+    pub fn stats(&self) -> GatewayStats {
+        self.stats
+    }
+
+    /// Handles a request of `cost` from `key` arriving at `now`.
+    pub fn handle(&mut self, key: usize, cost: u64, now: Nanos) -> Answer {
+        self.stats.received += 1;
+        if let Some(edge) = &mut self.edge {
+            if !edge.admit(key, now) {
+                self.stats.dropped += 1;
+                return Answer {
+                    verdict: Verdict::Dropped,
+                    decision: None,
+                };
+            }
+        }
+        if let Some(f) = self.faults.iter().find(|f| f.covers(now)) {
+            self.stats.faulted += 1;
+            return Answer {
+                verdict: Verdict::Fault {
+                    status: f.status,
+                    retry_after_s: f.retry_after_s,
+                },
+                decision: None,
+            };
+        }
+        let state = &mut self.words[key * self.stride..(key + 1) * self.stride];
+        let (d, _) = check_words(&self.plan, state, now, cost);
+        let verdict = match d.outcome {
+            Outcome::Allowed => Verdict::Served,
+            Outcome::Denied(den) => Verdict::Limited {
+                kind: den.kind,
+                retry_after_s: den.retry_after_secs(),
+            },
+            Outcome::CostExceedsBurst { .. } => Verdict::TooBig,
+        };
+        match verdict {
+            Verdict::Served => self.stats.served += 1,
+            Verdict::Limited { .. } => self.stats.limited += 1,
+            _ => {}
+        }
+        Answer {
+            verdict,
+            decision: Some(d),
+        }
+    }
+
+    /// The key's standing without charging anything (what `GET /v1/usage`
+    /// reports).
+    pub fn usage(&self, key: usize, now: Nanos) -> Decision {
+        let mut state = self.words[key * self.stride..(key + 1) * self.stride].to_vec();
+        check_words(&self.plan, &mut state, now, 0).0
+    }
+
+    /// The HTTP status and headers a real gateway would send for `answer`
+    /// (`None` for a request dropped at the edge).
+    pub fn response_head(&self, answer: &Answer) -> Option<(StatusCode, HeaderMap)> {
+        let status = StatusCode::from_u16(answer.status()?).ok()?;
+        let mut headers = HeaderMap::new();
+        if let Some(d) = &answer.decision {
+            emit::write_headers(&self.plan, d, &Dialects::default(), &mut headers);
+        }
+        if let Verdict::Fault { retry_after_s, .. } = answer.verdict {
+            if retry_after_s > 0 {
+                headers.insert(http::header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            }
+        }
+        Some((status, headers))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paceline_core::Policy;
+
+    fn plan() -> Plan {
+        Plan::new("t", vec![Policy::token_bucket("burst", 8, 2).unwrap()]).unwrap()
+    }
+
+    #[test]
+    fn keys_have_separate_buckets() {
+        let mut gw = Gateway::new(plan(), 2);
+        let t = Nanos::from_secs(3);
+        for _ in 0..8 {
+            assert_eq!(gw.handle(0, 1, t).verdict, Verdict::Served);
+        }
+        assert_eq!(gw.handle(0, 1, t).status(), Some(429));
+        assert_eq!(gw.handle(1, 1, t).verdict, Verdict::Served);
+        assert_eq!(gw.usage(0, t).statuses[0].remaining, 0);
+        assert_eq!(gw.usage(1, t).statuses[0].remaining, 7);
+        // refills at 4/s
+        let later = t.saturating_add(Nanos::from_millis(250));
+        assert_eq!(gw.handle(0, 1, later).verdict, Verdict::Served);
+    }
+
+    #[test]
+    fn faults_answer_without_charging() {
+        let fault = Fault {
+            from: Nanos::ZERO,
+            until: Nanos::from_secs(5),
+            status: 503,
+            retry_after_s: 5,
+        };
+        let mut gw = Gateway::new(plan(), 1).with_fault(fault);
+        let a = gw.handle(0, 1, Nanos::from_secs(1));
+        assert_eq!(a.status(), Some(503));
+        let (status, headers) = gw.response_head(&a).unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(headers[http::header::RETRY_AFTER], "5");
+        assert_eq!(gw.usage(0, Nanos::from_secs(5)).statuses[0].remaining, 8);
+        assert_eq!(gw.stats().faulted, 1);
+    }
+
+    #[test]
+    fn the_edge_drops_before_the_limiter() {
+        let mut gw = Gateway::new(plan(), 1).with_capacity(2);
+        let t = Nanos::from_secs(1);
+        assert_eq!(gw.handle(0, 1, t).verdict, Verdict::Served);
+        assert_eq!(gw.handle(0, 1, t).verdict, Verdict::Served);
+        let a = gw.handle(0, 1, t);
+        assert_eq!(a.verdict, Verdict::Dropped);
+        assert!(gw.response_head(&a).is_none());
+        assert_eq!(gw.usage(0, t).statuses[0].remaining, 6);
+    }
+}

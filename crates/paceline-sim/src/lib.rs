@@ -1,0 +1,41 @@
+//! # paceline-sim
+//!
+//! A deterministic discrete-event simulator in which simulated clients run
+//! the real `paceline-client` code and a simulated gateway runs the real
+//! `paceline-core` limiter and `paceline-wire` emitter, on virtual time.
+//!
+//! Why simulate: the claims that matter about rate limiting — a client that
+//! reads the headers finishes as fast as one that hammers, with a fraction
+//! of the requests; jitter turns a synchronised wave into a queue — are
+//! claims about thousands of requests over minutes. On virtual time they
+//! run in milliseconds and give the same answer for the same seed, so they
+//! can be tests.
+//!
+//! The pieces: [`engine`] (timed events on integer nanoseconds, ties broken
+//! by insertion order), [`gateway`] (edge capacity, injected faults, the
+//! real limiter), [`fleet`] (workers doing jobs through a client), the
+//! [`scenario`]s behind `paceline sim`, their [`report`]s, and plain-text
+//! [`table`]s and [`svg`] plots to show them.
+//!
+//! ```
+//! use paceline_sim::scenario::race::{self, RaceParams};
+//!
+//! let report = race::run(&RaceParams::default(), 1);
+//! let naive = &report.fleets[1];
+//! assert_eq!(naive.name, "naive");
+//! assert_eq!(naive.jobs_done, 50);
+//! assert!(naive.requests > 100);
+//! ```
+
+#![forbid(unsafe_code)]
+
+pub mod edge;
+pub mod engine;
+pub mod fleet;
+pub mod gateway;
+pub mod report;
+pub mod rng;
+pub mod scenario;
+pub mod sdk;
+pub mod svg;
+pub mod table;

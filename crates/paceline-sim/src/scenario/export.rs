@@ -1,0 +1,108 @@
+//! The nightly export: the race at the scale of a partner job.
+//!
+//! `records` records, one request each, under a quota of `quota` per
+//! `window_s` seconds (10/s with a burst of 50), pulled by `workers`
+//! workers. The cooperative fleet shares one SDK client across its workers;
+//! the naive fleet retries immediately on any failure. Each round trip
+//! takes `2 · latency`; the default (200 ms) is what makes 40 workers
+//! retrying immediately arrive at the 200 req/s of the design document.
+//!
+//! The bucket sets the pace, not the client: the floor is the burst at
+//! once and the rest at the refill rate, 11,950 / 10 = 1,195 s. Retrying
+//! harder cannot beat it; it only multiplies the requests.
+//!
+//! ```
+//! use paceline_sim::scenario::export::{self, ExportParams};
+//!
+//! let small = ExportParams { records: 600, ..Default::default() };
+//! let r = export::run(&small, 1);
+//! assert_eq!(r.floor_s, 55.0);
+//! assert!(r.fleets[1].requests > 10 * r.fleets[0].requests);
+//! ```
+
+use paceline_core::{Nanos, Plan, Policy};
+
+use crate::fleet::Network;
+use crate::report::{round3, ExportReport};
+use crate::scenario::race::{floor_s, svg_fleets, Contest};
+
+/// The numbers of the export.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportParams {
+    /// Records to fetch, one request each.
+    pub records: u64,
+    /// Workers per fleet.
+    pub workers: u32,
+    /// Bucket depth (the burst).
+    pub quota: u64,
+    /// Seconds to refill the whole bucket (rate `quota / window_s`).
+    pub window_s: u64,
+    /// Requests per second the gateway's edge passes (0: unlimited).
+    pub capacity: u64,
+    /// The naive fleet's pause before retrying (zero: immediately).
+    pub naive_retry: Nanos,
+    /// One-way latency.
+    pub latency: Nanos,
+    /// Width of a timeline bucket.
+    pub bucket: Nanos,
+}
+
+impl Default for ExportParams {
+    fn default() -> Self {
+        ExportParams {
+            records: 12_000,
+            workers: 40,
+            quota: 50,
+            window_s: 5,
+            capacity: 0,
+            naive_retry: Nanos::ZERO,
+            latency: Nanos::from_millis(100),
+            bucket: Nanos::from_secs(10),
+        }
+    }
+}
+
+/// Runs the export.
+pub fn run(params: &ExportParams, seed: u64) -> ExportReport {
+    let plan = Plan::new(
+        "export",
+        vec![Policy::token_bucket("burst", params.quota, params.window_s).expect("a valid bucket")],
+    )
+    .expect("one policy");
+    let floor = floor_s(params.records, params.quota, params.window_s);
+    let contest = Contest {
+        plan,
+        workers: params.workers,
+        jobs: params.records,
+        capacity: params.capacity,
+        naive_retry: params.naive_retry,
+        net: Network {
+            latency: params.latency,
+            bucket: params.bucket,
+            deadline: Nanos::from_secs_f64(floor * 5.0 + 600.0),
+        },
+    };
+    ExportReport {
+        floor_s: round3(floor),
+        fleets: contest.run(seed),
+        seed,
+    }
+}
+
+/// The export as a plot.
+pub fn svg(report: &ExportReport) -> String {
+    svg_fleets(
+        &format!(
+            "The export: requests over time (floor {:.0} s)",
+            report.floor_s
+        ),
+        &report.fleets,
+    )
+}
+
+/// The export as a table.
+pub fn table(report: &ExportReport) -> String {
+    let mut t = crate::scenario::race::table(&report.fleets);
+    t.push_str(&format!("floor: {:.1} s\n", report.floor_s));
+    t
+}
