@@ -8,7 +8,7 @@
 //! | algorithm | words |
 //! |---|---|
 //! | token bucket | `[tat]`: the theoretical arrival time (GCRA) |
-//! | fixed window | `[window_index, count]` |
+//! | fixed window | `[window_index mod 2^24 << 40 \| count]` (one word) |
 //! | sliding counter | `[window_index, current, previous]` |
 //! | sliding log | `[next_slot, t_0 + 1, …, t_(q-1) + 1]` (0 = empty slot) |
 //! | concurrency | `[in_flight]` |
@@ -33,6 +33,7 @@ pub struct Peek {
 ///
 /// `cost` must not exceed the policy's quota (the caller checks that first:
 /// such a request can never fit and needs no wait).
+#[inline]
 pub fn peek(policy: &Policy, words: &[u64], now: u64, cost: u64) -> Peek {
     match policy.algorithm() {
         Algorithm::TokenBucket => gcra_peek(policy, words[0], now, cost),
@@ -46,6 +47,7 @@ pub fn peek(policy: &Policy, words: &[u64], now: u64, cost: u64) -> Peek {
 }
 
 /// Charges `cost` units at `now`. Call only after [`peek`] admitted.
+#[inline]
 pub fn commit(policy: &Policy, words: &mut [u64], now: u64, cost: u64) {
     match policy.algorithm() {
         Algorithm::TokenBucket => {
@@ -54,11 +56,8 @@ pub fn commit(policy: &Policy, words: &mut [u64], now: u64, cost: u64) {
         }
         Algorithm::FixedWindow { offset_s } => {
             let idx = window_index(now, policy.window_ns(), offset_s * 1_000_000_000);
-            if words[0] != idx {
-                words[0] = idx;
-                words[1] = 0;
-            }
-            words[1] = words[1].saturating_add(cost);
+            let count = window_count(words[0], idx);
+            words[0] = pack_window(idx, count.saturating_add(cost));
         }
         Algorithm::SlidingCounter => {
             roll_counter(policy, words, now);
@@ -91,8 +90,8 @@ pub fn at_rest(policy: &Policy, words: &[u64], now: u64) -> bool {
     match policy.algorithm() {
         Algorithm::TokenBucket => words[0] <= now,
         Algorithm::FixedWindow { offset_s } => {
-            words[1] == 0
-                || words[0] != window_index(now, policy.window_ns(), offset_s * 1_000_000_000)
+            let idx = window_index(now, policy.window_ns(), offset_s * 1_000_000_000);
+            window_count(words[0], idx) == 0
         }
         Algorithm::SlidingCounter => {
             let idx = now / policy.window_ns();
@@ -106,6 +105,7 @@ pub fn at_rest(policy: &Policy, words: &[u64], now: u64) -> bool {
     }
 }
 
+#[inline]
 fn gcra_peek(policy: &Policy, tat: u64, now: u64, cost: u64) -> Peek {
     let t = policy.emission_ns();
     let w = policy.window_ns();
@@ -130,6 +130,30 @@ fn gcra_peek(policy: &Policy, tat: u64, now: u64, cost: u64) -> Peek {
     }
 }
 
+const COUNT_BITS: u32 = 40;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const INDEX_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
+
+/// The count a packed fixed-window word holds for window `idx` (zero when
+/// the word belongs to another window). Stores reset a key's state when it
+/// comes to rest, so a stale index can never alias a window 2^24 later.
+#[inline]
+fn window_count(word: u64, idx: u64) -> u64 {
+    if word >> COUNT_BITS == idx & INDEX_MASK {
+        word & COUNT_MASK
+    } else {
+        0
+    }
+}
+
+#[inline]
+fn pack_window(idx: u64, count: u64) -> u64 {
+    ((idx & INDEX_MASK) << COUNT_BITS) | count.min(COUNT_MASK)
+}
+
+/// The largest quota a fixed window can count (40 bits).
+pub const MAX_WINDOW_QUOTA: u64 = COUNT_MASK;
+
 #[inline]
 fn window_index(now: u64, w: u64, offset: u64) -> u64 {
     // Windows are [offset + k*w, offset + (k+1)*w); shift so index 0 is the
@@ -141,7 +165,7 @@ fn window_peek(policy: &Policy, words: &[u64], now: u64, cost: u64, offset: u64)
     let w = policy.window_ns();
     let q = policy.quota();
     let idx = window_index(now, w, offset);
-    let count = if words[0] == idx { words[1] } else { 0 };
+    let count = window_count(words[0], idx);
     let end = idx.saturating_mul(w).saturating_add(offset);
     let until_end = end.saturating_sub(now).max(1);
     if count.saturating_add(cost) <= q {

@@ -34,32 +34,19 @@ use crate::plan::Plan;
 pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (Decision, Nanos) {
     let now_ns = now.as_u64();
     let policies = plan.policies();
-    for (i, p) in policies.iter().enumerate() {
-        if cost > p.quota() && !p.is_shadow() {
-            let statuses = policies
-                .iter()
-                .enumerate()
-                .map(|(j, q)| {
-                    let off = plan.offset(j);
-                    status(algorithm::peek(
-                        q,
-                        &words[off..off + q.state_words()],
-                        now_ns,
-                        0,
-                    ))
-                })
-                .collect();
-            let outcome = Outcome::CostExceedsBurst { policy: i, cost };
-            return (Decision { outcome, statuses }, Nanos::MAX);
-        }
+    if let Some(i) = policies
+        .iter()
+        .position(|p| cost > p.quota() && !p.is_shadow())
+    {
+        return cost_exceeds(plan, words, now_ns, i, cost);
     }
-    let mut peeks: SmallVec<[Peek; 2]> = SmallVec::with_capacity(policies.len());
+    let mut statuses: SmallVec<[PolicyStatus; 2]> = SmallVec::new();
+    let mut admitted: u32 = 0; // bit i: policy i admitted
     let mut denial: Option<Denial> = None;
     for (i, p) in policies.iter().enumerate() {
-        let off = plan.offset(i);
-        let slice = &words[off..off + p.state_words()];
+        let slice = policy_words(plan, words, i);
         let pk = if cost > p.quota() {
-            // shadow policy that could never fit: report it, charge nothing
+            // a shadow policy that could never fit: report it, charge nothing
             Peek {
                 admit: false,
                 remaining: algorithm::peek(p, slice, now_ns, 0).remaining,
@@ -69,47 +56,85 @@ pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (De
         } else {
             algorithm::peek(p, slice, now_ns, cost)
         };
-        if !pk.admit && !p.is_shadow() && denial.is_none_or(|d| pk.wait_ns > d.retry_after.as_u64())
-        {
+        if pk.admit {
+            admitted |= 1 << i;
+        } else if !p.is_shadow() && denial.is_none_or(|d| pk.wait_ns > d.retry_after.as_u64()) {
             denial = Some(Denial {
                 policy: i,
                 kind: p.kind(),
                 retry_after: Nanos::new(pk.wait_ns),
             });
         }
-        peeks.push(pk);
+        statuses.push(status(pk));
     }
     let mut rest_at = now_ns;
-    if denial.is_some() {
-        // nothing is charged: publish the policies that would have admitted
-        // as they stand, not as they would after a charge that never happens
-        for (i, p) in policies.iter().enumerate() {
-            if peeks[i].admit {
-                let off = plan.offset(i);
-                let pk = algorithm::peek(p, &words[off..off + p.state_words()], now_ns, 0);
-                peeks[i].remaining = pk.remaining;
-                peeks[i].reset_ns = pk.reset_ns;
+    match denial {
+        Some(d) => {
+            // nothing is charged: publish the policies that would have
+            // admitted as they stand, not after a charge that never happens
+            for (i, p) in policies.iter().enumerate() {
+                let slice = policy_words(plan, words, i);
+                if admitted & (1 << i) != 0 {
+                    let pk = algorithm::peek(p, slice, now_ns, 0);
+                    statuses[i].remaining = pk.remaining;
+                    statuses[i].reset_after = Nanos::new(pk.reset_ns);
+                }
+                rest_at = rest_at.max(rest_instant(p, slice, now_ns, &statuses[i]));
             }
+            (
+                Decision {
+                    outcome: Outcome::Denied(d),
+                    statuses,
+                },
+                Nanos::new(rest_at),
+            )
         }
-    } else {
-        for (i, p) in policies.iter().enumerate() {
-            if peeks[i].admit {
+        None => {
+            for (i, p) in policies.iter().enumerate() {
                 let off = plan.offset(i);
-                algorithm::commit(p, &mut words[off..off + p.state_words()], now_ns, cost);
+                let slice = &mut words[off..off + p.state_words()];
+                if admitted & (1 << i) != 0 {
+                    algorithm::commit(p, slice, now_ns, cost);
+                }
+                rest_at = rest_at.max(rest_instant(p, slice, now_ns, &statuses[i]));
             }
+            (
+                Decision {
+                    outcome: Outcome::Allowed,
+                    statuses,
+                },
+                Nanos::new(rest_at),
+            )
         }
     }
-    for (i, p) in policies.iter().enumerate() {
-        let off = plan.offset(i);
-        let slice = &words[off..off + p.state_words()];
-        rest_at = rest_at.max(rest_instant(p, slice, now_ns, &peeks[i]));
-    }
-    let statuses = peeks.iter().map(|&pk| status(pk)).collect();
-    let outcome = match denial {
-        Some(d) => Outcome::Denied(d),
-        None => Outcome::Allowed,
-    };
-    (Decision { outcome, statuses }, Nanos::new(rest_at))
+}
+
+#[inline]
+fn policy_words<'a>(plan: &Plan, words: &'a [u64], i: usize) -> &'a [u64] {
+    let off = plan.offset(i);
+    &words[off..off + plan.policy(i).state_words()]
+}
+
+#[cold]
+fn cost_exceeds(
+    plan: &Plan,
+    words: &[u64],
+    now_ns: u64,
+    policy: usize,
+    cost: u64,
+) -> (Decision, Nanos) {
+    let statuses = (0..plan.policies().len())
+        .map(|j| {
+            status(algorithm::peek(
+                plan.policy(j),
+                policy_words(plan, words, j),
+                now_ns,
+                0,
+            ))
+        })
+        .collect();
+    let outcome = Outcome::CostExceedsBurst { policy, cost };
+    (Decision { outcome, statuses }, Nanos::MAX)
 }
 
 fn status(pk: Peek) -> PolicyStatus {
@@ -120,7 +145,8 @@ fn status(pk: Peek) -> PolicyStatus {
     }
 }
 
-fn rest_instant(p: &crate::Policy, words: &[u64], now: u64, pk: &Peek) -> u64 {
+#[inline]
+fn rest_instant(p: &crate::Policy, words: &[u64], now: u64, st: &PolicyStatus) -> u64 {
     use crate::Algorithm;
     match p.algorithm() {
         Algorithm::TokenBucket => words[0],
@@ -128,6 +154,6 @@ fn rest_instant(p: &crate::Policy, words: &[u64], now: u64, pk: &Peek) -> u64 {
         Algorithm::Concurrency => now,
         // windows: the reported reset is when the state stops mattering
         // (sliding ones report the full drain)
-        _ => now.saturating_add(pk.reset_ns.max(p.window_ns())),
+        _ => now.saturating_add(st.reset_after.as_u64().max(p.window_ns())),
     }
 }

@@ -146,7 +146,7 @@ impl<C: Clock + ?Sized> Clock for &'static C {
 #[derive(Clone, Debug)]
 pub struct SystemClock {
     anchor_wall: Nanos,
-    anchor_mono: quanta::Instant,
+    anchor_raw: u64,
     mono: quanta::Clock,
 }
 
@@ -154,11 +154,11 @@ impl SystemClock {
     /// Anchors a new clock at the current system time.
     pub fn new() -> Self {
         let mono = quanta::Clock::new();
-        let anchor_mono = mono.now();
+        let anchor_raw = mono.raw();
         let anchor_wall = Nanos::from_system_time(SystemTime::now());
         SystemClock {
             anchor_wall,
-            anchor_mono,
+            anchor_raw,
             mono,
         }
     }
@@ -173,9 +173,13 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     #[inline]
     fn now(&self) -> Nanos {
-        let elapsed = self.mono.now().saturating_duration_since(self.anchor_mono);
-        self.anchor_wall
-            .saturating_add(Nanos::from_duration(elapsed))
+        let raw = self.mono.raw();
+        let elapsed = if raw > self.anchor_raw {
+            self.mono.delta_as_nanos(self.anchor_raw, raw)
+        } else {
+            0
+        };
+        Nanos(self.anchor_wall.0.saturating_add(elapsed))
     }
 }
 

@@ -57,7 +57,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     }
 }
 
-impl<C: Clock> Limiter<MemoryStore, C> {
+impl<C: Clock + Clone> Limiter<MemoryStore, C> {
     /// The synchronous check on the embedded store.
     #[inline]
     pub fn check_sync(&self, plan: &Plan, key: &str, cost: u64) -> Result<Decision, StoreError> {
@@ -77,7 +77,8 @@ impl<C: Clock> Limiter<MemoryStore, C> {
             let store = self.store.clone();
             let plan = plan.clone();
             let key: Arc<str> = Arc::from(key);
-            Lease::new(move || store.release_sync(&plan, &key, cost))
+            let clock = self.clock.clone();
+            Lease::new(move || store.release_sync(&plan, &key, cost, clock.now()))
         });
         Ok((d, lease))
     }

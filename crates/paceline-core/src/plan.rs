@@ -45,6 +45,7 @@ struct PlanInner {
     offsets: Vec<usize>,
     words: usize,
     layout: u64,
+    identity: u64,
 }
 
 impl Plan {
@@ -72,6 +73,10 @@ impl Plan {
                 layout = (layout ^ x).wrapping_mul(0x0100_0000_01b3);
             }
         }
+        let mut identity = layout;
+        for b in name.bytes() {
+            identity = (identity ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
         Ok(Plan {
             inner: Arc::new(PlanInner {
                 name: name.to_string(),
@@ -79,6 +84,7 @@ impl Plan {
                 offsets,
                 words,
                 layout,
+                identity,
             }),
         })
     }
@@ -112,6 +118,11 @@ impl Plan {
     /// changes only quotas keeps every counter.
     pub fn layout_fingerprint(&self) -> u64 {
         self.inner.layout
+    }
+    /// A fingerprint of the plan's name and layout: keys of different plans
+    /// never share state.
+    pub fn identity(&self) -> u64 {
+        self.inner.identity
     }
     /// Whether any policy counts content bytes.
     pub fn counts_bytes(&self) -> bool {

@@ -144,9 +144,9 @@ impl fmt::Display for PolicyError {
             ),
             PolicyError::ZeroQuota => f.write_str("quota q must be at least 1"),
             PolicyError::ZeroWindow => f.write_str("window w must be at least 1 second"),
-            PolicyError::RateTooHigh => {
-                f.write_str("q per w is more than one unit per nanosecond; lengthen the window")
-            }
+            PolicyError::RateTooHigh => f.write_str(
+                "q is too large: at most one unit per nanosecond, and below 2^40 for a fixed window",
+            ),
             PolicyError::LogTooLarge(q) => write!(
                 f,
                 "a sliding_log keeps one timestamp per unit; q={q} exceeds {MAX_LOG_QUOTA}, use sliding_counter"
@@ -204,6 +204,9 @@ impl Policy {
             }
             Algorithm::FixedWindow { offset_s } if offset_s >= window_s => {
                 return Err(PolicyError::BadOffset)
+            }
+            Algorithm::FixedWindow { .. } if quota > crate::algorithm::MAX_WINDOW_QUOTA => {
+                return Err(PolicyError::RateTooHigh)
             }
             _ => {}
         }
@@ -349,7 +352,7 @@ impl Policy {
     pub fn state_words(&self) -> usize {
         match self.algorithm {
             Algorithm::TokenBucket | Algorithm::Concurrency => 1,
-            Algorithm::FixedWindow { .. } => 2,
+            Algorithm::FixedWindow { .. } => 1,
             Algorithm::SlidingCounter => 3,
             Algorithm::SlidingLog => 1 + self.quota as usize,
         }

@@ -11,8 +11,6 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use siphasher::sip128::{Hasher128, SipHasher13};
-use smallvec::SmallVec;
 use std::collections::HashMap;
 
 use crate::algorithm;
@@ -63,6 +61,7 @@ pub trait Store: Send + Sync + 'static {
         plan: &Plan,
         key: &str,
         amount: u64,
+        now: Nanos,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
@@ -85,7 +84,30 @@ impl Default for MemoryStoreConfig {
     }
 }
 
-type Words = SmallVec<[u64; 2]>;
+/// A key's state: `[rest_at, policy words…]`, fixed-size for the common
+/// small plans so an entry is one flat row in its table.
+trait Slot: Sized {
+    fn fresh(len: usize) -> Self;
+    fn words_mut(&mut self) -> &mut [u64];
+}
+
+impl<const N: usize> Slot for [u64; N] {
+    fn fresh(_: usize) -> Self {
+        [0; N]
+    }
+    fn words_mut(&mut self) -> &mut [u64] {
+        self
+    }
+}
+
+impl Slot for Box<[u64]> {
+    fn fresh(len: usize) -> Self {
+        vec![0; len].into_boxed_slice()
+    }
+    fn words_mut(&mut self) -> &mut [u64] {
+        self
+    }
+}
 
 #[derive(Default)]
 struct PassThrough(u64);
@@ -104,32 +126,51 @@ impl Hasher for PassThrough {
     }
 }
 
-type Map = HashMap<u128, Words, BuildHasherDefault<PassThrough>>;
+type Table<S> = HashMap<u128, S, BuildHasherDefault<PassThrough>>;
 
 #[repr(align(128))]
 struct Shard {
     inner: Mutex<ShardInner>,
 }
 
+#[derive(Default)]
 struct ShardInner {
-    map: Map,
+    t2: Table<[u64; 2]>,
+    t3: Table<[u64; 3]>,
+    t4: Table<[u64; 4]>,
+    tn: Table<Box<[u64]>>,
     sweep_at: usize,
     last_sweep: Nanos,
 }
 
+impl ShardInner {
+    fn len(&self) -> usize {
+        self.t2.len() + self.t3.len() + self.t4.len() + self.tn.len()
+    }
+    fn sweep(&mut self, now: Nanos) {
+        let n = now.as_u64();
+        self.t2.retain(|_, w| w[0] > n);
+        self.t3.retain(|_, w| w[0] > n);
+        self.t4.retain(|_, w| w[0] > n);
+        self.tn.retain(|_, w| w[0] > n);
+        self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
+        self.last_sweep = now;
+    }
+}
+
 struct Inner {
     shards: Box<[Shard]>,
-    shift: u32,
-    k0: u64,
-    k1: u64,
+    mask: usize,
+    lo: ahash::RandomState,
+    hi: ahash::RandomState,
     max_per_shard: usize,
 }
 
 /// The embedded store: per-key state in this process.
 ///
-/// Keys are identified by a keyed 128-bit SipHash of the plan's layout, the
-/// plan name and the key, so no key string is kept (a collision between
-/// two keys would need 2^64 work against a secret key). Each entry holds the
+/// Keys are identified by two independently, randomly seeded 64-bit hashes
+/// of the plan's identity and the key, so no key string is kept: two keys
+/// share state only if both secret-seeded hashes collide at once. Each entry holds the
 /// instant it comes to rest; idle entries are swept when a shard grows.
 /// Clones share the same state.
 ///
@@ -177,18 +218,27 @@ impl MemoryStore {
         let shards = (0..n)
             .map(|_| Shard {
                 inner: Mutex::new(ShardInner {
-                    map: Map::default(),
                     sweep_at: MIN_SWEEP,
-                    last_sweep: Nanos::ZERO,
+                    ..ShardInner::default()
                 }),
             })
             .collect();
         MemoryStore {
             inner: Arc::new(Inner {
                 shards,
-                shift: 128 - n.trailing_zeros(),
-                k0: rand::random(),
-                k1: rand::random(),
+                mask: n - 1,
+                lo: ahash::RandomState::with_seeds(
+                    rand::random(),
+                    rand::random(),
+                    rand::random(),
+                    rand::random(),
+                ),
+                hi: ahash::RandomState::with_seeds(
+                    rand::random(),
+                    rand::random(),
+                    rand::random(),
+                    rand::random(),
+                ),
                 max_per_shard: config.max_keys.div_ceil(n).max(1),
             }),
         }
@@ -196,11 +246,7 @@ impl MemoryStore {
 
     /// Live entries (including ones not yet swept).
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| s.inner.lock().map.len())
-            .sum()
+        self.inner.shards.iter().map(|s| s.inner.lock().len()).sum()
     }
 
     /// Whether the store holds no entries.
@@ -215,30 +261,25 @@ impl MemoryStore {
             .iter()
             .map(|s| {
                 let mut g = s.inner.lock();
-                g.map.retain(|_, w| w[0] > now.as_u64());
-                g.map.len()
+                g.sweep(now);
+                g.len()
             })
             .sum()
     }
 
     #[inline]
     fn hash(&self, plan: &Plan, key: &str) -> u128 {
-        let mut h = SipHasher13::new_with_keys(self.inner.k0, self.inner.k1);
-        h.write_u64(plan.layout_fingerprint());
-        h.write(plan.name().as_bytes());
-        h.write_u8(0xff);
-        h.write(key.as_bytes());
-        h.finish128().as_u128()
+        // Two independently seeded 64-bit hashes of (plan identity, key):
+        // keys of different plans never share state, and two keys share one
+        // only if both secret-seeded hashes collide at once.
+        let lo = self.inner.lo.hash_one((plan.identity(), key));
+        let hi = self.inner.hi.hash_one((plan.identity(), key));
+        (u128::from(hi) << 64) | u128::from(lo)
     }
 
     #[inline]
     fn shard(&self, h: u128) -> &Shard {
-        let idx = if self.inner.shift >= 128 {
-            0
-        } else {
-            (h >> self.inner.shift) as usize
-        };
-        &self.inner.shards[idx]
+        &self.inner.shards[(h >> 64) as usize & self.inner.mask]
     }
 
     /// The synchronous check (the embedded store never waits on I/O).
@@ -250,91 +291,118 @@ impl MemoryStore {
         now: Nanos,
     ) -> Result<Decision, StoreError> {
         let h = self.hash(plan, key);
-        let shard = self.shard(h);
-        let mut g = shard.inner.lock();
-        let words_len = plan.state_words() + 1;
-        if let Some(w) = g.map.get_mut(&h) {
-            if w.len() == words_len {
-                let (d, rest) = check_words(plan, &mut w[1..], now, cost);
-                w[0] = rest.as_u64();
-                return Ok(d);
+        let mut g = self.shard(h).inner.lock();
+        let max = self.inner.max_per_shard;
+        let g = &mut *g;
+        match plan.state_words() + 1 {
+            2 => check_in(&mut g.t2, h, plan, cost, now, &mut g.sweep_at, max),
+            3 => check_in(&mut g.t3, h, plan, cost, now, &mut g.sweep_at, max),
+            4 => check_in(&mut g.t4, h, plan, cost, now, &mut g.sweep_at, max),
+            _ => check_in(&mut g.tn, h, plan, cost, now, &mut g.sweep_at, max),
+        }
+        .or_else(|e| {
+            // the table was due a sweep, or full: sweep the whole shard
+            // (at most once a second when full of live keys) and retry once
+            let full = g.len() >= max;
+            if full && now < g.last_sweep.saturating_add(Nanos::SECOND) {
+                return Err(e);
             }
-        }
-        // A key never seen (or seen under another layout): a fresh state.
-        let mut fresh: Words = SmallVec::from_elem(0, words_len);
-        let (d, rest) = check_words(plan, &mut fresh[1..], now, cost);
-        if rest > now {
-            fresh[0] = rest.as_u64();
-            self.insert(&mut g, h, fresh, now)?;
-        }
-        Ok(d)
-    }
-
-    fn insert(
-        &self,
-        g: &mut ShardInner,
-        h: u128,
-        words: Words,
-        now: Nanos,
-    ) -> Result<(), StoreError> {
-        let full = g.map.len() >= self.inner.max_per_shard;
-        // When full of live keys, sweep at most once a second: a flood of
-        // new keys must not turn every insert into a scan.
-        if g.map.len() >= g.sweep_at || (full && now >= g.last_sweep.saturating_add(Nanos::SECOND))
-        {
-            g.map.retain(|_, w| w[0] > now.as_u64());
-            g.sweep_at = (g.map.len() * 2).max(MIN_SWEEP);
-            g.last_sweep = now;
-        }
-        if g.map.len() >= self.inner.max_per_shard {
-            return Err(StoreError::Full);
-        }
-        g.map.insert(h, words);
-        Ok(())
+            g.sweep(now);
+            match plan.state_words() + 1 {
+                2 => check_in(&mut g.t2, h, plan, cost, now, &mut usize::MAX.clone(), max),
+                3 => check_in(&mut g.t3, h, plan, cost, now, &mut usize::MAX.clone(), max),
+                4 => check_in(&mut g.t4, h, plan, cost, now, &mut usize::MAX.clone(), max),
+                _ => check_in(&mut g.tn, h, plan, cost, now, &mut usize::MAX.clone(), max),
+            }
+            .map_err(|_| StoreError::Full)
+        })
     }
 
     /// The synchronous release of concurrency units.
-    pub fn release_sync(&self, plan: &Plan, key: &str, amount: u64) {
+    pub fn release_sync(&self, plan: &Plan, key: &str, amount: u64, now: Nanos) {
         let h = self.hash(plan, key);
         let mut g = self.shard(h).inner.lock();
-        let remove = match g.map.get_mut(&h) {
-            Some(w) if w.len() == plan.state_words() + 1 => {
-                let mut busy = false;
-                for (i, p) in plan.policies().iter().enumerate() {
-                    let off = 1 + plan.offset(i);
-                    let slice = &mut w[off..off + p.state_words()];
-                    algorithm::release(p, slice, amount);
-                    busy |= p.algorithm() == crate::Algorithm::Concurrency && slice[0] > 0;
-                }
-                if !busy && w[0] == u64::MAX {
-                    // no more leases out: rest when the time-based policies do
-                    w[0] = rest_after_release(plan, &w[1..]);
-                }
-                w[0] == 0
-            }
-            _ => false,
-        };
-        if remove {
-            g.map.remove(&h);
+        let g = &mut *g;
+        match plan.state_words() + 1 {
+            2 => release_in(&mut g.t2, h, plan, amount, now),
+            3 => release_in(&mut g.t3, h, plan, amount, now),
+            4 => release_in(&mut g.t4, h, plan, amount, now),
+            _ => release_in(&mut g.tn, h, plan, amount, now),
         }
     }
 }
 
-fn rest_after_release(plan: &Plan, words: &[u64]) -> u64 {
-    use crate::Algorithm;
-    let mut rest = 0u64;
+/// Checks in one table. `Err(StoreError::Full)` asks the caller to sweep
+/// the shard and retry: the table holds `sweep_at` keys or the shard's cap.
+#[inline]
+fn check_in<S: Slot>(
+    table: &mut Table<S>,
+    h: u128,
+    plan: &Plan,
+    cost: u64,
+    now: Nanos,
+    sweep_at: &mut usize,
+    max: usize,
+) -> Result<Decision, StoreError> {
+    let len = plan.state_words() + 1;
+    if let Some(slot) = table.get_mut(&h) {
+        let w = slot.words_mut();
+        if w.len() == len {
+            if w[0] <= now.as_u64() {
+                // at rest: a fresh state decides the same, and resetting it
+                // keeps stale window indices from ever aliasing
+                w.iter_mut().for_each(|x| *x = 0);
+            }
+            let (d, rest) = check_words(plan, &mut w[1..], now, cost);
+            w[0] = rest.as_u64();
+            return Ok(d);
+        }
+    }
+    // A key never seen: decide on a fresh state, keep it only if it matters.
+    let mut fresh = S::fresh(len);
+    let w = fresh.words_mut();
+    let (d, rest) = check_words(plan, &mut w[1..], now, cost);
+    if rest > now {
+        if table.len() >= (*sweep_at).min(max) {
+            return Err(StoreError::Full);
+        }
+        w[0] = rest.as_u64();
+        table.insert(h, fresh);
+    }
+    Ok(d)
+}
+
+fn release_in<S: Slot>(table: &mut Table<S>, h: u128, plan: &Plan, amount: u64, now: Nanos) {
+    let Some(slot) = table.get_mut(&h) else {
+        return;
+    };
+    let w = slot.words_mut();
+    if w.len() != plan.state_words() + 1 {
+        return;
+    }
+    let mut busy = false;
+    for (i, p) in plan.policies().iter().enumerate() {
+        let off = 1 + plan.offset(i);
+        let s = &mut w[off..off + p.state_words()];
+        algorithm::release(p, s, amount);
+        busy |= p.algorithm() == crate::Algorithm::Concurrency && s[0] > 0;
+    }
+    if !busy && w[0] == u64::MAX {
+        // no lease out any more: at rest once the time-based policies are
+        w[0] = rest_after_release(plan, &w[1..], now);
+    }
+}
+
+fn rest_after_release(plan: &Plan, words: &[u64], now: Nanos) -> u64 {
+    let mut rest = now.as_u64();
     for (i, p) in plan.policies().iter().enumerate() {
         let off = plan.offset(i);
         let s = &words[off..off + p.state_words()];
-        let w = p.window_ns();
         rest = rest.max(match p.algorithm() {
-            Algorithm::TokenBucket => s[0],
-            Algorithm::Concurrency => 0,
-            Algorithm::FixedWindow { offset_s } => s[0]
-                .saturating_mul(w)
-                .saturating_add(offset_s * 1_000_000_000),
-            Algorithm::SlidingCounter => s[0].saturating_add(2).saturating_mul(w),
-            Algorithm::SlidingLog => s[1..].iter().max().copied().unwrap_or(0).saturating_add(w),
+            crate::Algorithm::TokenBucket => s[0],
+            crate::Algorithm::Concurrency => 0,
+            // windows: nothing older than two windows still counts
+            _ => now.as_u64().saturating_add(p.window_ns().saturating_mul(2)),
         });
     }
     rest
@@ -356,8 +424,9 @@ impl Store for MemoryStore {
         plan: &Plan,
         key: &str,
         amount: u64,
+        now: Nanos,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.release_sync(plan, key, amount);
+        self.release_sync(plan, key, amount, now);
         std::future::ready(Ok(()))
     }
 }
