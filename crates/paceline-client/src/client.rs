@@ -259,7 +259,8 @@ impl Client {
         let scope = st.scopes.entry(call.info.scope.clone()).or_insert_with(|| {
             Scope::new(
                 &call.info.scope,
-                AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k),
+                AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k)
+                    .with_min_requests(cfg.throttle_min_requests),
             )
         });
         let (until, hold) = scope.earliest(now, &call.info.path);
@@ -338,6 +339,19 @@ impl Client {
         a
     }
 
+    /// Parses a response with `paceline-wire` and reports it, like
+    /// [`Client::after`].
+    pub fn after_response(
+        &self,
+        call: &mut Call,
+        status: u16,
+        headers: &http::HeaderMap,
+        body: Option<&[u8]>,
+    ) -> After {
+        let obs = Observation::parse(status, headers, body, self.now());
+        self.after(call, &obs)
+    }
+
     /// Reports a network error (no response) for the attempt in flight.
     /// `transient` errors (connection reset or refused, timeout) may be
     /// retried when the call may be resent; others end the call.
@@ -370,7 +384,8 @@ impl Client {
             let s = st.scopes.entry(scope.to_string()).or_insert_with(|| {
                 Scope::new(
                     scope,
-                    AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k),
+                    AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k)
+                        .with_min_requests(cfg.throttle_min_requests),
                 )
             });
             let alone = s.in_flight.is_empty();
@@ -379,10 +394,18 @@ impl Client {
                 .iter()
                 .any(|p| p.counts_requests && p.remaining.is_some())
             {
-                s.set_mode(Mode::Paced, &mut events);
+                s.set_mode(Mode::Paced, cfg.absent_gap, &mut events);
             }
         }
         self.emit(events);
+    }
+
+    /// Seeds a scope from a usage endpoint's body (see [`crate::usage`]);
+    /// returns how many policies it read.
+    pub fn seed_usage(&self, scope: &str, body: &[u8]) -> Result<usize, crate::usage::UsageError> {
+        let policies = crate::usage::parse_usage(body, self.now())?;
+        self.seed_policies(scope, &policies);
+        Ok(policies.len())
     }
 
     fn after_at(
@@ -407,11 +430,11 @@ impl Client {
         if obs.has_limits() {
             scope.headerless = 0;
             scope.observe(now, &call.info.path, &obs.policies, later, alone);
-            scope.set_mode(Mode::Paced, events);
+            scope.set_mode(Mode::Paced, cfg.absent_gap, events);
         } else {
             scope.headerless += 1;
             if scope.mode == Mode::Unseeded || scope.headerless >= 5 {
-                scope.set_mode(Mode::HeaderAbsent, events);
+                scope.set_mode(Mode::HeaderAbsent, cfg.absent_gap, events);
             }
         }
         let rejected = matches!(obs.status, 429 | 503);
@@ -447,7 +470,7 @@ impl Client {
         if obs.kind == ResponseKind::RateLimited {
             match scope.mode {
                 Mode::HeaderAbsent => {
-                    scope.absent_429(cfg.absent_gap);
+                    scope.absent_429(now, flight.seq, cfg.absent_gap);
                     let wait = obs
                         .retry_after
                         .unwrap_or_else(|| cfg.absent_backoff.nominal(call.attempts));
@@ -455,7 +478,13 @@ impl Client {
                 }
                 _ => {
                     if flight.mode == Mode::Paced {
-                        scope.obeyed_429(now, cfg.escalate_after, cfg.max_factor, events);
+                        scope.obeyed_429(
+                            now,
+                            flight.seq,
+                            cfg.escalate_after,
+                            cfg.max_factor,
+                            events,
+                        );
                     }
                     if let Some(ra) = obs.retry_after {
                         scope.pause(now, now.saturating_add(ra.min(cfg.max_wait)), false);

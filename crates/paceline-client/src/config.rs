@@ -7,7 +7,6 @@ use crate::backoff::{Backoff, ABSENT};
 /// Settings of a [`Client`](crate::Client). Every field has the documented
 /// default; change what you need with struct update syntax.
 #[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
 pub struct Config {
     /// Attempts per call when the provider publishes its limits (3).
     pub max_attempts: u32,
@@ -25,14 +24,17 @@ pub struct Config {
     pub throttle_window: Nanos,
     /// The adaptive throttle's K (2).
     pub throttle_k: f64,
+    /// Requests the throttle's window must hold before it drops anything (20).
+    pub throttle_min_requests: u64,
     /// Waits longer than this are never slept: the call fails with the
     /// instant to come back instead (300 s).
     pub max_wait: Nanos,
     /// How often a request waiting for a scope's first answer looks again
     /// (5 ms).
     pub probe_poll: Nanos,
-    /// Spacing a header-absent scope starts from after its first 429
-    /// (250 ms, that is 4 requests per second).
+    /// Spacing a header-absent scope starts from (250 ms, that is 4
+    /// requests per second); it shrinks by an eighth after each run of ten
+    /// successes and doubles on a 429.
     pub absent_gap: Nanos,
     /// Whether to add an `Idempotency-Key` to POST requests (true).
     pub idempotency_keys: bool,
@@ -57,6 +59,7 @@ impl Default for Config {
             budget_min_retries: 3,
             throttle_window: Nanos::from_secs(120),
             throttle_k: 2.0,
+            throttle_min_requests: 20,
             max_wait: Nanos::from_secs(300),
             probe_poll: Nanos::from_millis(5),
             absent_gap: Nanos::from_millis(250),

@@ -63,6 +63,7 @@ mod observe;
 mod request;
 mod scope;
 pub mod throttle;
+pub mod usage;
 pub mod window;
 
 pub use bucket::QUOTA_WINDOW;

@@ -5,7 +5,9 @@
 //! for, vendor retry hints and every policy with what is left of it. The
 //! simulator can also build observations directly.
 
+use http::HeaderMap;
 use paceline_core::Nanos;
+use paceline_wire::parse::{OutcomeKind, PolicyView, ResponseView};
 
 /// How a response ended, from the client's point of view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,4 +118,113 @@ impl Observation {
             .iter()
             .any(|p| p.counts_requests && p.remaining.is_some())
     }
+}
+
+/// Scope values that mean "the whole account", not one endpoint.
+const ACCOUNT_SCOPES: &[&str] = &[
+    "user",
+    "global",
+    "shared",
+    "account",
+    "ip",
+    "key",
+    "organization",
+];
+
+impl PolicyObservation {
+    /// From a parsed policy.
+    pub fn from_view(p: &PolicyView) -> Self {
+        PolicyObservation {
+            name: p.name.clone(),
+            quota: p.quota,
+            window_s: p.window_s,
+            remaining: p.remaining,
+            reset_in: p.reset_in,
+            counts_requests: p.unit.is_requests(),
+            per_endpoint: p
+                .scope
+                .as_deref()
+                .is_some_and(|s| !ACCOUNT_SCOPES.contains(&s.to_ascii_lowercase().as_str())),
+        }
+    }
+}
+
+impl Observation {
+    /// From a response parsed by `paceline-wire`.
+    pub fn from_view(v: &ResponseView) -> Self {
+        let kind = match v.outcome {
+            OutcomeKind::Success => ResponseKind::Success,
+            OutcomeKind::RateLimited => ResponseKind::RateLimited,
+            OutcomeKind::QuotaExhausted => ResponseKind::QuotaExhausted,
+            OutcomeKind::Overloaded => ResponseKind::Overloaded,
+            OutcomeKind::Error => ResponseKind::Error,
+        };
+        let limit = v.problem.as_ref().and_then(|p| {
+            p.limit
+                .clone()
+                .or_else(|| p.violated_policies.first().cloned())
+        });
+        let limit = limit.or_else(|| {
+            (kind == ResponseKind::QuotaExhausted)
+                .then(|| {
+                    v.policies
+                        .iter()
+                        .filter(|p| p.is_exhausted())
+                        .max_by_key(|p| p.reset_in)
+                        .map(|p| p.name.clone())
+                })
+                .flatten()
+        });
+        Observation {
+            status: v.status,
+            kind,
+            retry_after: v.retry_after,
+            should_retry: v.should_retry,
+            policies: v
+                .policies
+                .iter()
+                .map(PolicyObservation::from_view)
+                .collect(),
+            limit,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Parses a response (status, headers, optional body) received at `now`.
+    /// The headers of a 429 are kept for diagnostics.
+    pub fn parse(status: u16, headers: &HeaderMap, body: Option<&[u8]>, now: Nanos) -> Self {
+        let view = paceline_wire::parse_response(status, headers, body, now);
+        let mut obs = Observation::from_view(&view);
+        if obs.retry_after.is_none() {
+            obs.retry_after = absurd_retry_after(headers);
+        }
+        if status == 429 {
+            obs.headers = headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect();
+        }
+        obs
+    }
+}
+
+/// A `Retry-After` of plain digits too large for the parser to take at face
+/// value (years): kept as a wait, so that the client refuses to sleep it
+/// and reports the instant instead of retrying at once.
+fn absurd_retry_after(headers: &HeaderMap) -> Option<Nanos> {
+    let v = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if v.is_empty() || v.len() > 20 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let secs: u64 = v.parse().unwrap_or(u64::MAX);
+    (secs > paceline_wire::parse::time::MAX_DELAY_SECS).then(|| Nanos::from_secs(secs))
 }

@@ -33,6 +33,14 @@ pub(crate) struct Scope {
     pub(crate) gap: Nanos,
     pub(crate) gap_next: Nanos,
     pub(crate) gap_successes: u32,
+    /// The spacing at which the last 429 came, and when: the spacing does
+    /// not shrink back below 5/4 of it for a minute.
+    pub(crate) gap_floor: Nanos,
+    pub(crate) gap_floor_at: Nanos,
+    pub(crate) last_gap_429: Nanos,
+    /// Requests sent before this sequence number went out under an older,
+    /// looser spacing: their 429s do not tighten it again.
+    pub(crate) regime_seq: u64,
     pub(crate) factor: u32,
     pub(crate) obeyed_429s: u32,
     pub(crate) restore_run: u32,
@@ -60,6 +68,10 @@ impl Scope {
             gap: Nanos::ZERO,
             gap_next: Nanos::ZERO,
             gap_successes: 0,
+            gap_floor: Nanos::ZERO,
+            gap_floor_at: Nanos::ZERO,
+            last_gap_429: Nanos::ZERO,
+            regime_seq: 0,
             factor: 1,
             obeyed_429s: 0,
             restore_run: 0,
@@ -143,8 +155,13 @@ impl Scope {
         (later, self.in_flight.is_empty())
     }
 
-    pub(crate) fn set_mode(&mut self, to: Mode, events: &mut Vec<Event>) {
+    pub(crate) fn set_mode(&mut self, to: Mode, min_gap: Nanos, events: &mut Vec<Event>) {
         if self.mode != to {
+            if to == Mode::HeaderAbsent {
+                // nothing published: start conservative, speed up on success
+                self.gap = self.gap.max(min_gap);
+                self.regime_seq = self.next_seq;
+            }
             events.push(Event::ModeChange {
                 scope: self.name.clone(),
                 from: self.mode,
@@ -198,16 +215,21 @@ impl Scope {
     pub(crate) fn obeyed_429(
         &mut self,
         now: Nanos,
+        seq: u64,
         escalate_after: u32,
         max_factor: u32,
         events: &mut Vec<Event>,
     ) {
         self.restore_run = 0;
+        if seq < self.regime_seq {
+            return;
+        }
         self.obeyed_429s += 1;
         if self.obeyed_429s >= escalate_after && self.factor < max_factor {
             self.factor = (self.factor * 2).min(max_factor);
             self.obeyed_429s = 0;
             self.escalated_at = now;
+            self.regime_seq = self.next_seq;
             events.push(Event::Escalated {
                 scope: self.name.clone(),
                 factor: self.factor,
@@ -215,11 +237,42 @@ impl Scope {
         }
     }
 
-    /// A 429 in header-absent mode: double the spacing.
-    pub(crate) fn absent_429(&mut self, min_gap: Nanos) {
+    /// A 429 in header-absent mode: remember the spacing that was too
+    /// tight, and double it.
+    pub(crate) fn absent_429(&mut self, now: Nanos, seq: u64, min_gap: Nanos) {
         self.gap_successes = 0;
+        self.last_gap_429 = now;
+        if seq < self.regime_seq {
+            return;
+        }
+        self.regime_seq = self.next_seq;
+        self.gap_floor = self.gap_floor.max(self.gap);
+        self.gap_floor_at = now;
         let doubled = Nanos::new(self.gap.as_u64().saturating_mul(2));
         self.gap = doubled.max(min_gap).min(Nanos::from_secs(60));
+    }
+
+    /// After ten successes spanning at least two seconds since the last
+    /// 429, shrink the header-absent spacing by an eighth, not below 5/4 of
+    /// the spacing that last drew a 429 (that floor halves after a quiet
+    /// minute, so a provider that raised its limit is found again).
+    fn absent_restore(&mut self, now: Nanos) {
+        self.gap_successes += 1;
+        if self.gap_successes < 10 || now.saturating_sub(self.last_gap_429) < Nanos::from_secs(2) {
+            return;
+        }
+        self.gap_successes = 0;
+        if now.saturating_sub(self.gap_floor_at) >= Nanos::from_secs(60) {
+            self.gap_floor = Nanos::new(self.gap_floor.as_u64() / 2);
+            self.gap_floor_at = now;
+        }
+        let floor = Nanos::new(self.gap_floor.as_u64() / 4 * 5);
+        let shrunk = Nanos::new(self.gap.as_u64() / 8 * 7).max(floor);
+        self.gap = if shrunk < Nanos::from_millis(10) {
+            Nanos::ZERO
+        } else {
+            shrunk
+        };
     }
 
     /// An accepted response.
@@ -240,14 +293,7 @@ impl Scope {
             }
         }
         if self.mode == Mode::HeaderAbsent && self.gap > Nanos::ZERO {
-            self.gap_successes += 1;
-            if self.gap_successes >= 10 {
-                self.gap_successes = 0;
-                self.gap = Nanos::new(self.gap.as_u64() / 4 * 3);
-                if self.gap < Nanos::from_millis(10) {
-                    self.gap = Nanos::ZERO;
-                }
-            }
+            self.absent_restore(now);
         }
     }
 }

@@ -40,6 +40,7 @@ pub fn drop_probability(requests: u64, accepts: u64, k: f64) -> f64 {
 pub struct AdaptiveThrottle {
     window: SlotWindow,
     k: f64,
+    min_requests: u64,
 }
 
 impl AdaptiveThrottle {
@@ -55,7 +56,17 @@ impl AdaptiveThrottle {
         AdaptiveThrottle {
             window: SlotWindow::new(window, Nanos::SECOND),
             k,
+            min_requests: 0,
         }
+    }
+
+    /// Drops nothing until the window holds at least `n` requests. With a
+    /// handful of requests the formula is noise (one 503 out of one request
+    /// would drop half of the next ones), so a small floor keeps a quiet
+    /// client from throttling itself on a single failure.
+    pub fn with_min_requests(mut self, n: u64) -> Self {
+        self.min_requests = n;
+        self
     }
 
     /// The multiplier K.
@@ -81,6 +92,9 @@ impl AdaptiveThrottle {
     /// The drop probability at `now`.
     pub fn probability(&self, now: Nanos) -> f64 {
         let (r, a) = self.counts(now);
+        if r < self.min_requests {
+            return 0.0;
+        }
         drop_probability(r, a, self.k)
     }
 

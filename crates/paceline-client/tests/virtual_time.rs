@@ -1,0 +1,525 @@
+//! The SDK against a real limiter, on virtual time: the floor, an
+//! incident, a daily quota, providers without headers, escalation.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{client, Driver, Publish, Server, T0};
+use http::HeaderMap;
+use paceline_client::{After, Before, Client, ClientError, Event, Mode, RequestInfo};
+use paceline_core::{ManualClock, Nanos, Plan, Policy};
+
+const URL: &str = "http://api.test/v1/labels";
+
+fn race(publish: Publish, seed: u64) -> common::Run {
+    let clock = ManualClock::new(T0);
+    let server = Server::race(&clock, publish);
+    let c = client(&clock, seed);
+    let d = Driver {
+        client: &c,
+        clock: &clock,
+        workers: 10,
+        jobs: 50,
+        latency: Nanos::from_millis(2),
+        think: Nanos::ZERO,
+        stop: Some(T0.saturating_add(Nanos::from_secs(600))),
+        url: URL,
+        jitter_think: false,
+    };
+    d.run(&mut |_| server.respond("key"))
+}
+
+#[test]
+fn finishes_at_the_floor_with_no_429_and_exactly_50_requests() {
+    for seed in [1, 2, 3] {
+        let run = race(Publish::Full, seed);
+        assert_eq!(run.done, 50, "{run:?}");
+        assert_eq!(run.requests, 50);
+        assert_eq!(run.status(429), 0);
+        // 8 at once, then 42 at 4/s: 10.5 s
+        let floor = 10.5;
+        assert!(
+            (run.finished_s - floor).abs() <= floor * 0.03,
+            "finished at {} s",
+            run.finished_s
+        );
+    }
+}
+
+#[test]
+fn seeded_from_usage_all_workers_start_at_once() {
+    let clock = ManualClock::new(T0);
+    let server = Server::race(&clock, Publish::Full);
+    let c = client(&clock, 9);
+    c.seed_usage(
+        "api.test",
+        br#"{"limits":[{"name":"burst","q":8,"w":2,"r":8}]}"#,
+    )
+    .unwrap();
+    let mut calls: Vec<_> = (0..10).map(|_| c.call(RequestInfo::get(URL))).collect();
+    let go = calls
+        .iter_mut()
+        .map(|call| c.before(call))
+        .filter(|b| *b == Before::Go)
+        .count();
+    assert_eq!(go, 8, "the mirror admits exactly the burst");
+    let _ = server;
+}
+
+#[test]
+fn a_daily_quota_429_is_quota_exceeded_after_one_request() {
+    let clock = ManualClock::new(T0);
+    let plan = Plan::new(
+        "free",
+        vec![
+            Policy::token_bucket("burst", 20, 2).unwrap(),
+            Policy::daily("daily", 3).unwrap(),
+        ],
+    )
+    .unwrap();
+    let server = Server::new(&clock, plan, Publish::Full);
+    for _ in 0..3 {
+        server.respond("key"); // someone else used the day's quota
+    }
+    let c = client(&clock, 5);
+    let mut call = c.call(RequestInfo::post(URL));
+    assert_eq!(c.before(&mut call), Before::Go);
+    let (status, headers, body) = server.respond("key");
+    assert_eq!(status, 429);
+    let ra: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    match c.after_response(&mut call, status, &headers, body.as_deref()) {
+        After::Error(ClientError::QuotaExceeded { policy, reset_at }) => {
+            assert_eq!(policy, "daily");
+            assert_eq!(reset_at, T0.saturating_add(Nanos::from_secs(ra)));
+            // the reset is the next 00:00 UTC
+            assert_eq!(reset_at.as_secs_floor() % 86_400, 0);
+        }
+        other => panic!("expected QuotaExceeded, got {other:?}"),
+    }
+    assert_eq!(call.attempts(), 1);
+    let d = c.diagnostics();
+    assert_eq!((d.requests, d.retries), (1, 0));
+    // the next call does not even leave the client
+    let mut next = c.call(RequestInfo::get(URL));
+    assert!(matches!(
+        c.before(&mut next),
+        Before::Drop(ClientError::QuotaExceeded { .. })
+    ));
+    assert_eq!(c.diagnostics().requests, 1);
+}
+
+#[test]
+fn without_rate_limit_headers_the_job_completes_with_few_429s() {
+    for publish in [Publish::RetryAfterOnly, Publish::Bare] {
+        for seed in 1..=5 {
+            let run = race(publish, seed);
+            assert_eq!(run.done, 50, "{publish:?} seed {seed}: {:?}", run.failed);
+            assert!(run.failed.is_empty());
+            let r429 = run.status(429);
+            println!(
+                "{publish:?} seed {seed}: 429s {r429}, requests {}, finished {:.2} s",
+                run.requests, run.finished_s
+            );
+            assert!(r429 <= 6, "{publish:?} seed {seed}: {r429} 429s");
+        }
+    }
+}
+
+#[test]
+fn header_absent_waits_follow_the_backoff() {
+    let run = race(Publish::Bare, 11);
+    for (wait, ra) in &run.retry_waits {
+        assert!(ra.is_none());
+        // 1 s × 2^(n-1) ± 10%, and at least 0.9 s
+        assert!(*wait >= Nanos::from_millis(900), "{wait:?}");
+    }
+}
+
+/// A 5-second 503 incident in the middle of steady traffic.
+#[test]
+fn incident_retries_stay_under_ten_percent_and_spread_out() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 42);
+    let incident = (
+        T0.saturating_add(Nanos::from_secs(60)),
+        T0.saturating_add(Nanos::from_secs(65)),
+    );
+    let workers = 2_000;
+    let think = Nanos::from_secs(5);
+    let d = Driver {
+        client: &c,
+        clock: &clock,
+        workers,
+        jobs: u64::MAX,
+        latency: Nanos::from_millis(20),
+        think,
+        stop: Some(T0.saturating_add(Nanos::from_secs(90))),
+        url: URL,
+        jitter_think: true,
+    };
+    let mut first_503: Option<Nanos> = None;
+    let run = d.run(&mut |t| {
+        let mut h = HeaderMap::new();
+        if t >= incident.0 && t < incident.1 {
+            first_503.get_or_insert(t);
+            h.insert("retry-after", "5".parse().unwrap());
+            (503, h, None)
+        } else {
+            (200, h, None)
+        }
+    });
+    let first_503 = first_503.expect("the incident was seen");
+    if std::env::var("DEBUG_INCIDENT").is_ok() {
+        let xs: Vec<_> = run
+            .arrivals
+            .iter()
+            .filter(|(t, _)| *t >= incident.0 && *t < incident.1)
+            .take(30)
+            .map(|(t, r)| (t.saturating_sub(T0).as_secs_f64(), *r))
+            .collect();
+        println!("{xs:?}");
+    }
+    // normal traffic: first attempts per 30 s before the incident
+    let normal = run
+        .arrivals
+        .iter()
+        .filter(|(t, r)| {
+            !r && *t >= incident.0.saturating_sub(Nanos::from_secs(30)) && *t < incident.0
+        })
+        .count() as f64;
+    // retries from the incident's start until 30 s later
+    let retries = run
+        .arrivals
+        .iter()
+        .filter(|(t, r)| {
+            *r && *t >= incident.0 && *t < incident.0.saturating_add(Nanos::from_secs(30))
+        })
+        .count() as f64;
+    println!(
+        "normal {normal}/30 s, retries {retries}/30 s, 503s {}",
+        run.status(503)
+    );
+    assert!(normal > 10_000.0);
+    assert!(
+        retries <= 0.1 * normal,
+        "retries {retries} vs normal {normal}"
+    );
+    // every wait honours Retry-After
+    for (wait, ra) in &run.retry_waits {
+        if let Some(ra) = ra {
+            assert!(wait >= ra, "waited {wait:?} < Retry-After {ra:?}");
+        }
+    }
+    // nothing arrives during the 5 s the server asked for, after the first 503
+    let honour_end = first_503.saturating_add(Nanos::from_secs(5));
+    let early = run
+        .arrivals
+        .iter()
+        .filter(|(t, _)| *t > first_503.saturating_add(Nanos::from_millis(20)) && *t < honour_end)
+        .count();
+    assert_eq!(early, 0, "requests sent inside the Retry-After window");
+    // arrivals held by the incident come back spread over [RA, RA + J]
+    let spread_end = honour_end.saturating_add(Nanos::from_secs(5));
+    let mut buckets = [0u32; 50];
+    for (t, _) in &run.arrivals {
+        if *t >= honour_end && *t < spread_end {
+            buckets[(t.saturating_sub(honour_end).as_u64() / 100_000_000) as usize] += 1;
+        }
+    }
+    let total: u32 = buckets.iter().sum();
+    let mean = f64::from(total) / 50.0;
+    let max = *buckets.iter().max().unwrap();
+    println!("held arrivals {total}, mean {mean:.1}/100 ms, max {max}");
+    assert!(total > 1_000, "{total}");
+    assert!(f64::from(max) <= 2.0 * mean, "max {max} vs mean {mean}");
+}
+
+#[test]
+fn a_retry_after_of_days_is_an_error_with_the_instant() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 1);
+    let mut call = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut call), Before::Go);
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", "259200".parse().unwrap());
+    assert_eq!(
+        c.after_response(&mut call, 503, &h, None),
+        After::Error(ClientError::WaitTooLong {
+            until: T0.saturating_add(Nanos::from_secs(259_200))
+        })
+    );
+}
+
+#[test]
+fn an_absurd_retry_after_is_never_slept() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 1);
+    let mut call = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut call), Before::Go);
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", "9999999999".parse().unwrap());
+    match c.after_response(&mut call, 429, &h, None) {
+        After::Error(ClientError::WaitTooLong { until }) => {
+            assert_eq!(until, T0.saturating_add(Nanos::from_secs(9_999_999_999)));
+        }
+        other => panic!("{other:?}"),
+    }
+    // and the scope does not hang either: the pause is capped at the ceiling
+    let mut next = c.call(RequestInfo::get(URL));
+    match c.before(&mut next) {
+        Before::Wait(d) => assert!(d <= c.config().max_wait),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn one_throttle_pauses_every_request_of_the_scope() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 1);
+    let mut calls: Vec<_> = (0..3).map(|_| c.call(RequestInfo::get(URL))).collect();
+    assert_eq!(c.before(&mut calls[0]), Before::Go);
+    let ok = paceline_client::Observation::bare(200).with_policy(
+        "burst",
+        100,
+        10,
+        50,
+        Nanos::from_secs(5),
+    );
+    assert_eq!(c.after(&mut calls[0], &ok), After::Done);
+    assert_eq!(c.before(&mut calls[1]), Before::Go);
+    assert_eq!(c.before(&mut calls[2]), Before::Go);
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", "3".parse().unwrap());
+    assert!(matches!(
+        c.after_response(&mut calls[1], 429, &h, None),
+        After::RetryAfter(_)
+    ));
+    // the concurrent call that was already out still lands normally...
+    assert_eq!(c.after(&mut calls[2], &ok), After::Done);
+    // ...but a new call of that scope waits out the 3 s
+    let mut fresh = c.call(RequestInfo::get(URL));
+    match c.before(&mut fresh) {
+        Before::Wait(d) => assert!(d >= Nanos::from_secs(3), "{d:?}"),
+        other => panic!("{other:?}"),
+    }
+    // another scope is unaffected
+    let mut other = c.call(RequestInfo::get("http://other.test/x"));
+    assert_eq!(c.before(&mut other), Before::Go);
+}
+
+#[test]
+fn repeated_429s_despite_obeying_escalate_then_restore() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 3);
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    c.subscribe(move |e| sink.lock().unwrap().push(e.clone()));
+    // a provider that claims room but rejects anyway
+    let lying = |status: u16| {
+        let mut o = paceline_client::Observation::bare(status).with_policy(
+            "burst",
+            10,
+            1,
+            9,
+            Nanos::SECOND,
+        );
+        if status == 429 {
+            o.retry_after = Some(Nanos::SECOND);
+        }
+        o
+    };
+    let mut call = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut call), Before::Go);
+    c.after(&mut call, &lying(200));
+    for _ in 0..2 {
+        let mut call = c.call(RequestInfo::get(URL));
+        loop {
+            match c.before(&mut call) {
+                Before::Go => break,
+                Before::Wait(d) => clock.advance(d),
+                Before::Drop(e) => panic!("{e}"),
+            }
+        }
+        let _ = c.after(&mut call, &lying(429));
+    }
+    assert!(events
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| matches!(e, Event::Escalated { factor: 2, .. })));
+    let snap = c.diagnostics();
+    assert_eq!(snap.scopes[0].factor, 2);
+    assert_eq!(snap.scopes[0].mode, Mode::Paced);
+    assert!(!snap.scopes[0].last_429_headers.is_empty() || snap.scopes[0].last_429_ago_s.is_some());
+    // escalated: calls are spaced twice the emission interval (2 × 100 ms)
+    clock.advance(Nanos::from_secs(5));
+    let mut a = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut a), Before::Go);
+    let mut b = c.call(RequestInfo::get(URL));
+    match c.before(&mut b) {
+        Before::Wait(d) => assert_eq!(d, Nanos::from_millis(200)),
+        other => panic!("{other:?}"),
+    }
+    c.after(&mut a, &lying(200));
+    // one success is not enough; ten spanning two windows restore
+    let mut restored_after = None;
+    for i in 0..40 {
+        clock.advance(Nanos::from_millis(250));
+        let mut call = c.call(RequestInfo::get(URL));
+        if c.before(&mut call) != Before::Go {
+            continue;
+        }
+        c.after(&mut call, &lying(200));
+        if c.diagnostics().scopes[0].factor == 1 {
+            restored_after = Some(i);
+            break;
+        }
+    }
+    let i = restored_after.expect("restored");
+    // `a` and i + 1 loop successes: ten in all, over more than two windows
+    assert_eq!(i + 2, 10, "restored after {} successes", i + 2);
+}
+
+#[test]
+fn posts_keep_their_idempotency_key_across_retries() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 8);
+    let mut call = c.call(RequestInfo::post(URL));
+    let key = call.idempotency_key().unwrap().to_string();
+    assert_eq!(key.len(), 36);
+    assert_eq!(c.before(&mut call), Before::Go);
+    let wait = match c.after(&mut call, &paceline_client::Observation::bare(503)) {
+        After::RetryAfter(w) => w,
+        other => panic!("{other:?}"),
+    };
+    clock.advance(wait);
+    assert_eq!(c.before(&mut call), Before::Go);
+    assert_eq!(call.idempotency_key(), Some(key.as_str()));
+    assert_eq!(call.attempts(), 2);
+}
+
+#[test]
+fn four_hundred_and_four_o_nine_are_never_retried() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 8);
+    for status in [400, 409, 500] {
+        clock.advance(Nanos::from_secs(1));
+        let mut call = c.call(RequestInfo::post(URL));
+        assert_eq!(c.before(&mut call), Before::Go);
+        assert_eq!(
+            c.after(&mut call, &paceline_client::Observation::bare(status)),
+            After::Done
+        );
+    }
+    assert_eq!(c.diagnostics().retries, 0);
+}
+
+#[test]
+fn network_errors_retry_only_when_resending_is_safe() {
+    let clock = ManualClock::new(T0);
+    let cfg = paceline_client::Config {
+        idempotency_keys: false,
+        ..Default::default()
+    };
+    let c = Client::builder()
+        .clock(clock.clone())
+        .seed(1)
+        .config(cfg)
+        .build();
+    let mut get = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut get), Before::Go);
+    assert!(matches!(
+        c.after_error(&mut get, true, "reset"),
+        After::RetryAfter(_)
+    ));
+    let mut post = c.call(RequestInfo::post(URL));
+    clock.advance(Nanos::from_secs(1));
+    assert_eq!(c.before(&mut post), Before::Go);
+    assert!(matches!(
+        c.after_error(&mut post, true, "reset"),
+        After::Error(ClientError::Transport { .. })
+    ));
+    let mut keyed = c.call(RequestInfo::post(URL).with_idempotency_key("k-1"));
+    assert_eq!(c.before(&mut keyed), Before::Go);
+    assert!(matches!(
+        c.after_error(&mut keyed, true, "reset"),
+        After::RetryAfter(_)
+    ));
+}
+
+#[test]
+fn vendor_retry_hints_are_read() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 8);
+    let cases: [(&str, &str, u16, Option<Nanos>); 3] = [
+        (
+            "retry-after-ms",
+            "1500",
+            429,
+            Some(Nanos::from_millis(1_500)),
+        ),
+        (
+            "x-amz-retry-after",
+            "2500",
+            503,
+            Some(Nanos::from_millis(2_500)),
+        ),
+        ("stripe-should-retry", "false", 503, None),
+    ];
+    for (name, value, status, floor) in cases {
+        let mut call = c.call(RequestInfo::get(&format!("http://{name}.test/")));
+        assert_eq!(c.before(&mut call), Before::Go);
+        let mut h = HeaderMap::new();
+        h.insert(name, value.parse().unwrap());
+        let a = c.after_response(&mut call, status, &h, None);
+        match floor {
+            Some(f) => match a {
+                After::RetryAfter(w) => {
+                    let j = paceline_client::jitter::jitter_span(f);
+                    assert!(w >= f && w <= f.saturating_add(j), "{name}: {w:?}");
+                }
+                other => panic!("{name}: {other:?}"),
+            },
+            None => assert_eq!(a, After::Done, "{name}"),
+        }
+    }
+}
+
+#[test]
+fn at_most_three_attempts_then_an_error() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 8);
+    let mut call = c.call(RequestInfo::get(URL));
+    let ok = paceline_client::Observation::bare(503).with_policy(
+        "burst",
+        100,
+        10,
+        50,
+        Nanos::from_secs(5),
+    );
+    let mut outcome = None;
+    for _ in 0..10 {
+        loop {
+            match c.before(&mut call) {
+                Before::Go => break,
+                Before::Wait(d) => clock.advance(d),
+                Before::Drop(e) => panic!("{e}"),
+            }
+        }
+        match c.after(&mut call, &ok) {
+            After::RetryAfter(d) => clock.advance(d),
+            other => {
+                outcome = Some(other);
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        outcome,
+        Some(After::Error(ClientError::RetriesExhausted {
+            attempts: 3,
+            status: Some(503)
+        }))
+    );
+}
