@@ -43,6 +43,7 @@
 pub mod emit;
 pub mod parse;
 pub mod problem;
+pub mod raw;
 
 pub use emit::Dialects;
 pub use parse::{parse_response, parse_retry_after, OutcomeKind, PolicyView, ResponseView};

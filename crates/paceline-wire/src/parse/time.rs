@@ -157,7 +157,7 @@ pub fn parse_reset(s: &str, now: Nanos) -> Result<(Nanos, ResetForm), String> {
     if s.is_empty() {
         return Err("empty value".into());
     }
-    if s.len() > 64 {
+    if s.len() > 128 {
         return Err(format!("value too long ({} bytes)", s.len()));
     }
     let b = s.as_bytes();
@@ -168,7 +168,10 @@ pub fn parse_reset(s: &str, now: Nanos) -> Result<(Nanos, ResetForm), String> {
     if let Some(d) = parse_go_duration(s) {
         return Ok((d, ResetForm::Delay));
     }
-    if let Some(t) = parse_rfc3339(s).or_else(|| parse_http_date(s)) {
+    if let Some(t) = parse_rfc3339(s)
+        .or_else(|| parse_http_date(s))
+        .or_else(|| parse_js_date(s))
+    {
         return Ok((t.saturating_sub(now), ResetForm::Date));
     }
     // Give the number parser the chance to say why (sign, exponent…).
@@ -310,6 +313,48 @@ pub fn parse_rfc3339(s: &str) -> Option<Nanos> {
     Some(Nanos::from_secs(secs as u64).saturating_add(Nanos::from_secs_f64(frac)))
 }
 
+/// JavaScript's `Date.prototype.toString()` form, which some APIs send:
+/// `Tue Feb 16 2021 09:02:42 GMT+0100 (Central European Standard Time)`.
+pub fn parse_js_date(s: &str) -> Option<Nanos> {
+    let mut it = s.split_ascii_whitespace();
+    let _weekday = it.next()?;
+    let month = it.next()?;
+    let day: i64 = it.next()?.parse().ok()?;
+    let year: i64 = it.next()?.parse().ok()?;
+    let hms = it.next()?;
+    let zone = it.next()?.strip_prefix("GMT")?;
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let m = MONTHS.iter().position(|x| *x == month)? as i64 + 1;
+    let mut t = hms.split(':').map(|x| x.parse::<i64>().ok());
+    let (h, mi, sec) = (t.next()??, t.next()??, t.next()??);
+    let offset = match zone.as_bytes() {
+        [] => 0,
+        [sign @ (b'+' | b'-'), rest @ ..]
+            if rest.len() == 4 && rest.iter().all(u8::is_ascii_digit) =>
+        {
+            let v: i64 = zone[1..].parse().ok()?;
+            let o = v / 100 * 3600 + v % 100 * 60;
+            if *sign == b'+' {
+                o
+            } else {
+                -o
+            }
+        }
+        _ => return None,
+    };
+    if !(1..=31).contains(&day)
+        || !(0..=23).contains(&h)
+        || !(0..=59).contains(&mi)
+        || !(0..=60).contains(&sec)
+    {
+        return None;
+    }
+    let secs = days_from_civil(year, m, day) * 86_400 + h * 3600 + mi * 60 + sec - offset;
+    u64::try_from(secs).ok().map(Nanos::from_secs)
+}
+
 /// Days since 1970-01-01 for a proleptic Gregorian date.
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
@@ -421,6 +466,11 @@ mod tests {
         );
         assert_eq!(parse_rfc3339("2023-13-14T22:13:20Z"), None);
         assert_eq!(parse_rfc3339("2023-11-14T22:13:20Zjunk"), None);
+        // lemlist's documented X-RateLimit-Reset (a JavaScript Date string).
+        assert_eq!(
+            parse_js_date("Tue Feb 16 2021 09:02:42 GMT+0100 (Central European Standard Time)"),
+            parse_rfc3339("2021-02-16T08:02:42Z")
+        );
     }
 
     #[test]

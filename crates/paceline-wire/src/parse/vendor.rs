@@ -124,6 +124,7 @@ enum Field {
     Resource,
     Bucket,
     Scope,
+    Name,
     Global,
 }
 
@@ -132,6 +133,7 @@ enum Route<'a> {
     IetfLimit,
     RetryAfter,
     MsHint,
+    SecsHint,
     ShouldRetry,
     Fam(usize, Field, &'a str),
     Azure(&'a str),
@@ -147,7 +149,11 @@ impl Route<'_> {
     fn is_counter(&self) -> bool {
         !matches!(
             self,
-            Route::RetryAfter | Route::MsHint | Route::ShouldRetry | Route::Marker(_)
+            Route::RetryAfter
+                | Route::MsHint
+                | Route::SecsHint
+                | Route::ShouldRetry
+                | Route::Marker(_)
         )
     }
     fn is_list(&self) -> bool {
@@ -164,6 +170,7 @@ fn classify(name: &str) -> Option<Route<'_>> {
         "ratelimit" => Route::IetfLimit,
         "retry-after" => Route::RetryAfter,
         "retry-after-ms" | "x-ms-retry-after-ms" | "x-amz-retry-after" => Route::MsHint,
+        "x-ratelimit-retry-after" | "x-rate-limit-retry-after" => Route::SecsHint,
         "stripe-should-retry" | "x-should-retry" => Route::ShouldRetry,
         "x-rate-limit" => Route::Fam(1, Field::Limit, ""),
         "x-shopify-shop-api-call-limit" => Route::Shopify,
@@ -207,6 +214,7 @@ const WHOLE: &[(&str, Field)] = &[
     ("resource", Field::Resource),
     ("bucket", Field::Bucket),
     ("scope", Field::Scope),
+    ("name", Field::Name),
     ("global", Field::Global),
 ];
 
@@ -251,6 +259,7 @@ struct Group {
     reset_time: Option<Nanos>,
     window_s: Option<u64>,
     resource: Option<String>,
+    name: Option<String>,
     bucket: Option<String>,
     scope: Option<String>,
 }
@@ -430,6 +439,10 @@ impl Acc {
                 }
                 Err(e) => self.ignore(name, e),
             },
+            Route::SecsHint => match parse_delay_secs(v) {
+                Ok(d) => self.ms_hint = Some(self.ms_hint.map_or(d, |x| x.max(d))),
+                Err(e) => self.ignore(name, e),
+            },
             Route::ShouldRetry => match v.trim().to_ascii_lowercase().as_str() {
                 "true" => self.should_retry = Some(true),
                 "false" => self.should_retry = Some(false),
@@ -508,6 +521,7 @@ impl Acc {
                 Field::Resource => self.group(fam, qual).resource = Some(short_token(v)?),
                 Field::Bucket => self.group(fam, qual).bucket = Some(short_token(v)?),
                 Field::Scope => self.group(fam, qual).scope = Some(short_token(v)?),
+                Field::Name => self.group(fam, qual).name = Some(short_token(v)?),
                 Field::Global => self.global = v.trim().eq_ignore_ascii_case("true"),
             }
             Ok(())
@@ -785,7 +799,7 @@ fn group_view(g: Group) -> Option<PolicyView> {
         return None;
     }
     let fam = &FAMS[g.fam];
-    let name = match (&g.resource, g.qual.is_empty()) {
+    let name = match (g.resource.as_ref().or(g.name.as_ref()), g.qual.is_empty()) {
         (Some(r), _) => r.clone(),
         (None, true) => fam.default_name.to_string(),
         (None, false) if fam.prefix_names => format!("{}-{}", fam.default_name, g.qual),
@@ -806,15 +820,24 @@ fn group_view(g: Group) -> Option<PolicyView> {
     })
 }
 
+/// Adds `p` unless an earlier policy already describes the same counter
+/// (same unit and remaining, and the same quota when the newcomer states one), in
+/// which case the earlier one only gains what it lacked.
 fn push_dedup(policies: &mut Vec<PolicyView>, p: PolicyView) {
-    let dup = policies.iter().any(|o| {
+    let same = policies.iter_mut().find(|o| {
         o.unit == p.unit
+            && o.remaining.is_some()
             && o.remaining == p.remaining
             && (p.quota.is_none() || o.quota == p.quota)
-            && p.scope.is_none()
+            && (p.scope.is_none() || o.scope.is_none() || o.scope == p.scope)
     });
-    if !dup {
-        policies.push(p);
+    match same {
+        Some(o) => {
+            o.window_s = o.window_s.or(p.window_s);
+            o.reset_in = o.reset_in.or(p.reset_in);
+            o.scope = o.scope.take().or(p.scope);
+        }
+        None => policies.push(p),
     }
 }
 
@@ -897,6 +920,12 @@ fn classify_limit(
 fn count_with_window(v: &str) -> Result<(u64, Option<u64>), String> {
     let mut first: Option<(u64, Option<u64>)> = None;
     let mut windows: Vec<(u64, u64)> = Vec::new();
+    // `150/15m`: a count per window.
+    if let Some((n, w)) = v.split_once('/') {
+        let w = time::parse_go_duration(w.trim())
+            .ok_or_else(|| format!("bad window in {}", shorten(v)))?;
+        return Ok((parse_count(n)?, Some(w.as_secs_ceil().max(1))));
+    }
     for part in v.split(',') {
         let mut it = part.split(';');
         let n = parse_count(it.next().unwrap_or(""))?;
@@ -950,7 +979,7 @@ fn unit_from_words(q: &str) -> Unit {
 fn window_from_words(q: &str) -> Option<u64> {
     q.split('-').find_map(|w| match w {
         "second" | "secondly" | "sec" | "1s" => Some(1),
-        "minute" | "min" | "1m" | "rpm" | "tpm" => Some(60),
+        "minute" | "minutely" | "min" | "1m" | "rpm" | "tpm" => Some(60),
         "hour" | "hourly" | "1h" => Some(3_600),
         "day" | "daily" | "24hour" | "24h" | "rpd" | "tpd" => Some(86_400),
         _ => None,
@@ -1026,6 +1055,7 @@ mod tests {
         assert_eq!(count_with_window("100;w=21600"), Ok((100, Some(21_600))));
         assert_eq!(count_with_window("10, 10;w=1, 50;w=60"), Ok((10, Some(1))));
         assert_eq!(count_with_window("5, 5"), Ok((5, None)));
+        assert_eq!(count_with_window("150/15m"), Ok((150, Some(900))));
         assert!(count_with_window("5, 6").is_err());
     }
 
