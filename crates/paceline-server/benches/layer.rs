@@ -1,0 +1,136 @@
+//! The layer's own cost per request, in process (in-memory store, no
+//! sockets): a trivial handler alone, the same handler behind the layer
+//! (admitted), and a rejection (plain, and while the key is blocked by
+//! escalation). The difference to the bare handler is the layer's cost.
+
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
+use http::{Request, Response};
+use http_body_util::Full;
+use paceline_core::{ManualClock, MemoryStore, Plan, Policy};
+use paceline_server::{EscalationConfig, Limits, RateLimiter};
+use tower::{Layer, Service};
+
+fn handler(
+) -> impl Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible, Future: Send>
+       + Clone
+       + Send
+       + 'static {
+    tower::service_fn(|_req: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
+            b"{\"ok\":true}",
+        ))))
+    })
+}
+
+/// Drives a future that is ready at once (in-memory store, trivial handler).
+fn run<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("the bench expects ready futures"),
+    }
+}
+
+fn request(key: &str) -> Request<()> {
+    Request::post("/v1/labels")
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap()
+}
+
+fn limiter(escalation: bool) -> RateLimiter<MemoryStore, ManualClock> {
+    let roomy = Plan::new(
+        "roomy",
+        vec![
+            Policy::token_bucket("burst", 1_000_000_000, 1).unwrap(),
+            Policy::daily("daily", 10_000_000_000_000).unwrap(),
+        ],
+    )
+    .unwrap();
+    let tiny = Plan::new(
+        "tiny",
+        vec![
+            Policy::token_bucket("burst", 1, 1000).unwrap(),
+            Policy::daily("daily", 10_000).unwrap(),
+        ],
+    )
+    .unwrap();
+    let limits = Limits::builder()
+        .plan(roomy)
+        .plan(tiny)
+        .key("sk_admit", "roomy")
+        .key("sk_reject", "tiny")
+        .escalation(EscalationConfig {
+            enabled: escalation,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    RateLimiter::new(
+        limits,
+        MemoryStore::new(),
+        ManualClock::at_unix_secs(1_790_769_600),
+    )
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("layer");
+    let mut bare = handler();
+    g.bench_function("bare_handler", |b| {
+        b.iter_batched(
+            || request("sk_admit"),
+            |req| black_box(run(bare.call(req)).unwrap()),
+            BatchSize::SmallInput,
+        )
+    });
+
+    let mut svc = limiter(false).layer().layer(handler());
+    g.bench_function("admitted", |b| {
+        b.iter_batched(
+            || request("sk_admit"),
+            |req| {
+                let res = run(svc.call(req)).unwrap();
+                assert_eq!(res.status(), 200);
+                black_box(res)
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("rejected", |b| {
+        b.iter_batched(
+            || request("sk_reject"),
+            |req| {
+                let res = run(svc.call(req)).unwrap();
+                black_box(res)
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let _ = run(svc.call(request("sk_reject")));
+    assert_eq!(run(svc.call(request("sk_reject"))).unwrap().status(), 429);
+
+    let mut esc = limiter(true).layer().layer(handler());
+    for _ in 0..100 {
+        let _ = run(esc.call(request("sk_reject")));
+    }
+    g.bench_function("rejected_blocked", |b| {
+        b.iter_batched(
+            || request("sk_reject"),
+            |req| black_box(run(esc.call(req)).unwrap()),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,366 @@
+//! Who is asking: API keys, client addresses behind trusted proxies,
+//! routes and arbitrary headers.
+//!
+//! The client address comes from the socket. `X-Forwarded-For` and
+//! `Forwarded` are believed only when the socket peer is a configured
+//! trusted proxy; then the list is read from the right, skipping trusted
+//! hops, and the first untrusted address is the client. A header sent by
+//! anyone else changes nothing, so a client cannot pick its own bucket.
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use paceline_server::{client_ip, TrustedProxies};
+//!
+//! let trusted = TrustedProxies::parse(["10.0.0.0/8"]).unwrap();
+//! let mut req = http::Request::new(());
+//! req.headers_mut().insert("x-forwarded-for", "203.0.113.9, 10.1.2.3".parse().unwrap());
+//!
+//! let via_proxy: SocketAddr = "10.0.0.7:5000".parse().unwrap();
+//! assert_eq!(client_ip(req.headers(), Some(via_proxy.ip()), &trusted).unwrap().to_string(), "203.0.113.9");
+//! let direct: SocketAddr = "198.51.100.4:5000".parse().unwrap();
+//! assert_eq!(client_ip(req.headers(), Some(direct.ip()), &trusted).unwrap().to_string(), "198.51.100.4");
+//! ```
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{HeaderName, AUTHORIZATION};
+use http::{Extensions, HeaderMap};
+
+/// The socket peer of a request, for servers that are not axum: insert it
+/// into the request's extensions (a plain `SocketAddr` extension works too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// Where the limit key of a request comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeySource {
+    /// The token of `Authorization: Bearer …` (the default).
+    #[default]
+    ApiKey,
+    /// The client IP address.
+    ClientIp,
+    /// The matched route's pattern: one budget per route, shared by all.
+    Route,
+    /// The value of a request header.
+    Header(HeaderName),
+}
+
+/// One network: an address and a prefix length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpNet {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    /// Parses `10.0.0.0/8`, `::1/128` or a bare address.
+    pub fn parse(s: &str) -> Result<IpNet, String> {
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP address or CIDR network"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            None => max,
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|&n| n <= max)
+                .ok_or_else(|| format!("{s:?}: prefix length must be 0-{max}"))?,
+        };
+        Ok(IpNet { addr, prefix })
+    }
+
+    /// Whether `ip` lies in this network (IPv4-mapped IPv6 counts as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => prefix_eq(
+                u128::from(n.to_bits()),
+                u128::from(a.to_bits()),
+                self.prefix,
+                32,
+            ),
+            (IpAddr::V6(n), IpAddr::V6(a)) => prefix_eq(n.to_bits(), a.to_bits(), self.prefix, 128),
+            _ => false,
+        }
+    }
+}
+
+fn prefix_eq(a: u128, b: u128, prefix: u8, bits: u8) -> bool {
+    if prefix == 0 {
+        return true;
+    }
+    let shift = u32::from(bits - prefix);
+    (a >> shift) == (b >> shift)
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+/// The proxies whose forwarding headers are believed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrustedProxies {
+    nets: Vec<IpNet>,
+}
+
+impl TrustedProxies {
+    /// No proxy is trusted: the socket address is always the client.
+    pub fn none() -> Self {
+        TrustedProxies::default()
+    }
+    /// Parses networks such as `10.0.0.0/8` or `127.0.0.1`.
+    pub fn parse<I, T>(nets: I) -> Result<Self, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: AsRef<str>,
+    {
+        let nets = nets
+            .into_iter()
+            .map(|n| IpNet::parse(n.as_ref()))
+            .collect::<Result<_, _>>()?;
+        Ok(TrustedProxies { nets })
+    }
+    /// Whether `ip` is a trusted proxy.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.nets.iter().any(|n| n.contains(ip))
+    }
+    /// Whether no proxy is trusted.
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty()
+    }
+}
+
+/// The socket peer recorded in the request's extensions: [`PeerAddr`], a
+/// plain `SocketAddr`, or (with the `axum` feature) axum's `ConnectInfo`.
+pub fn peer_ip(ext: &Extensions) -> Option<IpAddr> {
+    if let Some(p) = ext.get::<PeerAddr>() {
+        return Some(p.0.ip());
+    }
+    if let Some(a) = ext.get::<SocketAddr>() {
+        return Some(a.ip());
+    }
+    #[cfg(feature = "axum")]
+    if let Some(c) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(c.0.ip());
+    }
+    None
+}
+
+/// The client address of a request whose socket peer is `peer`: the peer
+/// itself unless it is a trusted proxy, in which case the right-most
+/// untrusted hop of `Forwarded` (preferred) or `X-Forwarded-For`.
+pub fn client_ip(
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+    trusted: &TrustedProxies,
+) -> Option<IpAddr> {
+    let peer = canonical(peer?);
+    if !trusted.contains(peer) {
+        return Some(peer);
+    }
+    let hops = forwarded_hops(headers).or_else(|| xff_hops(headers));
+    let Some(hops) = hops else {
+        return Some(peer);
+    };
+    // Right to left: the nearest hops were added by our own proxies.
+    for hop in hops.iter().rev() {
+        match hop {
+            Some(ip) if trusted.contains(*ip) => continue,
+            Some(ip) => return Some(*ip),
+            // An unparseable hop ends the trust chain where it stands.
+            None => return Some(peer),
+        }
+    }
+    hops.first().copied().flatten().or(Some(peer))
+}
+
+type Hops = Vec<Option<IpAddr>>;
+
+fn xff_hops(headers: &HeaderMap) -> Option<Hops> {
+    let mut hops = Vec::new();
+    for v in headers.get_all("x-forwarded-for") {
+        let s = v.to_str().ok()?;
+        hops.extend(s.split(',').map(|h| parse_hop(h.trim())));
+    }
+    (!hops.is_empty()).then_some(hops)
+}
+
+fn forwarded_hops(headers: &HeaderMap) -> Option<Hops> {
+    let mut hops = Vec::new();
+    for v in headers.get_all(http::header::FORWARDED) {
+        let s = v.to_str().ok()?;
+        for element in s.split(',') {
+            let for_value = element.split(';').find_map(|pair| {
+                let (k, v) = pair.trim().split_once('=')?;
+                k.trim().eq_ignore_ascii_case("for").then(|| v.trim())
+            });
+            hops.push(for_value.and_then(|v| parse_hop(v.trim_matches('"'))));
+        }
+    }
+    (!hops.is_empty()).then_some(hops)
+}
+
+/// Parses `1.2.3.4`, `1.2.3.4:80`, `[::1]`, `[::1]:80` or `::1`.
+fn parse_hop(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(canonical(ip));
+    }
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Some(canonical(sa.ip()));
+    }
+    let inner = s.strip_prefix('[')?.split(']').next()?;
+    inner.parse::<IpAddr>().ok().map(canonical)
+}
+
+/// The token of an `Authorization: Bearer` header.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// A stable, non-reversible fingerprint of a key for logs and hooks: the
+/// key itself is never logged.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash(pub u64);
+
+impl KeyHash {
+    /// Hashes `key` with SipHash-1-3 under a fixed salt.
+    pub fn of(key: &str) -> KeyHash {
+        use std::hash::Hasher;
+        let mut h = siphasher::sip::SipHasher13::new_with_keys(
+            0x7061_6365_6c69_6e65,
+            0x6b65_7968_6173_6821,
+        );
+        h.write(key.as_bytes());
+        KeyHash(h.finish())
+    }
+}
+
+impl fmt::Display for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyHash({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn cidr() {
+        let n = IpNet::parse("10.0.0.0/8").unwrap();
+        assert!(n.contains(ip("10.255.0.1")));
+        assert!(!n.contains(ip("11.0.0.1")));
+        assert!(n.contains(ip("::ffff:10.0.0.1")));
+        assert!(IpNet::parse("0.0.0.0/0").unwrap().contains(ip("8.8.8.8")));
+        assert!(IpNet::parse("fd00::/8").unwrap().contains(ip("fd12::1")));
+        assert!(IpNet::parse("10.0.0.0/33").is_err());
+        assert!(IpNet::parse("ten").is_err());
+    }
+
+    #[test]
+    fn forwarded_header_from_trusted_proxy() {
+        let t = TrustedProxies::parse(["127.0.0.1", "10.0.0.0/8"]).unwrap();
+        let h = headers(&[(
+            "forwarded",
+            "for=\"[2001:db8::7]:4711\";proto=https, for=10.0.0.3",
+        )]);
+        assert_eq!(
+            client_ip(&h, Some(ip("127.0.0.1")), &t),
+            Some(ip("2001:db8::7"))
+        );
+        // Forwarded wins over X-Forwarded-For
+        let h2 = headers(&[
+            ("forwarded", "for=198.51.100.1"),
+            ("x-forwarded-for", "192.0.2.1"),
+        ]);
+        assert_eq!(
+            client_ip(&h2, Some(ip("127.0.0.1")), &t),
+            Some(ip("198.51.100.1"))
+        );
+        // garbage hop: stop at the proxy
+        let h3 = headers(&[("x-forwarded-for", "192.0.2.1, unknown")]);
+        assert_eq!(
+            client_ip(&h3, Some(ip("127.0.0.1")), &t),
+            Some(ip("127.0.0.1"))
+        );
+        // a client that prepends a fake address cannot choose it
+        let h4 = headers(&[("x-forwarded-for", "1.1.1.1, 192.0.2.1")]);
+        assert_eq!(
+            client_ip(&h4, Some(ip("10.0.0.1")), &t),
+            Some(ip("192.0.2.1"))
+        );
+        // every hop trusted: the left-most
+        let h5 = headers(&[("x-forwarded-for", "10.0.0.9, 10.0.0.8")]);
+        assert_eq!(
+            client_ip(&h5, Some(ip("10.0.0.1")), &t),
+            Some(ip("10.0.0.9"))
+        );
+    }
+
+    #[test]
+    fn bearer() {
+        let h = headers(&[("authorization", "bearer  sk_1 ")]);
+        assert_eq!(bearer_token(&h), Some("sk_1"));
+        assert_eq!(
+            bearer_token(&headers(&[("authorization", "Basic abc")])),
+            None
+        );
+        assert_eq!(
+            bearer_token(&headers(&[("authorization", "Bearer ")])),
+            None
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn untrusted_peer_is_always_the_client(a in any::<u32>(), b in any::<u32>(), spoof in "[0-9., a-f:]{0,40}") {
+            let trusted = TrustedProxies::parse(["10.0.0.0/8"]).unwrap();
+            let peer = IpAddr::V4(std::net::Ipv4Addr::from_bits(a));
+            prop_assume!(!trusted.contains(peer));
+            let mut h = HeaderMap::new();
+            if let Ok(v) = spoof.parse() { h.insert("x-forwarded-for", v); }
+            if let Ok(v) = format!("for={}", std::net::Ipv4Addr::from_bits(b)).parse() { h.insert("forwarded", v); }
+            prop_assert_eq!(client_ip(&h, Some(peer), &trusted), Some(peer));
+        }
+    }
+}

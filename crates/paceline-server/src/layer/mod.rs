@@ -1,0 +1,26 @@
+//! The rate-limit layer.
+//!
+//! Why a layer that answers by itself: a rejection is worth making only if
+//! it is much cheaper than the work it refuses. [`RateLimit`] decides from
+//! the request head (key, route, cost) before the inner service is called
+//! and without touching the request body; a rejected request's body is
+//! dropped unread, so on HTTP/1.1 the response carries `Connection: close`
+//! (hyper then closes instead of reading what the client is still
+//! sending), and on HTTP/2 the stream is reset after the answer.
+//!
+//! Every response of a key that publishes counters carries
+//! `RateLimit-Policy` and `RateLimit` (and the older dialects when
+//! configured); every rejection carries a problem+json body,
+//! `Cache-Control: no-store` and, for 429, `Retry-After`.
+//!
+//! A load shedder goes after this layer: the [`RouteInfo`](crate::RouteInfo)
+//! extension it leaves on each request carries the route's criticality.
+
+mod body;
+#[allow(clippy::module_inception)]
+mod layer;
+mod service;
+
+pub use body::RateLimitBody;
+pub use layer::RateLimitLayer;
+pub use service::{RateLimit, ResponseFuture};

@@ -1,0 +1,75 @@
+//! # paceline-server
+//!
+//! Tower layers for the server half of the HTTP rate-limit contract: decide
+//! from the request head, publish the budget on every response, and say no
+//! cheaply and precisely.
+//!
+//! Why a layer: any axum or hyper service gets the whole contract in a few
+//! lines — keys and plans, route costs, the IETF `RateLimit` fields,
+//! problem+json rejections with `Retry-After`, a usage endpoint, soft
+//! limits, escalation for clients that do not listen, shadow policies, and
+//! metrics — while the numbers come from `paceline-core`, so the simulator
+//! and the tests run the same decisions.
+//!
+//! The pieces:
+//! - [`Limits`] (built with [`LimitsBuilder`] or from a file through
+//!   [`LimitsConfig`]): plans, keys, routes, trusted proxies, dialects.
+//! - [`RateLimiter`]: the engine over any [`paceline_core::Store`] and
+//!   [`paceline_core::Clock`]; [`RateLimiter::layer`] makes the
+//!   [`RateLimitLayer`].
+//! - [`identity`]: key extraction; [`route`]: costs and criticality;
+//!   [`telemetry`]: the metric names.
+//!
+//! ```
+//! use paceline_core::{ManualClock, MemoryStore, Plan, Policy};
+//! use paceline_server::{Limits, RateLimiter};
+//! use tower::{Service, ServiceExt};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let free = Plan::new("free", vec![
+//!     Policy::token_bucket("burst", 2, 2).unwrap(),
+//!     Policy::daily("daily", 10_000).unwrap(),
+//! ]).unwrap();
+//! let limits = Limits::builder().plan(free).key("sk_1", "free").build().unwrap();
+//! let limiter = RateLimiter::new(limits, MemoryStore::new(), ManualClock::at_unix_secs(1_790_000_000));
+//!
+//! let hello = tower::service_fn(|_req: http::Request<()>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+//! });
+//! let mut svc = tower::ServiceBuilder::new().layer(limiter.layer()).service(hello);
+//! let req = || http::Request::get("/v1/rates").header("authorization", "Bearer sk_1").body(()).unwrap();
+//!
+//! let ok = svc.ready().await.unwrap().call(req()).await.unwrap();
+//! assert_eq!(ok.headers()["ratelimit"], r#""burst";r=1;t=1, "daily";r=9999;t=35200"#);
+//! svc.ready().await.unwrap().call(req()).await.unwrap();
+//! let no = svc.ready().await.unwrap().call(req()).await.unwrap();
+//! assert_eq!(no.status(), 429);
+//! assert_eq!(no.headers()["retry-after"], "1");
+//! # });
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod escalation;
+pub mod identity;
+mod layer;
+mod limiter;
+mod respond;
+pub mod route;
+mod soft;
+mod state;
+pub mod telemetry;
+mod time;
+
+pub use config::{
+    ConfigError, DialectsConfig, Limits, LimitsBuilder, LimitsConfig, PlanConfig, PolicyConfig,
+    RouteConfig, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH,
+};
+pub use escalation::{EscalationConfig, Level};
+pub use identity::{client_ip, KeyHash, KeySource, PeerAddr, TrustedProxies};
+pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
+pub use limiter::RateLimiter;
+pub use paceline_wire::emit::Dialects;
+pub use route::{Criticality, Route, RouteInfo};
+pub use soft::{SoftLimitEvent, SoftLimitHook, WARNING_HEADER};

@@ -1,0 +1,469 @@
+//! The engine behind the layer: resolve who is asking, check, escalate,
+//! warn, and say what to do with the request.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, Request, Response, Version};
+use paceline_core::{Clock, Decision, Denial, FailMode, Nanos, Outcome, PolicyKind, Store};
+use parking_lot::RwLock;
+use tracing::Instrument;
+
+use crate::config::Limits;
+use crate::escalation::{Escalator, Level};
+use crate::identity::{bearer_token, client_ip, peer_ip, KeyHash, KeySource};
+use crate::respond;
+use crate::route::RouteInfo;
+use crate::soft::{SoftLimitEvent, SoftLimitHook, SoftLimits, WARNING_HEADER};
+use crate::telemetry::{self, OutcomeLabel};
+
+/// Checks requests against [`Limits`], with a store and a clock. Clones
+/// share everything: the store, the escalation and soft-limit state, and
+/// the limits (so [`RateLimiter::reload`] reaches every clone).
+///
+/// ```
+/// use paceline_core::{ManualClock, MemoryStore, Nanos, Plan, Policy};
+/// use paceline_server::{Limits, RateLimiter};
+///
+/// let plan = Plan::new("free", vec![Policy::token_bucket("burst", 20, 2).unwrap()]).unwrap();
+/// let limits = Limits::builder().plan(plan).key("sk_1", "free").build().unwrap();
+/// let limiter = RateLimiter::new(limits, MemoryStore::new(), ManualClock::at_unix_secs(1_000));
+/// let layer = limiter.layer(); // add it to an axum Router or a tower stack
+/// # let _ = layer;
+/// ```
+pub struct RateLimiter<S, C> {
+    shared: Arc<Shared<S, C>>,
+}
+
+impl<S, C> Clone for RateLimiter<S, C> {
+    fn clone(&self) -> Self {
+        RateLimiter {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, C> fmt::Debug for RateLimiter<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("limits", &*self.shared.limits.read())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared<S, C> {
+    store: S,
+    clock: C,
+    limits: RwLock<Limits>,
+    escalator: Escalator,
+    soft: SoftLimits,
+    hook: RwLock<Option<SoftLimitHook>>,
+}
+
+/// Who a request is, for limiting.
+struct Who {
+    key: String,
+    hash: KeyHash,
+    plan: usize,
+    publish: bool,
+}
+
+/// What was read from the request head, owned (so no borrow of the request
+/// lives across the store's await).
+pub(crate) struct Prepared {
+    limits: Limits,
+    pub(crate) route: RouteInfo,
+    usage: bool,
+    who: Option<Who>,
+    close: bool,
+}
+
+/// What to do with a request.
+pub(crate) enum Verdict {
+    /// No limit applies: call the inner service as is.
+    Pass,
+    /// Admitted: call the inner service, then decorate its response.
+    Admit(Admitted),
+    /// Answer without calling the inner service.
+    Respond(Response<Bytes>),
+}
+
+/// An admitted request's decision, for the response headers.
+pub(crate) struct Admitted {
+    limits: Limits,
+    plan: usize,
+    decision: Decision,
+    publish: bool,
+    warning: Option<HeaderValue>,
+    release: Option<(String, u64)>,
+}
+
+impl<S: Store, C: Clock> RateLimiter<S, C> {
+    /// A limiter enforcing `limits` over `store`, reading time from `clock`.
+    pub fn new(limits: Limits, store: S, clock: C) -> Self {
+        let esc = limits.escalation().clone();
+        let soft = SoftLimits::new(limits.soft_limit().unwrap_or(2.0), esc.max_keys);
+        RateLimiter {
+            shared: Arc::new(Shared {
+                store,
+                clock,
+                escalator: Escalator::new(esc),
+                soft,
+                limits: RwLock::new(limits),
+                hook: RwLock::new(None),
+            }),
+        }
+    }
+
+    /// Sets the callback fired once per key, policy and window when use
+    /// crosses the soft limit.
+    pub fn set_soft_limit_hook(&self, hook: SoftLimitHook) {
+        *self.shared.hook.write() = Some(hook);
+    }
+
+    /// Swaps in new limits. Counters survive for every plan whose state
+    /// layout did not change (same name, same algorithms in the same order).
+    /// Escalation and soft-limit settings stay as they were at construction.
+    pub fn reload(&self, limits: Limits) {
+        *self.shared.limits.write() = limits;
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        self.shared.limits.read().clone()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.shared.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.shared.clock
+    }
+
+    /// A tower layer enforcing this limiter.
+    pub fn layer(&self) -> crate::RateLimitLayer<S, C> {
+        crate::RateLimitLayer::new(self.clone())
+    }
+
+    /// Reads everything the decision needs from the request head.
+    pub(crate) fn prepare<B>(&self, req: &Request<B>) -> Prepared {
+        let limits = self.limits();
+        let path = req.uri().path();
+        let lim = &limits.inner;
+        let matched = lim
+            .routes
+            .iter()
+            .find(|(r, _)| r.matches(req.method(), path));
+        let route = RouteInfo::of(matched.map(|(r, _)| r));
+        let usage = req.method() == Method::GET && lim.usage_path.as_deref() == Some(path);
+        let who = who(
+            &limits,
+            req,
+            matched.map(|(r, anon)| (r.is_anonymous(), *anon)),
+            &route,
+        );
+        let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
+        Prepared {
+            limits,
+            route,
+            usage,
+            who,
+            close,
+        }
+    }
+
+    /// Decides from the head alone.
+    pub(crate) async fn decide(&self, p: Prepared) -> Verdict {
+        let base = p.limits.inner.problem_base.as_str();
+        let Some(who) = &p.who else {
+            return match p.usage {
+                true => Verdict::Respond(respond::unauthorized(base)),
+                false => Verdict::Pass,
+            };
+        };
+        if p.usage {
+            return self.usage(&p, who).await;
+        }
+        let names = &p.limits.inner.names[who.plan];
+        let span = tracing::debug_span!("paceline.decide", plan = %names.0, key = %who.hash, cost = p.route.cost);
+        self.check(&p, who).instrument(span).await
+    }
+
+    async fn usage(&self, p: &Prepared, who: &Who) -> Verdict {
+        let lim = &p.limits.inner;
+        if !who.publish {
+            return Verdict::Respond(respond::unauthorized(&lim.problem_base));
+        }
+        let plan = &lim.plans[who.plan];
+        let now = self.shared.clock.now();
+        match self.shared.store.check(plan, &who.key, 0, now).await {
+            Ok(d) => Verdict::Respond(respond::usage(plan, &d, now, &lim.dialects)),
+            Err(e) => {
+                telemetry::store_error(&lim.names[who.plan].0);
+                tracing::warn!(error = %e, "usage: store unavailable");
+                Verdict::Respond(respond::unavailable(&lim.problem_base, false))
+            }
+        }
+    }
+
+    async fn check(&self, p: &Prepared, who: &Who) -> Verdict {
+        let started = Instant::now();
+        let lim = &p.limits.inner;
+        let plan = &lim.plans[who.plan];
+        let (plan_name, policy_names) = &lim.names[who.plan];
+        let sh = &*self.shared;
+        let now = sh.clock.now();
+        let result = match sh.escalator.before(who.hash, now) {
+            Some(hold) => {
+                if hold.fresh {
+                    escalated(plan_name, who.hash, hold.level, hold.wait);
+                }
+                let policy = hold.policy.min(plan.policies().len() - 1);
+                let denial = Denial {
+                    policy,
+                    kind: plan.policy(policy).kind(),
+                    retry_after: hold.wait,
+                };
+                sh.store.check(plan, &who.key, 0, now).await.map(|mut d| {
+                    d.outcome = Outcome::Denied(denial);
+                    d
+                })
+            }
+            None => sh
+                .store
+                .check(plan, &who.key, p.route.cost, now)
+                .await
+                .map(|mut d| {
+                    if let Outcome::Denied(den) = &mut d.outcome {
+                        let (wait, fresh) =
+                            sh.escalator
+                                .denied(who.hash, now, den.retry_after, den.policy);
+                        den.retry_after = wait;
+                        if fresh {
+                            escalated(plan_name, who.hash, Level::Extended, wait);
+                        }
+                    }
+                    d
+                }),
+        };
+        let elapsed = || started.elapsed().as_secs_f64();
+        let d = match result {
+            Ok(d) => d,
+            Err(e) => {
+                telemetry::store_error(plan_name);
+                telemetry::decision(plan_name, None, OutcomeLabel::StoreError, elapsed());
+                tracing::warn!(plan = %plan_name, error = %e, "rate-limit store failed");
+                let closed = plan
+                    .policies()
+                    .iter()
+                    .any(|q| !q.is_shadow() && q.fail_mode() == FailMode::Closed);
+                return match closed {
+                    true => Verdict::Respond(respond::unavailable(&lim.problem_base, p.close)),
+                    false => Verdict::Pass,
+                };
+            }
+        };
+        for (i, s) in d.statuses.iter().enumerate() {
+            if s.would_deny && plan.policy(i).is_shadow() {
+                telemetry::shadow(plan_name, &policy_names[i]);
+            }
+        }
+        let label = outcome_label(&d);
+        let deciding = d.rejecting_policy().map(|i| &policy_names[i]);
+        telemetry::decision(plan_name, deciding, label, elapsed());
+        if d.is_allowed() {
+            let warning = match who.publish {
+                true => self.soft_limits(p, who, &d, now),
+                false => None,
+            };
+            let release = plan
+                .has_concurrency()
+                .then(|| (who.key.clone(), p.route.cost));
+            return Verdict::Admit(Admitted {
+                limits: p.limits.clone(),
+                plan: who.plan,
+                decision: d,
+                publish: who.publish,
+                warning,
+                release,
+            });
+        }
+        let retry_after = paceline_wire::emit::retry_after_secs(&d);
+        tracing::info!(
+            plan = %plan_name,
+            policy = %deciding.map_or("", |s| s),
+            key = %who.hash,
+            outcome = label.as_str(),
+            retry_after_s = retry_after,
+            "request rejected"
+        );
+        Verdict::Respond(respond::rejection(
+            plan,
+            &d,
+            &lim.dialects,
+            who.publish,
+            &lim.problem_base,
+            p.close,
+        ))
+    }
+
+    /// The warning field for quotas past the soft limit; fires the hook the
+    /// first time in each window.
+    fn soft_limits(
+        &self,
+        p: &Prepared,
+        who: &Who,
+        d: &Decision,
+        now: Nanos,
+    ) -> Option<HeaderValue> {
+        let lim = &p.limits.inner;
+        let plan = &lim.plans[who.plan];
+        let sh = &*self.shared;
+        let mut field = String::new();
+        for (i, (pol, s)) in plan.policies().iter().zip(&d.statuses).enumerate() {
+            let used = pol.quota().saturating_sub(s.remaining);
+            if !sh.soft.past(pol.kind(), used, pol.quota()) {
+                continue;
+            }
+            if !field.is_empty() {
+                field.push_str(", ");
+            }
+            field.push_str(&format!("\"{}\";used={used};q={}", pol.name(), pol.quota()));
+            let ends = now.saturating_add(s.reset_after);
+            if sh.soft.first_in_window(who.hash, i, now, ends) {
+                let (plan_name, names) = &lim.names[who.plan];
+                telemetry::soft_limit(plan_name, &names[i]);
+                tracing::info!(plan = %plan_name, policy = pol.name(), key = %who.hash, used, quota = pol.quota(), "soft limit crossed");
+                if let Some(hook) = sh.hook.read().as_ref() {
+                    (hook.0)(&SoftLimitEvent {
+                        plan: plan.name().to_string(),
+                        policy: pol.name().to_string(),
+                        key_hash: who.hash,
+                        used,
+                        quota: pol.quota(),
+                        window_ends: ends,
+                    });
+                }
+            }
+        }
+        (!field.is_empty())
+            .then(|| HeaderValue::try_from(field).ok())
+            .flatten()
+    }
+
+    /// Gives back the concurrency units of an admitted request.
+    pub(crate) async fn release(&self, a: &Admitted) {
+        if let Some((key, cost)) = &a.release {
+            let plan = &a.limits.inner.plans[a.plan];
+            if let Err(e) = self
+                .shared
+                .store
+                .release(plan, key, *cost, self.shared.clock.now())
+                .await
+            {
+                tracing::warn!(error = %e, "releasing concurrency units failed");
+            }
+        }
+    }
+}
+
+impl Admitted {
+    /// Adds the rate-limit fields (and a soft-limit warning) to a response.
+    pub(crate) fn decorate(&self, headers: &mut HeaderMap) {
+        let lim = &self.limits.inner;
+        let plan = &lim.plans[self.plan];
+        respond::write_fields(plan, &self.decision, &lim.dialects, self.publish, headers);
+        if let Some(w) = &self.warning {
+            headers.insert(WARNING_HEADER, w.clone());
+        }
+    }
+
+    /// Whether units must be given back when the response is done.
+    pub(crate) fn holds_units(&self) -> bool {
+        self.release.is_some()
+    }
+}
+
+fn escalated(plan: &Arc<str>, key: KeyHash, level: Level, wait: Nanos) {
+    telemetry::escalation(plan, level.as_str());
+    tracing::warn!(plan = %plan, key = %key, level = level.as_str(), wait_s = wait.as_secs_ceil(), "key escalated: it keeps sending inside its Retry-After window");
+}
+
+fn outcome_label(d: &Decision) -> OutcomeLabel {
+    match d.outcome {
+        Outcome::Allowed => OutcomeLabel::Allowed,
+        Outcome::Denied(den) if den.kind == PolicyKind::Quota => OutcomeLabel::QuotaExhausted,
+        Outcome::Denied(_) => OutcomeLabel::RateLimited,
+        Outcome::CostExceedsBurst { .. } => OutcomeLabel::CostExceedsBurst,
+    }
+}
+
+fn has_body(h: &HeaderMap) -> bool {
+    h.contains_key(TRANSFER_ENCODING)
+        || h.get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0")
+}
+
+fn who<B>(
+    limits: &Limits,
+    req: &Request<B>,
+    route: Option<(bool, Option<usize>)>,
+    info: &RouteInfo,
+) -> Option<Who> {
+    let lim = &limits.inner;
+    let headers = req.headers();
+    let ip_key = || {
+        let ip = client_ip(headers, peer_ip(req.extensions()), &lim.trusted);
+        ip.map_or_else(|| "ip:unknown".to_string(), |ip| format!("ip:{ip}"))
+    };
+    let anonymous = |plan: usize| {
+        let key = ip_key();
+        Some(Who {
+            hash: KeyHash::of(&key),
+            key,
+            plan,
+            publish: false,
+        })
+    };
+    if let Some((true, plan)) = route {
+        return anonymous(plan.or(lim.anonymous_plan)?);
+    }
+    let (key, lookup): (String, Option<String>) = match &lim.key_source {
+        KeySource::ApiKey => match bearer_token(headers) {
+            Some(t) => (format!("k:{t}"), Some(t.to_string())),
+            None => (String::new(), None),
+        },
+        KeySource::ClientIp => {
+            let k = ip_key();
+            let ip = k[3..].to_string();
+            (k, Some(ip))
+        }
+        KeySource::Route => match &info.pattern {
+            Some(pat) => (format!("r:{pat}"), Some(pat.to_string())),
+            None => (String::new(), None),
+        },
+        KeySource::Header(name) => match headers.get(name).and_then(|v| v.to_str().ok()) {
+            Some(v) => (format!("h:{v}"), Some(v.to_string())),
+            None => (String::new(), None),
+        },
+    };
+    let plan = lookup
+        .as_deref()
+        .and_then(|l| lim.keys.get(l).copied().or(lim.default_plan));
+    match plan {
+        Some(plan) => Some(Who {
+            hash: KeyHash::of(&key),
+            key,
+            plan,
+            publish: true,
+        }),
+        None => anonymous(lim.anonymous_plan?),
+    }
+}

@@ -1,0 +1,286 @@
+//! Routes: which requests cost how much, and how much they matter.
+//!
+//! A [`Route`] matches a method and a path pattern. Patterns are split on
+//! `/`: a literal segment matches itself, `{name}` matches any one segment,
+//! and a last segment `{*name}` (or `*`) matches the rest of the path.
+//! The first route that matches wins.
+//!
+//! ```
+//! use paceline_server::{Criticality, Route};
+//!
+//! let batch = Route::new("POST", "/v1/labels:batch").unwrap().with_cost(10);
+//! assert!(batch.matches(&http::Method::POST, "/v1/labels:batch"));
+//! let one = Route::new("GET", "/v1/labels/{id}").unwrap();
+//! assert!(one.matches(&http::Method::GET, "/v1/labels/lbl_1"));
+//! assert!(!one.matches(&http::Method::GET, "/v1/labels/lbl_1/pdf"));
+//! assert_eq!(one.criticality(), Criticality::Critical);
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use http::Method;
+use serde::Deserialize;
+
+/// How much a request matters when the server must drop some (the levels
+/// of Google's SRE book, most important first). A load shedder drops the
+/// least critical first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Criticality {
+    /// Never shed while anything else can be.
+    CriticalPlus,
+    /// Paid or user-facing work (the default).
+    #[default]
+    Critical,
+    /// Can be shed, but before plain sheddable work only under pressure.
+    SheddablePlus,
+    /// Shed first (rate quotes, prefetches, batch jobs).
+    Sheddable,
+}
+
+impl Criticality {
+    /// The level's name as written in configuration.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Criticality::CriticalPlus => "CRITICAL_PLUS",
+            Criticality::Critical => "CRITICAL",
+            Criticality::SheddablePlus => "SHEDDABLE_PLUS",
+            Criticality::Sheddable => "SHEDDABLE",
+        }
+    }
+}
+
+impl FromStr for Criticality {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "CRITICAL_PLUS" => Ok(Criticality::CriticalPlus),
+            "CRITICAL" => Ok(Criticality::Critical),
+            "SHEDDABLE_PLUS" => Ok(Criticality::SheddablePlus),
+            "SHEDDABLE" => Ok(Criticality::Sheddable),
+            other => Err(format!(
+                "unknown criticality {other:?}; use CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS or SHEDDABLE"
+            )),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    One,
+    Rest,
+}
+
+/// A method and path pattern with the cost and criticality of requests
+/// that match it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    method: Option<Method>,
+    pattern: Arc<str>,
+    segments: Vec<Segment>,
+    cost: u64,
+    criticality: Criticality,
+    anonymous: bool,
+    plan: Option<String>,
+}
+
+/// Why a route could not be built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteError(String);
+
+impl fmt::Display for RouteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RouteError {}
+
+impl Route {
+    /// A route for `method` (`*` for any) and `pattern` (starting with `/`),
+    /// costing 1, [`Criticality::Critical`].
+    pub fn new(method: &str, pattern: &str) -> Result<Route, RouteError> {
+        let method = match method {
+            "*" | "" => None,
+            m => Some(
+                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| RouteError(format!("{m:?} is not an HTTP method")))?,
+            ),
+        };
+        let segments = parse_pattern(pattern)?;
+        Ok(Route {
+            method,
+            pattern: Arc::from(pattern),
+            segments,
+            cost: 1,
+            criticality: Criticality::Critical,
+            anonymous: false,
+            plan: None,
+        })
+    }
+
+    /// Sets the cost (units charged to every policy counting requests).
+    /// A cost of 0 makes the route free: checked, published, never charged.
+    pub fn with_cost(mut self, cost: u64) -> Route {
+        self.cost = cost;
+        self
+    }
+
+    /// Sets the criticality.
+    pub fn with_criticality(mut self, criticality: Criticality) -> Route {
+        self.criticality = criticality;
+        self
+    }
+
+    /// Makes the route anonymous: limited per client IP under `plan` (or the
+    /// configured anonymous plan when `None`), publishing no counters. For
+    /// login and sign-up pages, where counters would help an attacker pace.
+    pub fn anonymous(mut self, plan: Option<&str>) -> Route {
+        self.anonymous = true;
+        self.plan = plan.map(str::to_string);
+        self
+    }
+
+    /// Whether the route matches.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        if self.method.as_ref().is_some_and(|m| m != method) {
+            return false;
+        }
+        let mut parts = path.split('/');
+        for seg in &self.segments {
+            match (seg, parts.next()) {
+                (Segment::Rest, _) => return true,
+                (Segment::One, Some(p)) if !p.is_empty() => {}
+                (Segment::Literal(l), Some(p)) if l == p => {}
+                _ => return false,
+            }
+        }
+        parts.next().is_none()
+    }
+
+    /// The pattern as written.
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+    /// The method, or `None` for any.
+    pub fn method(&self) -> Option<&Method> {
+        self.method.as_ref()
+    }
+    /// The cost.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+    /// The criticality.
+    pub fn criticality(&self) -> Criticality {
+        self.criticality
+    }
+    /// Whether requests are limited per IP, anonymously.
+    pub fn is_anonymous(&self) -> bool {
+        self.anonymous
+    }
+    /// The per-IP plan of an anonymous route, if it names one.
+    pub fn plan(&self) -> Option<&str> {
+        self.plan.as_deref()
+    }
+}
+
+fn parse_pattern(pattern: &str) -> Result<Vec<Segment>, RouteError> {
+    if !pattern.starts_with('/') {
+        return Err(RouteError(format!("path {pattern:?} must start with '/'")));
+    }
+    let parts: Vec<&str> = pattern.split('/').collect();
+    let last = parts.len() - 1;
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let rest = *p == "*" || (p.starts_with("{*") && p.ends_with('}'));
+            if rest && i != last {
+                Err(RouteError(format!(
+                    "path {pattern:?}: a wildcard may only be the last segment"
+                )))
+            } else if rest {
+                Ok(Segment::Rest)
+            } else if p.starts_with('{') && p.ends_with('}') && p.len() > 2 {
+                Ok(Segment::One)
+            } else if p.contains(['{', '}']) {
+                Err(RouteError(format!(
+                    "path {pattern:?}: a parameter must fill its whole segment, as {{id}}"
+                )))
+            } else {
+                Ok(Segment::Literal(p.to_string()))
+            }
+        })
+        .collect()
+}
+
+/// What the limit layer learned about a request's route, left in the
+/// request's extensions for the layers and handlers after it (a load
+/// shedder reads the criticality from here).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// The matched pattern, or `None` when no route matched.
+    pub pattern: Option<Arc<str>>,
+    /// The request's cost.
+    pub cost: u64,
+    /// The request's criticality.
+    pub criticality: Criticality,
+}
+
+impl RouteInfo {
+    pub(crate) fn of(route: Option<&Route>) -> RouteInfo {
+        match route {
+            Some(r) => RouteInfo {
+                pattern: Some(r.pattern.clone()),
+                cost: r.cost,
+                criticality: r.criticality,
+            },
+            None => RouteInfo {
+                pattern: None,
+                cost: 1,
+                criticality: Criticality::default(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        let r = Route::new("*", "/v1/{*rest}").unwrap();
+        assert!(r.matches(&Method::DELETE, "/v1/a/b/c"));
+        assert!(r.matches(&Method::GET, "/v1/"));
+        assert!(!r.matches(&Method::GET, "/v2/a"));
+        let exact = Route::new("post", "/v1/login").unwrap();
+        assert!(exact.matches(&Method::POST, "/v1/login"));
+        assert!(!exact.matches(&Method::GET, "/v1/login"));
+        assert!(!exact.matches(&Method::POST, "/v1/login/x"));
+        assert!(!exact.matches(&Method::POST, "/v1"));
+        let p = Route::new("GET", "/v1/labels/{id}").unwrap();
+        assert!(!p.matches(&Method::GET, "/v1/labels/"));
+    }
+
+    #[test]
+    fn bad_patterns_are_refused() {
+        assert!(Route::new("GET", "v1").is_err());
+        assert!(Route::new("GET", "/v1/*/x").is_err());
+        assert!(Route::new("GET", "/v1/a{id}").is_err());
+        assert!(Route::new("G ET", "/v1").is_err());
+    }
+
+    #[test]
+    fn criticality_orders_most_important_first() {
+        assert!(Criticality::CriticalPlus < Criticality::Sheddable);
+        assert_eq!(
+            "SHEDDABLE_PLUS".parse::<Criticality>(),
+            Ok(Criticality::SheddablePlus)
+        );
+        assert!("LOW".parse::<Criticality>().is_err());
+    }
+}
