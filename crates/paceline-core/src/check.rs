@@ -34,6 +34,9 @@ use crate::plan::Plan;
 pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (Decision, Nanos) {
     let now_ns = now.as_u64();
     let policies = plan.policies();
+    if let [p] = policies {
+        return check_single(p, words, now_ns, cost, plan);
+    }
     if let Some(i) = policies
         .iter()
         .position(|p| cost > p.quota() && !p.is_shadow())
@@ -107,6 +110,50 @@ pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (De
             )
         }
     }
+}
+
+/// The common case, a plan of one policy, without the bookkeeping of many.
+#[inline]
+fn check_single(
+    p: &crate::Policy,
+    words: &mut [u64],
+    now_ns: u64,
+    cost: u64,
+    plan: &Plan,
+) -> (Decision, Nanos) {
+    if cost > p.quota() {
+        if !p.is_shadow() {
+            return cost_exceeds(plan, words, now_ns, 0, cost);
+        }
+        let mut st = status(algorithm::peek(p, words, now_ns, 0));
+        st.would_deny = true;
+        let rest = rest_instant(p, words, now_ns, &st).max(now_ns);
+        let statuses = smallvec::smallvec![st];
+        return (
+            Decision {
+                outcome: Outcome::Allowed,
+                statuses,
+            },
+            Nanos::new(rest),
+        );
+    }
+    let pk = algorithm::peek(p, words, now_ns, cost);
+    let outcome = if pk.admit {
+        algorithm::commit(p, words, now_ns, cost);
+        Outcome::Allowed
+    } else if p.is_shadow() {
+        Outcome::Allowed
+    } else {
+        Outcome::Denied(Denial {
+            policy: 0,
+            kind: p.kind(),
+            retry_after: Nanos::new(pk.wait_ns),
+        })
+    };
+    let st = status(pk);
+    let rest = rest_instant(p, words, now_ns, &st).max(now_ns);
+    let statuses = smallvec::smallvec![st];
+    (Decision { outcome, statuses }, Nanos::new(rest))
 }
 
 #[inline]

@@ -10,8 +10,9 @@ use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::algorithm;
 use crate::check::check_words;
@@ -130,12 +131,15 @@ type Table<S> = HashMap<u128, S, BuildHasherDefault<PassThrough>>;
 
 #[repr(align(128))]
 struct Shard {
-    inner: Mutex<ShardInner>,
+    inner: RwLock<ShardInner>,
 }
 
 #[derive(Default)]
 struct ShardInner {
-    t2: Table<[u64; 2]>,
+    /// One-word plans (a single token bucket, window or cap): updated with
+    /// a compare-and-swap under the shared lock, so threads on one key do
+    /// not serialise on the shard.
+    t2: Table<[AtomicU64; 2]>,
     t3: Table<[u64; 3]>,
     t4: Table<[u64; 4]>,
     tn: Table<Box<[u64]>>,
@@ -147,9 +151,16 @@ impl ShardInner {
     fn len(&self) -> usize {
         self.t2.len() + self.t3.len() + self.t4.len() + self.tn.len()
     }
+    /// A sweep is due when the shard has grown, and allowed when full of
+    /// live keys only once a second: a flood of new keys must not turn every
+    /// insert into a scan.
+    fn may_sweep(&self, now: Nanos, max: usize) -> bool {
+        self.len() < max || now >= self.last_sweep.saturating_add(Nanos::SECOND)
+    }
+
     fn sweep(&mut self, now: Nanos) {
         let n = now.as_u64();
-        self.t2.retain(|_, w| w[0] > n);
+        self.t2.retain(|_, w| w[0].load(Ordering::Relaxed) > n);
         self.t3.retain(|_, w| w[0] > n);
         self.t4.retain(|_, w| w[0] > n);
         self.tn.retain(|_, w| w[0] > n);
@@ -217,7 +228,7 @@ impl MemoryStore {
         let n = config.shards.clamp(1, 1 << 16).next_power_of_two();
         let shards = (0..n)
             .map(|_| Shard {
-                inner: Mutex::new(ShardInner {
+                inner: RwLock::new(ShardInner {
                     sweep_at: MIN_SWEEP,
                     ..ShardInner::default()
                 }),
@@ -246,7 +257,7 @@ impl MemoryStore {
 
     /// Live entries (including ones not yet swept).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.inner.lock().len()).sum()
+        self.inner.shards.iter().map(|s| s.inner.read().len()).sum()
     }
 
     /// Whether the store holds no entries.
@@ -260,7 +271,7 @@ impl MemoryStore {
             .shards
             .iter()
             .map(|s| {
-                let mut g = s.inner.lock();
+                let mut g = s.inner.write();
                 g.sweep(now);
                 g.len()
             })
@@ -291,11 +302,20 @@ impl MemoryStore {
         now: Nanos,
     ) -> Result<Decision, StoreError> {
         let h = self.hash(plan, key);
-        let mut g = self.shard(h).inner.lock();
+        let shard = self.shard(h);
+        let one_word = plan.state_words() == 1;
+        if one_word {
+            if let Some(slot) = shard.inner.read().t2.get(&h) {
+                return Ok(cas_one(slot, plan, cost, now));
+            }
+        }
+        let mut g = shard.inner.write();
         let max = self.inner.max_per_shard;
         let g = &mut *g;
+        if one_word {
+            return check_one(g, h, plan, cost, now, max);
+        }
         match plan.state_words() + 1 {
-            2 => check_in(&mut g.t2, h, plan, cost, now, &mut g.sweep_at, max),
             3 => check_in(&mut g.t3, h, plan, cost, now, &mut g.sweep_at, max),
             4 => check_in(&mut g.t4, h, plan, cost, now, &mut g.sweep_at, max),
             _ => check_in(&mut g.tn, h, plan, cost, now, &mut g.sweep_at, max),
@@ -303,16 +323,15 @@ impl MemoryStore {
         .or_else(|e| {
             // the table was due a sweep, or full: sweep the whole shard
             // (at most once a second when full of live keys) and retry once
-            let full = g.len() >= max;
-            if full && now < g.last_sweep.saturating_add(Nanos::SECOND) {
+            if !g.may_sweep(now, max) {
                 return Err(e);
             }
             g.sweep(now);
+            let mut no_sweep = usize::MAX;
             match plan.state_words() + 1 {
-                2 => check_in(&mut g.t2, h, plan, cost, now, &mut usize::MAX.clone(), max),
-                3 => check_in(&mut g.t3, h, plan, cost, now, &mut usize::MAX.clone(), max),
-                4 => check_in(&mut g.t4, h, plan, cost, now, &mut usize::MAX.clone(), max),
-                _ => check_in(&mut g.tn, h, plan, cost, now, &mut usize::MAX.clone(), max),
+                3 => check_in(&mut g.t3, h, plan, cost, now, &mut no_sweep, max),
+                4 => check_in(&mut g.t4, h, plan, cost, now, &mut no_sweep, max),
+                _ => check_in(&mut g.tn, h, plan, cost, now, &mut no_sweep, max),
             }
             .map_err(|_| StoreError::Full)
         })
@@ -321,10 +340,10 @@ impl MemoryStore {
     /// The synchronous release of concurrency units.
     pub fn release_sync(&self, plan: &Plan, key: &str, amount: u64, now: Nanos) {
         let h = self.hash(plan, key);
-        let mut g = self.shard(h).inner.lock();
+        let mut g = self.shard(h).inner.write();
         let g = &mut *g;
         match plan.state_words() + 1 {
-            2 => release_in(&mut g.t2, h, plan, amount, now),
+            2 => release_one(&mut g.t2, h, plan, amount, now),
             3 => release_in(&mut g.t3, h, plan, amount, now),
             4 => release_in(&mut g.t4, h, plan, amount, now),
             _ => release_in(&mut g.tn, h, plan, amount, now),
@@ -370,6 +389,71 @@ fn check_in<S: Slot>(
         table.insert(h, fresh);
     }
     Ok(d)
+}
+
+/// The lock-free step for one-word plans: decide on a snapshot, publish
+/// with a compare-and-swap, retry if another thread got there first.
+#[inline]
+fn cas_one(slot: &[AtomicU64; 2], plan: &Plan, cost: u64, now: Nanos) -> Decision {
+    let now_ns = now.as_u64();
+    loop {
+        let rest = slot[0].load(Ordering::Acquire);
+        let old = slot[1].load(Ordering::Acquire);
+        // at rest: a fresh state decides the same (and stale window
+        // indices never alias)
+        let base = if rest <= now_ns { 0 } else { old };
+        let mut w = [base];
+        let (d, new_rest) = check_words(plan, &mut w, now, cost);
+        if w[0] == base {
+            return d;
+        }
+        if slot[1]
+            .compare_exchange_weak(old, w[0], Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            slot[0].fetch_max(new_rest.as_u64(), Ordering::AcqRel);
+            return d;
+        }
+    }
+}
+
+fn check_one(
+    g: &mut ShardInner,
+    h: u128,
+    plan: &Plan,
+    cost: u64,
+    now: Nanos,
+    max: usize,
+) -> Result<Decision, StoreError> {
+    if let Some(slot) = g.t2.get(&h) {
+        return Ok(cas_one(slot, plan, cost, now));
+    }
+    let mut w = [0u64];
+    let (d, rest) = check_words(plan, &mut w, now, cost);
+    if rest > now {
+        if g.len() >= g.sweep_at.min(max) {
+            if !g.may_sweep(now, max) {
+                return Err(StoreError::Full);
+            }
+            g.sweep(now);
+            if g.len() >= max {
+                return Err(StoreError::Full);
+            }
+        }
+        g.t2.insert(h, [AtomicU64::new(rest.as_u64()), AtomicU64::new(w[0])]);
+    }
+    Ok(d)
+}
+
+fn release_one(table: &mut Table<[AtomicU64; 2]>, h: u128, plan: &Plan, amount: u64, now: Nanos) {
+    if let Some(slot) = table.get_mut(&h) {
+        let mut w = [*slot[1].get_mut()];
+        algorithm::release(plan.policy(0), &mut w, amount);
+        *slot[1].get_mut() = w[0];
+        if w[0] == 0 && plan.policy(0).algorithm() == crate::Algorithm::Concurrency {
+            *slot[0].get_mut() = rest_after_release(plan, &w, now);
+        }
+    }
 }
 
 fn release_in<S: Slot>(table: &mut Table<S>, h: u128, plan: &Plan, amount: u64, now: Nanos) {
