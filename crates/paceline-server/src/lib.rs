@@ -68,7 +68,7 @@ pub use config::{
 };
 pub use escalation::{EscalationConfig, Level};
 pub use identity::{client_ip, KeyHash, KeySource, PeerAddr, TrustedProxies};
-pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture};
+pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture};
 pub use limiter::RateLimiter;
 pub use paceline_wire::emit::Dialects;
 pub use route::{Criticality, Route, RouteInfo};

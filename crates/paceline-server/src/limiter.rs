@@ -15,6 +15,7 @@ use tracing::Instrument;
 use crate::config::Limits;
 use crate::escalation::{Escalator, Level};
 use crate::identity::{bearer_token, client_ip, peer_ip, KeyHash, KeySource};
+use crate::layer::ReleaseGuard;
 use crate::respond;
 use crate::route::RouteInfo;
 use crate::soft::{SoftLimitEvent, SoftLimitHook, SoftLimits, WARNING_HEADER};
@@ -269,9 +270,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 };
             }
         };
-        for (i, s) in d.statuses.iter().enumerate() {
-            if s.would_deny && plan.policy(i).is_shadow() {
-                telemetry::shadow(plan_name, &policy_names[i]);
+        if d.is_allowed() {
+            // what a shadow policy alone would have refused
+            for (i, s) in d.statuses.iter().enumerate() {
+                if s.would_deny && plan.policy(i).is_shadow() {
+                    telemetry::shadow(plan_name, &policy_names[i]);
+                }
             }
         }
         let label = outcome_label(&d);
@@ -357,19 +361,17 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             .flatten()
     }
 
-    /// Gives back the concurrency units of an admitted request.
-    pub(crate) async fn release(&self, a: &Admitted) {
-        if let Some((key, cost)) = &a.release {
-            let plan = &a.limits.inner.plans[a.plan];
-            if let Err(e) = self
-                .shared
-                .store
-                .release(plan, key, *cost, self.shared.clock.now())
-                .await
-            {
+    /// A guard that gives back an admitted request's concurrency units.
+    pub(crate) fn release_guard(&self, a: &Admitted) -> Option<ReleaseGuard> {
+        let (key, cost) = a.release.clone()?;
+        let plan = a.limits.inner.plans[a.plan].clone();
+        let this = self.clone();
+        Some(ReleaseGuard::new(async move {
+            let sh = &*this.shared;
+            if let Err(e) = sh.store.release(&plan, &key, cost, sh.clock.now()).await {
                 tracing::warn!(error = %e, "releasing concurrency units failed");
             }
-        }
+        }))
     }
 }
 
@@ -382,11 +384,6 @@ impl Admitted {
         if let Some(w) = &self.warning {
             headers.insert(WARNING_HEADER, w.clone());
         }
-    }
-
-    /// Whether units must be given back when the response is done.
-    pub(crate) fn holds_units(&self) -> bool {
-        self.release.is_some()
     }
 }
 

@@ -591,3 +591,55 @@ async fn a_key_that_keeps_hammering_is_escalated_then_blocked() {
     assert_eq!(c.send(get("/v1/rates", "sk_free")).await.status, 200);
     assert_eq!(srv.inner.calls(), 20 + 1 + 1);
 }
+
+#[tokio::test]
+async fn concurrency_units_come_back_when_the_response_ends_or_is_cancelled() {
+    let plan = Plan::new(
+        "c",
+        vec![
+            Policy::concurrency("inflight", 1).unwrap(),
+            Policy::daily("daily", 100).unwrap(),
+        ],
+    )
+    .unwrap();
+    let limits = Limits::builder().plan(plan).key("k", "c").build().unwrap();
+    let limiter = RateLimiter::new(limits, MemoryStore::new(), ManualClock::at_unix_secs(NOON));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let (g, e) = (gate.clone(), entered.clone());
+    let svc = limiter
+        .layer()
+        .layer(tower::service_fn(move |_r: Request<()>| {
+            let (g, e) = (g.clone(), e.clone());
+            async move {
+                e.notify_one();
+                g.acquire().await.unwrap().forget();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+            }
+        }));
+    let req = || {
+        Request::get("/slow")
+            .header("authorization", "Bearer k")
+            .body(())
+            .unwrap()
+    };
+    // one in flight: a second is refused
+    let first = tokio::spawn(svc.clone().oneshot(req()));
+    entered.notified().await;
+    let second = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(second.status(), 429);
+    // the first finishes; its unit comes back once its body is done
+    gate.add_permits(1);
+    let res = first.await.unwrap().unwrap();
+    assert_eq!(res.status(), 200);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"done");
+    // a cancelled request gives its unit back too
+    let third = tokio::spawn(svc.clone().oneshot(req()));
+    entered.notified().await;
+    third.abort();
+    assert!(third.await.unwrap_err().is_cancelled());
+    gate.add_permits(1);
+    let fourth = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(fourth.status(), 200);
+}

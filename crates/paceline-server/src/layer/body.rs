@@ -1,8 +1,10 @@
 //! The response body of the limit layer: the inner service's body, or a
 //! short body the layer wrote itself (a problem, the usage document).
 
+use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -17,6 +19,7 @@ pin_project! {
         Inner {
             #[pin]
             body: B,
+            guard: Option<ReleaseGuard>,
         },
         /// A complete body written by the layer.
         Full {
@@ -27,12 +30,30 @@ pin_project! {
 
 impl<B> RateLimitBody<B> {
     pub(crate) fn inner(body: B) -> Self {
-        RateLimitBody::Inner { body }
+        RateLimitBody::Inner { body, guard: None }
+    }
+    pub(crate) fn guarded(body: B, guard: Option<ReleaseGuard>) -> Self {
+        RateLimitBody::Inner { body, guard }
     }
     pub(crate) fn full(data: impl Into<Bytes>) -> Self {
         let data: Bytes = data.into();
         RateLimitBody::Full {
             data: (!data.is_empty()).then_some(data),
+        }
+    }
+}
+
+impl<B> fmt::Debug for RateLimitBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RateLimitBody::Inner { guard, .. } => f
+                .debug_struct("RateLimitBody::Inner")
+                .field("guard", guard)
+                .finish_non_exhaustive(),
+            RateLimitBody::Full { data } => f
+                .debug_struct("RateLimitBody::Full")
+                .field("len", &data.as_ref().map_or(0, |d| d.len()))
+                .finish(),
         }
     }
 }
@@ -49,23 +70,63 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project() {
-            BodyProj::Inner { body } => body.poll_frame(cx),
+            BodyProj::Inner { body, .. } => body.poll_frame(cx),
             BodyProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            RateLimitBody::Inner { body } => body.is_end_stream(),
+            RateLimitBody::Inner { body, .. } => body.is_end_stream(),
             RateLimitBody::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            RateLimitBody::Inner { body } => body.size_hint(),
+            RateLimitBody::Inner { body, .. } => body.size_hint(),
             RateLimitBody::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+/// Gives back a request's concurrency units when dropped: with the
+/// response body once it is sent, or with the request if it is cancelled.
+pub struct ReleaseGuard {
+    release: Option<Pin<Box<dyn Future<Output = ()> + Send + 'static>>>,
+}
+
+impl ReleaseGuard {
+    pub(crate) fn new(release: impl Future<Output = ()> + Send + 'static) -> Self {
+        ReleaseGuard {
+            release: Some(Box::pin(release)),
+        }
+    }
+}
+
+impl fmt::Debug for ReleaseGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseGuard")
+            .field("held", &self.release.is_some())
+            .finish()
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        let Some(mut release) = self.release.take() else {
+            return;
+        };
+        // an in-process store answers at once; a remote one finishes on the runtime
+        let mut cx = Context::from_waker(Waker::noop());
+        if release.as_mut().poll(&mut cx).is_pending() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(release);
+                }
+                Err(_) => tracing::warn!("concurrency units not released: no runtime"),
             }
         }
     }

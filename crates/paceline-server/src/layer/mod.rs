@@ -21,6 +21,6 @@ mod body;
 mod layer;
 mod service;
 
-pub use body::RateLimitBody;
+pub use body::{RateLimitBody, ReleaseGuard};
 pub use layer::RateLimitLayer;
 pub use service::{RateLimit, ResponseFuture};

@@ -81,13 +81,12 @@ where
                 // the request (and its unread body) is dropped here
                 Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
                 Verdict::Admit(admitted) => {
-                    let res = inner.call(req).await;
-                    if admitted.holds_units() {
-                        limiter.release(&admitted).await;
-                    }
-                    let mut res = res?;
+                    // held units go back when the response body is done,
+                    // or here if the call fails or is cancelled
+                    let guard = limiter.release_guard(&admitted);
+                    let mut res = inner.call(req).await?;
                     admitted.decorate(res.headers_mut());
-                    Ok(res.map(RateLimitBody::inner))
+                    Ok(res.map(|b| RateLimitBody::guarded(b, guard)))
                 }
             }
         })
