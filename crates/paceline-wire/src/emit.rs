@@ -134,14 +134,20 @@ pub fn retry_after_secs(d: &Decision) -> Option<u64> {
     d.denial().map(|den| den.retry_after_secs())
 }
 
-/// The policy the single-limit dialects describe: the rejecting one, else
-/// the one with the fewest units left (on a tie, the one resetting last).
+/// The policy the single-limit dialects describe: they cannot say what
+/// they count, so only request policies qualify; the rejecting one if it
+/// counts requests, else the one with the fewest units left (on a tie, the
+/// one resetting last). `None` when no policy counts requests.
 pub fn binding_policy(plan: &Plan, d: &Decision) -> Option<usize> {
-    if let Some(i) = d.rejecting_policy() {
+    let n = plan.policies().len().min(d.statuses.len());
+    let counts_requests = |i: usize| plan.policy(i).unit() == Unit::Requests;
+    if let Some(i) = d
+        .rejecting_policy()
+        .filter(|&i| i < n && counts_requests(i))
+    {
         return Some(i);
     }
-    let n = plan.policies().len().min(d.statuses.len());
-    (0..n).min_by(|&a, &b| {
+    (0..n).filter(|&i| counts_requests(i)).min_by(|&a, &b| {
         let (sa, sb) = (&d.statuses[a], &d.statuses[b]);
         sa.remaining
             .cmp(&sb.remaining)

@@ -46,5 +46,7 @@ pub mod problem;
 pub mod raw;
 
 pub use emit::Dialects;
+/// The `http` crate whose `HeaderMap` the emitters and parsers use.
+pub use http;
 pub use parse::{parse_response, parse_retry_after, OutcomeKind, PolicyView, ResponseView};
 pub use problem::{Problem, ProblemKind, PROBLEM_CONTENT_TYPE};

@@ -227,38 +227,91 @@ impl ResponseView {
     }
     /// The view as the JSON object `paceline inspect` prints.
     pub fn to_json(&self) -> serde_json::Value {
-        use serde_json::json;
-        let policies: Vec<_> = self
-            .policies
-            .iter()
-            .map(|p| {
-                json!({
-                    "name": p.name,
-                    "quota": p.quota,
-                    "window_s": p.window_s,
-                    "remaining": p.remaining,
-                    "reset_in_s": p.reset_in.map(secs_json),
-                    "unit": p.unit,
-                    "scope": p.scope,
-                })
-            })
-            .collect();
-        json!({
-            "status": self.status,
-            "outcome": self.outcome,
-            "retry": self.retry,
-            "retry_after_s": self.retry_after.map(secs_json),
-            "limit": self.limit,
-            "remaining": self.remaining,
-            "reset_in_s": self.reset_in.map(secs_json),
-            "policies": policies,
-            "dialects": self.dialects,
-            "ignored": self.ignored,
-            "retry_after_header_s": self.retry_after_header.map(secs_json),
-            "should_retry": self.should_retry,
-            "problem": self.problem,
-        })
+        serde_json::to_value(self.report()).unwrap_or_default()
     }
+
+    /// The view as `paceline inspect` reports it, fields in the contract's
+    /// order: serialize it with `serde_json`.
+    pub fn report(&self) -> Report {
+        let secs = |n: Option<Nanos>| n.map(secs_json);
+        Report {
+            status: self.status,
+            outcome: self.outcome,
+            retry: self.retry,
+            retry_after_s: secs(self.retry_after),
+            limit: self.limit,
+            remaining: self.remaining,
+            reset_in_s: secs(self.reset_in),
+            policies: self
+                .policies
+                .iter()
+                .map(|p| PolicyReport {
+                    name: p.name.clone(),
+                    quota: p.quota,
+                    window_s: p.window_s,
+                    remaining: p.remaining,
+                    reset_in_s: secs(p.reset_in),
+                    unit: p.unit.clone(),
+                    scope: p.scope.clone(),
+                })
+                .collect(),
+            dialects: self.dialects.clone(),
+            ignored: self.ignored.clone(),
+            retry_after_header_s: secs(self.retry_after_header),
+            should_retry: self.should_retry,
+            problem: self.problem.clone(),
+        }
+    }
+}
+
+/// One policy in a [`Report`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PolicyReport {
+    /// The policy's name.
+    pub name: String,
+    /// Its quota, when known.
+    pub quota: Option<u64>,
+    /// Its window in seconds, when known.
+    pub window_s: Option<u64>,
+    /// Units left, when known.
+    pub remaining: Option<u64>,
+    /// Seconds until it resets, when known.
+    pub reset_in_s: Option<serde_json::Value>,
+    /// What it counts.
+    pub unit: Unit,
+    /// What it applies to, when said.
+    pub scope: Option<String>,
+}
+
+/// The JSON object `paceline inspect` prints (see the CLI contract).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// The HTTP status.
+    pub status: u16,
+    /// `success`, `rate_limited`, `quota_exhausted`, `overloaded` or `error`.
+    pub outcome: OutcomeKind,
+    /// Whether the SDK would retry.
+    pub retry: bool,
+    /// Seconds to wait before the next request to that scope; null: go now.
+    pub retry_after_s: Option<serde_json::Value>,
+    /// The tightest request window's quota.
+    pub limit: Option<u64>,
+    /// The tightest request window's remaining units.
+    pub remaining: Option<u64>,
+    /// Seconds until the tightest request window resets.
+    pub reset_in_s: Option<serde_json::Value>,
+    /// Every policy read.
+    pub policies: Vec<PolicyReport>,
+    /// The dialects recognised.
+    pub dialects: Vec<String>,
+    /// What was dropped, and why.
+    pub ignored: Vec<Ignored>,
+    /// What `Retry-After` (or a vendor hint) said, if valid.
+    pub retry_after_header_s: Option<serde_json::Value>,
+    /// `Stripe-Should-Retry` / `x-should-retry`.
+    pub should_retry: Option<bool>,
+    /// The problem body, if any.
+    pub problem: Option<ProblemView>,
 }
 
 /// Seconds as a JSON number: an integer when whole, else to the millisecond
