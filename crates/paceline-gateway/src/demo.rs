@@ -1,0 +1,271 @@
+//! A Shiplane-style demo API to put behind the gateway.
+//!
+//! Why a demo upstream: the gateway's behaviour (what reaches the API, what
+//! is shed, what is charged) is best seen against an API that counts what
+//! it receives. This one buys labels (idempotently: the same
+//! `Idempotency-Key` replays the same label, a different body under the
+//! same key is a `409`), buys batches, quotes rates and logs people in. It
+//! knows nothing about rate limits: the gateway in front of it does that.
+//!
+//! ```
+//! use paceline_gateway::demo::{self, DemoOptions};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let api = demo::serve("127.0.0.1:0".parse().unwrap(), DemoOptions::default()).await.unwrap();
+//! let cfg = demo::shiplane_config("127.0.0.1:0".parse().unwrap(), api.addr()).unwrap();
+//! assert_eq!(cfg.limits.plan_for_key(demo::DEMO_KEYS[0]).unwrap().name(), "free");
+//! # });
+//! ```
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use crate::config::{ConfigFileError, GatewayConfig};
+
+/// The example configuration: the Free plan, demo keys and the Shiplane
+/// routes (the repository's `examples/shiplane.toml`).
+pub const SHIPLANE_TOML: &str = include_str!("../../../examples/shiplane.toml");
+
+/// The demo keys of [`SHIPLANE_TOML`], all on the Free plan.
+pub const DEMO_KEYS: [&str; 3] = ["sk_demo_alice", "sk_demo_bob", "sk_demo_carol"];
+
+/// The example configuration, listening on `listen` in front of `upstream`.
+pub fn shiplane_config(
+    listen: SocketAddr,
+    upstream: SocketAddr,
+) -> Result<GatewayConfig, ConfigFileError> {
+    let mut cfg = GatewayConfig::parse(SHIPLANE_TOML, "examples/shiplane.toml", None)?;
+    cfg.settings.listen = listen;
+    cfg.settings.upstream = format!("http://{upstream}")
+        .parse()
+        .expect("a socket address makes a URI");
+    cfg.settings.metrics_listen = None;
+    cfg.settings.soft_limit_webhook = None;
+    Ok(cfg)
+}
+
+/// How the demo API behaves.
+#[derive(Clone, Debug, Default)]
+pub struct DemoOptions {
+    /// Added to every answer (to play a slow upstream).
+    pub delay: Duration,
+}
+
+/// A running demo API.
+#[derive(Debug)]
+pub struct DemoUpstream {
+    addr: SocketAddr,
+    state: Arc<Demo>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DemoUpstream {
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    /// Requests received so far.
+    pub fn hits(&self) -> u64 {
+        self.state.hits.load(Ordering::Relaxed)
+    }
+    /// Requests received so far on one path.
+    pub fn hits_on(&self, path: &str) -> u64 {
+        self.state.by_path.lock().get(path).copied().unwrap_or(0)
+    }
+    /// Labels created (replays excluded).
+    pub fn labels_created(&self) -> u64 {
+        self.state.next_label.load(Ordering::Relaxed)
+    }
+    /// The last request head received (for checking forwarded headers).
+    pub fn last_headers(&self) -> Option<HeaderMap> {
+        self.state.last_headers.lock().clone()
+    }
+}
+
+impl Drop for DemoUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Demo {
+    delay: Duration,
+    hits: AtomicU64,
+    by_path: Mutex<HashMap<String, u64>>,
+    next_label: AtomicU64,
+    /// Idempotency key → (request body, stored answer).
+    idempotent: Mutex<HashMap<String, (Bytes, Value)>>,
+    last_headers: Mutex<Option<HeaderMap>>,
+}
+
+/// Binds `addr` and serves the demo API in the background.
+pub async fn serve(addr: SocketAddr, options: DemoOptions) -> io::Result<DemoUpstream> {
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(Demo {
+        delay: options.delay,
+        ..Demo::default()
+    });
+    let app = router(state.clone());
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "demo API stopped");
+        }
+    });
+    Ok(DemoUpstream { addr, state, task })
+}
+
+fn router(state: Arc<Demo>) -> Router {
+    Router::new()
+        .route("/v1/labels", post(create_label))
+        .route("/v1/labels:batch", post(batch))
+        .route("/v1/labels/{id}", get(get_label))
+        .route("/v1/rates", get(rates))
+        .route("/v1/login", post(login))
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), count))
+        .with_state(state)
+}
+
+async fn count(
+    State(s): State<Arc<Demo>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    s.hits.fetch_add(1, Ordering::Relaxed);
+    *s.by_path
+        .lock()
+        .entry(req.uri().path().to_string())
+        .or_default() += 1;
+    *s.last_headers.lock() = Some(req.headers().clone());
+    if !s.delay.is_zero() {
+        tokio::time::sleep(s.delay).await;
+    }
+    next.run(req).await
+}
+
+fn label(n: u64) -> Value {
+    json!({
+        "label_id": format!("lbl_{}", 77_120 + n),
+        "tracking_number": format!("1Z999AA1{:010}", 123_456_784 + n),
+    })
+}
+
+async fn create_label(State(s): State<Arc<Demo>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let Some(key) = key else {
+        let n = s.next_label.fetch_add(1, Ordering::Relaxed);
+        return (StatusCode::CREATED, Json(label(n))).into_response();
+    };
+    let mut seen = s.idempotent.lock();
+    if let Some((prior_body, answer)) = seen.get(&key) {
+        if *prior_body != body {
+            return problem(
+                StatusCode::CONFLICT,
+                "idempotency_conflict",
+                "This Idempotency-Key was used with a different body.",
+            );
+        }
+        let mut r = (StatusCode::CREATED, Json(answer.clone())).into_response();
+        r.headers_mut().insert(
+            "idempotent-replayed",
+            "true".parse().expect("a header value"),
+        );
+        return r;
+    }
+    let answer = label(s.next_label.fetch_add(1, Ordering::Relaxed));
+    seen.insert(key, (body, answer.clone()));
+    (StatusCode::CREATED, Json(answer)).into_response()
+}
+
+async fn batch(State(s): State<Arc<Demo>>) -> Json<Value> {
+    let first = s.next_label.fetch_add(10, Ordering::Relaxed);
+    Json(json!({ "labels": (first..first + 10).map(label).collect::<Vec<_>>() }))
+}
+
+async fn get_label(Path(id): Path<String>) -> Response {
+    match id.strip_prefix("lbl_").and_then(|n| n.parse::<u64>().ok()) {
+        Some(n) if n >= 77_120 => Json(label(n - 77_120)).into_response(),
+        _ => problem(StatusCode::NOT_FOUND, "not_found", "No such label."),
+    }
+}
+
+async fn rates() -> Json<Value> {
+    Json(json!({"rates": [
+        {"id": "rate_ups_ground", "carrier": "UPS", "service": "Ground", "amount": "7.45"},
+        {"id": "rate_usps_priority", "carrier": "USPS", "service": "Priority", "amount": "8.10"},
+    ]}))
+}
+
+async fn login() -> Json<Value> {
+    Json(json!({"session": "sess_demo", "expires_in_s": 3600}))
+}
+
+async fn not_found() -> Response {
+    problem(StatusCode::NOT_FOUND, "not_found", "No such endpoint.")
+}
+
+fn problem(status: StatusCode, code: &str, detail: &str) -> Response {
+    let body = json!({
+        "type": format!("https://docs.shiplane.example/errors/{code}"),
+        "title": status.canonical_reason().unwrap_or(""),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut r = (status, Json(body)).into_response();
+    r.headers_mut().insert(
+        "content-type",
+        "application/problem+json".parse().expect("a header value"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_is_valid_and_has_the_demo_keys() {
+        let cfg = shiplane_config(
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.1:9".parse().unwrap(),
+        )
+        .unwrap();
+        for k in DEMO_KEYS {
+            let plan = cfg.limits.plan_for_key(k).unwrap();
+            assert_eq!(plan.name(), "free");
+            assert_eq!(
+                paceline_wire::emit::policy_field(plan),
+                r#""burst";q=20;w=2, "daily";q=10000;w=86400"#
+            );
+        }
+        let batch = cfg
+            .limits
+            .route(&http::Method::POST, "/v1/labels:batch")
+            .unwrap();
+        assert_eq!(batch.cost(), 10);
+        let login = cfg.limits.route(&http::Method::POST, "/v1/login").unwrap();
+        assert!(login.is_anonymous());
+        let rates = cfg.limits.route(&http::Method::GET, "/v1/rates").unwrap();
+        assert_eq!(rates.criticality(), paceline_server::Criticality::Sheddable);
+    }
+}

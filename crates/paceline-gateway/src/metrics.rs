@@ -1,0 +1,48 @@
+//! The gateway's metrics, and a Prometheus endpoint for them and for the
+//! rate limiter's.
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `paceline_gateway_shed_total` | counter | `criticality` |
+//! | `paceline_gateway_upstream_seconds` | histogram | — |
+//! | `paceline_gateway_upstream_errors_total` | counter | `kind` (`connect`, `request`, `timeout`, `body_idle`) |
+//! | `paceline_gateway_reloads_total` | counter | `result` (`applied`, `refused`) |
+//!
+//! plus every series of [`paceline_server::telemetry`].
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Requests shed, by criticality.
+pub const SHED: &str = "paceline_gateway_shed_total";
+/// Time to the upstream's response head.
+pub const UPSTREAM_SECONDS: &str = "paceline_gateway_upstream_seconds";
+/// Upstream failures, by kind.
+pub const UPSTREAM_ERRORS: &str = "paceline_gateway_upstream_errors_total";
+/// Configuration reloads, by result.
+pub const RELOADS: &str = "paceline_gateway_reloads_total";
+
+pub(crate) fn upstream_latency(d: Duration) {
+    metrics::histogram!(UPSTREAM_SECONDS).record(d.as_secs_f64());
+}
+
+pub(crate) fn upstream_error(kind: &'static str) {
+    metrics::counter!(UPSTREAM_ERRORS, "kind" => kind).increment(1);
+}
+
+pub(crate) fn reload(applied: bool) {
+    let result = if applied { "applied" } else { "refused" };
+    metrics::counter!(RELOADS, "result" => result).increment(1);
+}
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the Prometheus recorder for this process (once) and returns
+/// its handle; `None` when another recorder was installed first.
+pub fn prometheus() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .clone()
+}

@@ -1,0 +1,401 @@
+//! The forwarding service: one request to the upstream and its response
+//! back, both bodies streamed.
+//!
+//! It keeps a pool of keep-alive HTTP/1.1 connections to the upstream,
+//! strips hop-by-hop fields both ways, appends the client to
+//! `X-Forwarded-For`, and bounds every phase: connecting, waiting for the
+//! response head, and every pause inside either body. An upstream that
+//! cannot be reached gives `502`, one too slow to answer `504`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use paceline_server::PeerAddr;
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+use tower_service::Service;
+
+use crate::config::Timeouts;
+use crate::metrics as m;
+use crate::shed::Shedder;
+
+/// Errors inside a streamed body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of every response the gateway sends.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The request body sent upstream: the client's, with an idle bound.
+type UpstreamBody = IdleTimeout<Incoming>;
+
+/// Forwards requests to one upstream.
+#[derive(Clone)]
+pub struct Proxy {
+    client: Client<HttpConnector, UpstreamBody>,
+    target: Arc<Target>,
+    timeouts: Timeouts,
+    shedder: Option<Shedder>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("upstream", &self.target.authority)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Target {
+    scheme: Scheme,
+    authority: Authority,
+    /// The upstream's base path without a trailing `/` (often empty).
+    base: String,
+}
+
+impl Proxy {
+    /// A proxy to `upstream` (`http://host:port[/base]`); the shedder, if
+    /// any, is told every upstream latency.
+    pub fn new(upstream: &Uri, timeouts: Timeouts, shedder: Option<Shedder>) -> Self {
+        let mut conn = HttpConnector::new();
+        conn.set_connect_timeout(Some(timeouts.connect));
+        conn.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(timeouts.pool_idle)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(conn);
+        let parts = upstream.clone().into_parts();
+        let target = Target {
+            scheme: parts.scheme.unwrap_or(Scheme::HTTP),
+            authority: parts
+                .authority
+                .unwrap_or_else(|| Authority::from_static("127.0.0.1")),
+            base: parts
+                .path_and_query
+                .map(|p| p.path().trim_end_matches('/').to_string())
+                .unwrap_or_default(),
+        };
+        Proxy {
+            client,
+            target: Arc::new(target),
+            timeouts,
+            shedder,
+        }
+    }
+
+    fn upstream_uri(&self, uri: &Uri) -> Uri {
+        let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        let pq = format!("{}{}", self.target.base, pq);
+        Uri::builder()
+            .scheme(self.target.scheme.clone())
+            .authority(self.target.authority.clone())
+            .path_and_query(pq)
+            .build()
+            .unwrap_or_else(|_| Uri::from_static("/"))
+    }
+
+    /// Forwards one request.
+    pub async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let (mut parts, body) = req.into_parts();
+        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
+        let host = original_host(&parts.uri, &parts.headers);
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(h) = host {
+            parts.headers.insert(header::HOST, h);
+        }
+        if let Some(ip) = peer {
+            append_forwarded_for(&mut parts.headers, ip);
+        }
+        parts
+            .headers
+            .insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        parts.uri = self.upstream_uri(&parts.uri);
+        parts.version = Version::HTTP_11;
+        let body = IdleTimeout::new(body, self.timeouts.body_idle);
+        let out = Request::from_parts(parts, body);
+        let started = Instant::now();
+        let sent = tokio::time::timeout(self.timeouts.upstream_header, self.client.request(out));
+        match sent.await {
+            Ok(Ok(res)) => {
+                let took = started.elapsed();
+                m::upstream_latency(took);
+                if let Some(s) = &self.shedder {
+                    s.record_latency(took);
+                }
+                let (mut parts, body) = res.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                let body = IdleTimeout::new(body, self.timeouts.body_idle);
+                Response::from_parts(parts, body.boxed_unsync())
+            }
+            Ok(Err(e)) => {
+                let connect = e.is_connect();
+                m::upstream_error(if connect { "connect" } else { "request" });
+                tracing::warn!(error = %e, "upstream request failed");
+                let detail = match connect {
+                    true => "The upstream could not be reached.",
+                    false => "The upstream failed before answering.",
+                };
+                gateway_error(StatusCode::BAD_GATEWAY, detail)
+            }
+            Err(_) => {
+                m::upstream_error("timeout");
+                tracing::warn!(
+                    timeout_ms = self.timeouts.upstream_header.as_millis() as u64,
+                    "upstream timed out"
+                );
+                gateway_error(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "The upstream did not answer in time.",
+                )
+            }
+        }
+    }
+}
+
+impl Service<Request<Incoming>> for Proxy {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+/// A small problem+json answer written by the gateway itself.
+pub(crate) fn gateway_error(status: StatusCode, detail: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    })
+    .to_string();
+    let mut r = Response::new(full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// A complete body.
+pub(crate) fn full(data: impl Into<Bytes>) -> ProxyBody {
+    http_body_util::Full::new(data.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// The `Host` the client asked for: its `Host` field, or the authority of
+/// an HTTP/2 or absolute-form request.
+fn original_host(uri: &Uri, headers: &HeaderMap) -> Option<HeaderValue> {
+    if let Some(h) = headers.get(header::HOST) {
+        return Some(h.clone());
+    }
+    uri.authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+}
+
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Removes the fields that describe one connection, not the message
+/// (RFC 9110 §7.6.1), including any named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for h in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(h);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+/// Appends `ip` to `X-Forwarded-For` (one field, comma-separated).
+pub fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
+    let prior: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let value = match prior.is_empty() {
+        true => ip.to_string(),
+        false => format!("{}, {ip}", prior.join(", ")),
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert("x-forwarded-for", v);
+    }
+}
+
+pin_project! {
+    /// A body that fails when no frame arrives for `idle`.
+    pub struct IdleTimeout<B> {
+        #[pin]
+        body: B,
+        sleep: Pin<Box<Sleep>>,
+        idle: Duration,
+    }
+}
+
+impl<B> IdleTimeout<B> {
+    /// Wraps `body`.
+    pub fn new(body: B, idle: Duration) -> Self {
+        IdleTimeout {
+            body,
+            sleep: Box::pin(tokio::time::sleep(idle)),
+            idle,
+        }
+    }
+}
+
+/// A body stalled longer than its idle bound.
+#[derive(Debug)]
+pub struct BodyIdle;
+
+impl std::fmt::Display for BodyIdle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("body idle timeout")
+    }
+}
+
+impl std::error::Error for BodyIdle {}
+
+impl<B> Body for IdleTimeout<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        match this.body.poll_frame(cx) {
+            Poll::Ready(f) => {
+                let deadline = tokio::time::Instant::now() + *this.idle;
+                this.sleep.as_mut().reset(deadline);
+                Poll::Ready(f.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending => match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    m::upstream_error("body_idle");
+                    Poll::Ready(Some(Err(Box::new(BodyIdle))))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_fields_go() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        h.insert("authorization", HeaderValue::from_static("Bearer k"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("authorization"));
+    }
+
+    #[test]
+    fn forwarded_for_is_appended() {
+        let mut h = HeaderMap::new();
+        append_forwarded_for(&mut h, "10.0.0.1".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1");
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
+        append_forwarded_for(&mut h, "::1".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, ::1");
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+    }
+
+    #[test]
+    fn upstream_uris_keep_path_and_query() {
+        let p = Proxy::new(
+            &"http://127.0.0.1:9/api/".parse().unwrap(),
+            Timeouts::default(),
+            None,
+        );
+        let u = p.upstream_uri(&"/v1/rates?from=NYC".parse().unwrap());
+        assert_eq!(u.to_string(), "http://127.0.0.1:9/api/v1/rates?from=NYC");
+    }
+
+    /// A body that never yields.
+    struct Stalled;
+
+    impl Body for Stalled {
+        type Data = Bytes;
+        type Error = Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_body_times_out() {
+        let mut b = IdleTimeout::new(Stalled, Duration::from_secs(5));
+        let frame = b.frame().await.unwrap();
+        assert!(frame.unwrap_err().is::<BodyIdle>());
+    }
+}

@@ -1,0 +1,460 @@
+//! The gateway: accept connections, run the layers, reload, shut down.
+//!
+//! Each request goes through, in order: the load shedder (so a shed request
+//! is charged to nothing), the rate limiter of `paceline-server` (which
+//! answers 429s and the usage endpoint from the request head alone), and
+//! the [`Proxy`]. HTTP/1.1 and cleartext HTTP/2 (prior knowledge) are
+//! served on the same port.
+//!
+//! A reload (SIGHUP, a change to the file, or [`GatewayHandle::reload`])
+//! swaps plans, keys, routes and shedding settings in place: the counters
+//! live in one store that outlives every configuration, and no connection
+//! is dropped. A configuration that fails validation is refused and the
+//! old one keeps serving.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use paceline_core::{Clock, MemoryStore, SystemClock};
+use paceline_server::{Criticality, PeerAddr, RateLimiter};
+use parking_lot::RwLock;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+use crate::config::{ConfigFileError, GatewayConfig, Settings};
+use crate::metrics as m;
+use crate::proxy::{full, Proxy};
+use crate::shed::{LoadShedLayer, Shedder};
+
+/// The limiter a gateway runs: the in-memory store and a shared clock.
+pub type GatewayLimiter = RateLimiter<MemoryStore, Arc<dyn Clock>>;
+
+type GatewayBody = crate::shed::ShedBody<paceline_server::RateLimitBody<crate::proxy::ProxyBody>>;
+type ServeFuture = std::pin::Pin<
+    Box<dyn Future<Output = Result<Response<GatewayBody>, std::convert::Infallible>> + Send>,
+>;
+
+/// What a reload did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReloadEvent {
+    /// The new limits and shedding settings are in force; the notes list
+    /// settings that only a restart applies.
+    Applied {
+        /// Settings that changed but need a restart.
+        notes: Vec<String>,
+    },
+    /// The new configuration was refused; the old one keeps serving.
+    Refused(ConfigFileError),
+}
+
+/// Told about every reload triggered by a signal or a file change.
+pub type ReloadCallback = Arc<dyn Fn(&ReloadEvent) + Send + Sync>;
+
+/// A bound gateway, ready to [`run`](Gateway::run).
+pub struct Gateway {
+    listener: TcpListener,
+    addr: SocketAddr,
+    metrics: Option<(TcpListener, SocketAddr)>,
+    handle: GatewayHandle,
+    on_reload: ReloadCallback,
+    #[cfg(unix)]
+    hangup: Option<tokio::signal::unix::Signal>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Controls a running gateway; cheap to clone.
+#[derive(Clone)]
+pub struct GatewayHandle {
+    inner: Arc<HandleInner>,
+}
+
+impl std::fmt::Debug for GatewayHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayHandle").finish_non_exhaustive()
+    }
+}
+
+struct HandleInner {
+    limiter: GatewayLimiter,
+    shedder: Shedder,
+    settings: RwLock<Settings>,
+    sources: RwLock<Vec<PathBuf>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Gateway {
+    /// Binds the listeners of `config`, reading time from the system clock.
+    pub async fn bind(config: GatewayConfig) -> io::Result<Gateway> {
+        Gateway::bind_with_clock(config, Arc::new(SystemClock::new())).await
+    }
+
+    /// Binds with an explicit clock (tests use a manual one).
+    pub async fn bind_with_clock(
+        config: GatewayConfig,
+        clock: Arc<dyn Clock>,
+    ) -> io::Result<Gateway> {
+        let s = config.settings.clone();
+        let listener = TcpListener::bind(s.listen).await?;
+        let addr = listener.local_addr()?;
+        let metrics = match s.metrics_listen {
+            Some(a) => {
+                let l = TcpListener::bind(a).await?;
+                let a = l.local_addr()?;
+                Some((l, a))
+            }
+            None => None,
+        };
+        let limiter = RateLimiter::new(config.limits.clone(), MemoryStore::new(), clock);
+        if let Some(uri) = &s.soft_limit_webhook {
+            limiter.set_soft_limit_hook(crate::webhook::webhook(uri.clone()));
+        }
+        let shedder = Shedder::new(s.shedding);
+        let (stop, _) = watch::channel(false);
+        let handle = GatewayHandle {
+            inner: Arc::new(HandleInner {
+                limiter,
+                shedder,
+                settings: RwLock::new(s),
+                sources: RwLock::new(config.sources.clone()),
+                stop,
+            }),
+        };
+        #[cfg(unix)]
+        let hangup = match handle.inner.sources.read().is_empty() {
+            true => None,
+            false => Some(tokio::signal::unix::signal(
+                tokio::signal::unix::SignalKind::hangup(),
+            )?),
+        };
+        Ok(Gateway {
+            listener,
+            addr,
+            metrics,
+            handle,
+            on_reload: Arc::new(|_| {}),
+            #[cfg(unix)]
+            hangup,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The metrics address, if metrics are served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|(_, a)| *a)
+    }
+
+    /// A handle to reload or stop it.
+    pub fn handle(&self) -> GatewayHandle {
+        self.handle.clone()
+    }
+
+    /// Sets the callback told about reloads from signals and file changes.
+    pub fn on_reload(mut self, f: impl Fn(&ReloadEvent) + Send + Sync + 'static) -> Self {
+        self.on_reload = Arc::new(f);
+        self
+    }
+
+    /// Serves until `shutdown` completes (or [`GatewayHandle::shutdown`]),
+    /// then stops accepting and waits up to the shutdown timeout for
+    /// requests in flight to finish.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> io::Result<()> {
+        let h = self.handle.clone();
+        let settings = h.inner.settings.read().clone();
+        let t = settings.timeouts;
+        let proxy = Proxy::new(&settings.upstream, t, Some(h.inner.shedder.clone()));
+        let stack = tower::ServiceBuilder::new()
+            .layer(shed_layer(&h))
+            .layer(h.inner.limiter.layer())
+            .service(proxy);
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(t.client_header);
+        builder.http2().timer(TokioTimer::new());
+        let graceful = GracefulShutdown::new();
+        let mut tasks = Vec::new();
+        if let Some((l, _)) = self.metrics {
+            tasks.push(tokio::spawn(serve_metrics(l)));
+        }
+        tasks.push(tokio::spawn(watch_config(
+            h.clone(),
+            self.on_reload.clone(),
+            #[cfg(unix)]
+            self.hangup,
+        )));
+        let mut stop = h.inner.stop.subscribe();
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                r = self.listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // out of descriptors and the like: breathe, go on
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                },
+                _ = &mut shutdown => break,
+                _ = stop.wait_for(|s| *s) => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let stack = stack.clone();
+            let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(PeerAddr(peer));
+                let fut: ServeFuture = Box::pin(stack.clone().oneshot(req));
+                fut
+            });
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), svc)
+                .into_owned();
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
+        drop(self.listener);
+        tracing::info!("shutting down: waiting for requests in flight");
+        if tokio::time::timeout(t.shutdown, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("shutdown timeout: closing the remaining connections");
+        }
+        for task in tasks {
+            task.abort();
+        }
+        Ok(())
+    }
+}
+
+fn shed_layer(h: &GatewayHandle) -> LoadShedLayer {
+    let limiter = h.inner.limiter.clone();
+    let classify = Arc::new(move |m: &http::Method, path: &str| {
+        limiter
+            .limits()
+            .route(m, path)
+            .map_or(Criticality::Critical, |r| r.criticality())
+    });
+    LoadShedLayer::new(
+        h.inner.shedder.clone(),
+        classify,
+        h.inner.settings.read().problem_base.as_str(),
+    )
+}
+
+impl GatewayHandle {
+    /// The rate limiter (its store holds the counters).
+    pub fn limiter(&self) -> &GatewayLimiter {
+        &self.inner.limiter
+    }
+
+    /// The shedder.
+    pub fn shedder(&self) -> &Shedder {
+        &self.inner.shedder
+    }
+
+    /// Stops accepting and starts the graceful shutdown.
+    pub fn shutdown(&self) {
+        self.inner.stop.send_replace(true);
+    }
+
+    /// Reads the configuration file again and applies it, or refuses it.
+    pub fn reload(&self) -> ReloadEvent {
+        let Some(path) = self.inner.sources.read().first().cloned() else {
+            return ReloadEvent::Applied {
+                notes: vec!["no configuration file to reload".to_string()],
+            };
+        };
+        let event = match GatewayConfig::load(&path) {
+            Ok(cfg) => ReloadEvent::Applied {
+                notes: self.apply(cfg),
+            },
+            Err(e) => ReloadEvent::Refused(e),
+        };
+        m::reload(matches!(event, ReloadEvent::Applied { .. }));
+        event
+    }
+
+    /// Applies a validated configuration: limits, shedding and the webhook
+    /// at once; returns the settings that need a restart.
+    pub fn apply(&self, cfg: GatewayConfig) -> Vec<String> {
+        let new = cfg.settings;
+        let mut notes = Vec::new();
+        {
+            let old = self.inner.settings.read();
+            let mut note = |name: &str, changed: bool| {
+                if changed {
+                    notes.push(format!("gateway.{name} changed; restart to apply it"));
+                }
+            };
+            note("listen", old.listen != new.listen);
+            note("upstream", old.upstream != new.upstream);
+            note("metrics_listen", old.metrics_listen != new.metrics_listen);
+            note("timeouts", old.timeouts != new.timeouts);
+            note("problem_base", old.problem_base != new.problem_base);
+        }
+        if let Some(uri) = &new.soft_limit_webhook {
+            self.inner
+                .limiter
+                .set_soft_limit_hook(crate::webhook::webhook(uri.clone()));
+        }
+        self.inner.limiter.reload(cfg.limits);
+        self.inner.shedder.set_settings(new.shedding);
+        *self.inner.sources.write() = cfg.sources;
+        let mut s = self.inner.settings.write();
+        s.shedding = new.shedding;
+        s.soft_limit_webhook = new.soft_limit_webhook;
+        s.watch = new.watch;
+        notes
+    }
+
+    fn stamps(&self) -> Vec<Option<(SystemTime, u64)>> {
+        self.inner
+            .sources
+            .read()
+            .iter()
+            .map(|p| {
+                let md = std::fs::metadata(p).ok()?;
+                Some((md.modified().ok()?, md.len()))
+            })
+            .collect()
+    }
+}
+
+/// Reloads on SIGHUP and, when watching is on, when a source file changes.
+async fn watch_config(
+    h: GatewayHandle,
+    on_reload: ReloadCallback,
+    #[cfg(unix)] mut hangup: Option<tokio::signal::unix::Signal>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stamps = h.stamps();
+    loop {
+        #[cfg(unix)]
+        let hup = async {
+            match &mut hangup {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup = std::future::pending::<Option<()>>();
+        let reload = tokio::select! {
+            _ = hup => true,
+            _ = tick.tick() => {
+                let now = h.stamps();
+                let changed = h.inner.settings.read().watch && now != stamps;
+                stamps = now;
+                changed
+            }
+        };
+        if reload {
+            let event = h.reload();
+            stamps = h.stamps();
+            match &event {
+                ReloadEvent::Applied { notes } => {
+                    tracing::info!(?notes, "configuration reloaded")
+                }
+                ReloadEvent::Refused(e) => {
+                    tracing::error!(error = %e, "configuration refused; the old one keeps serving")
+                }
+            }
+            on_reload(&event);
+        }
+    }
+}
+
+/// Serves `GET /metrics` in the Prometheus text format.
+async fn serve_metrics(listener: TcpListener) {
+    let Some(handle) = m::prometheus() else {
+        tracing::warn!("another metrics recorder is installed; /metrics stays empty");
+        return;
+    };
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let handle = handle.clone();
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let handle = handle.clone();
+            async move {
+                let res = match req.uri().path() {
+                    "/metrics" => {
+                        let mut r = Response::new(full(handle.render()));
+                        r.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("text/plain; version=0.0.4"),
+                        );
+                        r
+                    }
+                    _ => {
+                        let mut r = Response::new(full("not found\n"));
+                        *r.status_mut() = http::StatusCode::NOT_FOUND;
+                        r
+                    }
+                };
+                Ok::<_, std::convert::Infallible>(res)
+            }
+        });
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C. The handlers are installed when this is
+/// called, not when the future is first polled.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
+    #[cfg(unix)]
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let ctrl_c = tokio::signal::ctrl_c();
+    async move {
+        #[cfg(unix)]
+        {
+            let term = async {
+                match term {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = term => {}
+                _ = ctrl_c => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = ctrl_c.await;
+        }
+    }
+}

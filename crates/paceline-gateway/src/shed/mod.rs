@@ -1,0 +1,287 @@
+//! Load shedding by criticality.
+//!
+//! Why shed before limiting: a rate limit protects the upstream from one
+//! client; shedding protects it from everyone at once. When the upstream is
+//! slow or swamped, the cheapest useful thing the gateway can do is answer
+//! the least important requests at once with `503 overloaded` and keep the
+//! capacity for the requests that matter (a label purchase, not a rate
+//! quote). A shed request never reaches the rate limiter, so it is charged
+//! to no quota: the client did nothing wrong.
+//!
+//! Each criticality level may use a share of the in-flight capacity `N`
+//! (the most requests the upstream is given at once), with `r` the reserve
+//! (20% by default):
+//!
+//! | level | may run while in flight is below |
+//! |---|---|
+//! | `CRITICAL_PLUS` | `N` |
+//! | `CRITICAL` | `N − ⌈r·N/4⌉` (a sliver kept for `CRITICAL_PLUS`) |
+//! | `SHEDDABLE_PLUS` | `N·(1 − r)` |
+//! | `SHEDDABLE` | `N·(1 − 2r)` |
+//!
+//! so sheddable work always leaves at least `r·N` for critical routes, and
+//! the least critical goes first. When a latency bound is set and the
+//! smoothed upstream latency is above it, `SHEDDABLE` is cut to one probe
+//! in flight (so the latency can be seen to recover) and `SHEDDABLE_PLUS`
+//! to the share `SHEDDABLE` had.
+//!
+//! ```
+//! use paceline_gateway::shed::Shedder;
+//! use paceline_gateway::SheddingSettings;
+//! use paceline_server::Criticality;
+//!
+//! let shedder = Shedder::new(SheddingSettings { max_in_flight: 10, ..Default::default() });
+//! let held: Vec<_> = (0..6).map(|_| shedder.try_admit(Criticality::Sheddable).unwrap()).collect();
+//! assert!(shedder.try_admit(Criticality::Sheddable).is_none()); // 6 of 10: quotes stop
+//! assert!(shedder.try_admit(Criticality::Critical).is_some()); // labels go on
+//! drop(held);
+//! assert!(shedder.try_admit(Criticality::Sheddable).is_some());
+//! ```
+
+mod service;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use paceline_server::Criticality;
+use parking_lot::RwLock;
+
+pub use service::{overloaded, Classify, LoadShed, LoadShedLayer, ShedBody};
+
+use crate::config::SheddingSettings;
+
+/// Decides which requests to shed; clones share the count.
+#[derive(Clone)]
+pub struct Shedder {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    in_flight: AtomicU32,
+    /// Smoothed upstream latency in microseconds (0: no sample yet).
+    latency_us: AtomicU64,
+    settings: RwLock<SheddingSettings>,
+}
+
+impl fmt::Debug for Shedder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shedder")
+            .field("in_flight", &self.in_flight())
+            .field("settings", &*self.inner.settings.read())
+            .finish()
+    }
+}
+
+/// Holds one unit of in-flight capacity until dropped.
+#[derive(Debug)]
+pub struct ShedGuard {
+    shedder: Shedder,
+}
+
+impl Drop for ShedGuard {
+    fn drop(&mut self) {
+        self.shedder.inner.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Shedder {
+    /// A shedder with `settings` (`max_in_flight` 0 admits everything).
+    pub fn new(settings: SheddingSettings) -> Self {
+        Shedder {
+            inner: Arc::new(Inner {
+                in_flight: AtomicU32::new(0),
+                latency_us: AtomicU64::new(0),
+                settings: RwLock::new(settings),
+            }),
+        }
+    }
+
+    /// Replaces the settings (requests in flight keep their units).
+    pub fn set_settings(&self, settings: SheddingSettings) {
+        *self.inner.settings.write() = settings;
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> SheddingSettings {
+        *self.inner.settings.read()
+    }
+
+    /// Requests admitted and not yet finished.
+    pub fn in_flight(&self) -> u32 {
+        self.inner.in_flight.load(Ordering::Acquire)
+    }
+
+    /// The smoothed upstream latency, if any was recorded.
+    pub fn latency(&self) -> Option<Duration> {
+        match self.inner.latency_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
+
+    /// Records one upstream latency (time to the response head); the
+    /// smoothed value moves a fifth of the way towards it.
+    pub fn record_latency(&self, sample: Duration) {
+        let s = (sample.as_micros() as u64).max(1);
+        let old = self.inner.latency_us.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            s
+        } else {
+            (old * 4 + s).div_ceil(5)
+        };
+        self.inner.latency_us.store(new, Ordering::Relaxed);
+    }
+
+    /// Admits a request of criticality `c`, or sheds it (`None`).
+    pub fn try_admit(&self, c: Criticality) -> Option<ShedGuard> {
+        let s = self.settings();
+        if s.max_in_flight == 0 {
+            return Some(self.guard());
+        }
+        let slow = match (s.max_latency, self.latency()) {
+            (Some(max), Some(l)) => l > max,
+            _ => false,
+        };
+        let limit = limit(&s, c, slow);
+        let counter = &self.inner.in_flight;
+        let mut cur = counter.load(Ordering::Acquire);
+        loop {
+            if cur >= limit {
+                return None;
+            }
+            match counter.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return Some(ShedGuard {
+                        shedder: self.clone(),
+                    })
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn guard(&self) -> ShedGuard {
+        self.inner.in_flight.fetch_add(1, Ordering::AcqRel);
+        ShedGuard {
+            shedder: self.clone(),
+        }
+    }
+}
+
+/// The in-flight count below which a request of criticality `c` runs.
+pub fn limit(s: &SheddingSettings, c: Criticality, slow: bool) -> u32 {
+    let n = f64::from(s.max_in_flight);
+    let r = s.reserve;
+    let share = |x: f64| (x.floor() as u32).max(1);
+    match (c, slow) {
+        (Criticality::CriticalPlus, _) => s.max_in_flight,
+        (Criticality::Critical, _) => share(n - (r * n / 4.0).ceil()),
+        (Criticality::SheddablePlus, false) => share(n * (1.0 - r)),
+        (Criticality::SheddablePlus, true) | (Criticality::Sheddable, false) => {
+            share(n * (1.0 - 2.0 * r))
+        }
+        (Criticality::Sheddable, true) => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LEVELS: [Criticality; 4] = [
+        Criticality::CriticalPlus,
+        Criticality::Critical,
+        Criticality::SheddablePlus,
+        Criticality::Sheddable,
+    ];
+
+    fn settings(n: u32, r: f64) -> SheddingSettings {
+        SheddingSettings {
+            max_in_flight: n,
+            reserve: r,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_default_shares() {
+        let s = settings(100, 0.2);
+        let l: Vec<u32> = LEVELS.iter().map(|&c| limit(&s, c, false)).collect();
+        assert_eq!(l, vec![100, 95, 80, 60]);
+        let l: Vec<u32> = LEVELS.iter().map(|&c| limit(&s, c, true)).collect();
+        assert_eq!(l, vec![100, 95, 60, 1]);
+    }
+
+    #[test]
+    fn off_admits_everything() {
+        let sh = Shedder::new(settings(0, 0.2));
+        let held: Vec<_> = (0..1000)
+            .map(|_| sh.try_admit(Criticality::Sheddable).unwrap())
+            .collect();
+        assert_eq!(sh.in_flight(), 1000);
+        drop(held);
+        assert_eq!(sh.in_flight(), 0);
+    }
+
+    #[test]
+    fn slow_upstream_sheds_sheddable_first() {
+        let sh = Shedder::new(SheddingSettings {
+            max_latency: Some(Duration::from_millis(50)),
+            ..settings(10, 0.2)
+        });
+        sh.record_latency(Duration::from_millis(200));
+        let probe = sh.try_admit(Criticality::Sheddable).unwrap();
+        assert!(sh.try_admit(Criticality::Sheddable).is_none());
+        assert!(sh.try_admit(Criticality::SheddablePlus).is_some());
+        drop(probe);
+        for _ in 0..20 {
+            sh.record_latency(Duration::from_millis(5));
+        }
+        assert!(sh.latency().unwrap() < Duration::from_millis(50));
+        let a = sh.try_admit(Criticality::Sheddable).unwrap();
+        assert!(sh.try_admit(Criticality::Sheddable).is_some());
+        drop(a);
+    }
+
+    proptest! {
+        #[test]
+        fn levels_are_ordered_and_keep_the_reserve(n in 1u32..10_000, r in 0.0f64..=0.9, slow: bool) {
+            let s = settings(n, r);
+            let l: Vec<u32> = LEVELS.iter().map(|&c| limit(&s, c, slow)).collect();
+            // a less critical level never gets more than a more critical one
+            for w in l.windows(2) {
+                prop_assert!(w[0] >= w[1], "{l:?}");
+            }
+            prop_assert_eq!(l[0], n);
+            // sheddable work leaves the reserve free (unless N is tiny)
+            let reserve = (f64::from(n) * r).floor() as u32;
+            if l[2] > 1 {
+                prop_assert!(l[2] <= n - reserve, "{l:?} reserve {reserve}");
+            }
+        }
+
+        #[test]
+        fn in_flight_never_passes_the_level_limit(ops in proptest::collection::vec((0usize..4, any::<bool>()), 1..200)) {
+            let sh = Shedder::new(settings(8, 0.25));
+            let mut held: Vec<(usize, ShedGuard)> = Vec::new();
+            for (lvl, release) in ops {
+                if release && !held.is_empty() {
+                    held.remove(0);
+                    continue;
+                }
+                let before = sh.in_flight();
+                match sh.try_admit(LEVELS[lvl]) {
+                    Some(g) => {
+                        prop_assert!(before < limit(&sh.settings(), LEVELS[lvl], false));
+                        held.push((lvl, g));
+                    }
+                    None => prop_assert!(before >= limit(&sh.settings(), LEVELS[lvl], false)),
+                }
+                prop_assert_eq!(sh.in_flight() as usize, held.len());
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The tower side of the shedder: a layer, its service and its body.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use paceline_server::Criticality;
+use paceline_wire::problem::{Problem, ProblemKind, PROBLEM_CONTENT_TYPE};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::{ShedGuard, Shedder};
+
+/// Says how critical a request is (from the route table).
+pub type Classify = Arc<dyn Fn(&Method, &str) -> Criticality + Send + Sync>;
+
+/// Wraps a service in [`LoadShed`].
+#[derive(Clone)]
+pub struct LoadShedLayer {
+    shedder: Shedder,
+    classify: Classify,
+    problem_base: Arc<str>,
+}
+
+impl fmt::Debug for LoadShedLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadShedLayer")
+            .field("shedder", &self.shedder)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadShedLayer {
+    /// A layer shedding with `shedder`; `classify` gives each request's
+    /// criticality, `problem_base` prefixes the problem `type`.
+    pub fn new(shedder: Shedder, classify: Classify, problem_base: &str) -> Self {
+        LoadShedLayer {
+            shedder,
+            classify,
+            problem_base: Arc::from(problem_base),
+        }
+    }
+}
+
+impl<S> Layer<S> for LoadShedLayer {
+    type Service = LoadShed<S>;
+    fn layer(&self, inner: S) -> LoadShed<S> {
+        LoadShed {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Answers `503 overloaded` instead of calling its inner service when the
+/// [`Shedder`] says so; otherwise holds a unit of capacity until the
+/// response body ends.
+#[derive(Clone)]
+pub struct LoadShed<S> {
+    inner: S,
+    layer: LoadShedLayer,
+}
+
+impl<S: fmt::Debug> fmt::Debug for LoadShed<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadShed")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for LoadShed<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
+{
+    type Response = Response<ShedBody<ResB>>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let c = (self.layer.classify)(req.method(), req.uri().path());
+        let Some(guard) = self.layer.shedder.try_admit(c) else {
+            metrics::counter!(crate::metrics::SHED, "criticality" => c.as_str()).increment(1);
+            let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
+            let retry = self.layer.shedder.settings().retry_after_s;
+            let res = overloaded(&self.layer.problem_base, retry, close);
+            return Box::pin(async move { Ok(res.map(ShedBody::full)) });
+        };
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let res = inner.call(req).await?;
+            Ok(res.map(|body| ShedBody::Inner {
+                body,
+                guard: Some(guard),
+            }))
+        })
+    }
+}
+
+fn has_body(h: &HeaderMap) -> bool {
+    h.contains_key(http::header::TRANSFER_ENCODING)
+        || h.get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0")
+}
+
+/// The `503 overloaded` answer: problem+json, `Retry-After`, no-store.
+pub fn overloaded(base: &str, retry_after_s: u64, close: bool) -> Response<Bytes> {
+    let mut p = Problem::new(
+        ProblemKind::Overloaded,
+        base,
+        "The service is overloaded and shed this request; it was not charged to any quota. Retry with jitter.",
+    );
+    p.retry_after_s = Some(retry_after_s.max(1));
+    let mut r = Response::new(Bytes::from(p.to_json()));
+    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(RETRY_AFTER, HeaderValue::from(retry_after_s.max(1)));
+    if close {
+        h.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
+}
+
+pin_project! {
+    /// The inner body (holding its unit of capacity until it ends), or the
+    /// shedder's own answer.
+    #[project = ShedProj]
+    #[allow(missing_docs)]
+    pub enum ShedBody<B> {
+        /// The inner service's body.
+        Inner {
+            #[pin]
+            body: B,
+            guard: Option<ShedGuard>,
+        },
+        /// The shedder's answer.
+        Full {
+            data: Option<Bytes>,
+        },
+    }
+}
+
+impl<B> ShedBody<B> {
+    fn full(data: Bytes) -> Self {
+        ShedBody::Full {
+            data: (!data.is_empty()).then_some(data),
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for ShedBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project() {
+            ShedProj::Inner { body, guard } => {
+                let polled = body.poll_frame(cx);
+                if let Poll::Ready(None | Some(Err(_))) = &polled {
+                    guard.take();
+                }
+                polled
+            }
+            ShedProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ShedBody::Inner { body, .. } => body.is_end_stream(),
+            ShedBody::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ShedBody::Inner { body, .. } => body.size_hint(),
+            ShedBody::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
