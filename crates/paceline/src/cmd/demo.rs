@@ -1,10 +1,93 @@
-//! `paceline demo`.
+//! `paceline demo`: the Shiplane-style demo API behind the gateway.
+//!
+//! With `--no-race` it only serves: the gateway's URL and the demo keys go
+//! to stdout, and it keeps serving until interrupted.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use paceline_gateway::demo::{self, DemoOptions, DemoUpstream, DEMO_KEYS};
+use paceline_gateway::{Gateway, GatewayHandle};
 
 /// Arguments of `paceline demo`.
 #[derive(clap::Args, Debug)]
-pub(crate) struct Args {}
+pub(crate) struct Args {
+    /// Only serve the demo API behind the gateway, until interrupted.
+    #[arg(long)]
+    no_race: bool,
+    /// Where the gateway listens.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+}
+
+/// The demo API and the gateway in front of it, both running.
+struct DemoStack {
+    /// The gateway's address (what clients call).
+    gateway: SocketAddr,
+    handle: GatewayHandle,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Kept alive while the stack runs.
+    _api: DemoUpstream,
+}
+
+impl DemoStack {
+    /// Starts the demo API on a free loopback port and the gateway (with
+    /// `examples/shiplane.toml`) on `listen`.
+    async fn start(listen: SocketAddr) -> anyhow::Result<DemoStack> {
+        let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+            .await
+            .context("starting the demo API")?;
+        let config = demo::shiplane_config(listen, api.addr())?;
+        let gateway = Gateway::bind(config)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        let addr = gateway.local_addr();
+        let handle = gateway.handle();
+        let served = tokio::spawn(gateway.run(std::future::pending()));
+        Ok(DemoStack {
+            gateway: addr,
+            handle,
+            served,
+            _api: api,
+        })
+    }
+
+    /// Stops the gateway, letting requests in flight finish.
+    async fn stop(self) -> anyhow::Result<()> {
+        self.handle.shutdown();
+        self.served.await.context("the gateway task failed")??;
+        Ok(())
+    }
+}
 
 /// Runs `paceline demo`.
-pub(crate) fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("`paceline demo` is not built yet")
+pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async {
+        let interrupted = paceline_gateway::shutdown_signal();
+        let stack = DemoStack::start(args.listen).await?;
+        print_banner(&stack);
+        if !args.no_race {
+            eprintln!("paceline demo: the race is not part of this build yet; serving only (as --no-race)");
+        }
+        interrupted.await;
+        stack.stop().await?;
+        Ok(0)
+    })
+}
+
+fn print_banner(stack: &DemoStack) {
+    let url = format!("http://{}", stack.gateway);
+    println!("paceline demo: gateway on {url}");
+    println!("paceline demo: keys (Free plan: burst 20 per 2 s, 10,000 per UTC day):");
+    for k in DEMO_KEYS {
+        println!("  {k}");
+    }
+    println!(
+        "paceline demo: try  curl -i -H 'authorization: Bearer {}' {url}/v1/rates",
+        DEMO_KEYS[0]
+    );
 }
