@@ -13,15 +13,12 @@ need_pkg() { # need_pkg COMMAND PACKAGE
     fi
 }
 
-# Tests that talk to Redis start their own redis-server on a free loopback port.
-need_pkg redis-server redis-server
-
 export CARGO_TERM_COLOR=never
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test"
-cargo test --workspace 2>&1 | tee target/test-output.txt
+cargo test --workspace --all-features 2>&1 | tee target/test-output.txt
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
