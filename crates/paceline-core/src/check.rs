@@ -43,11 +43,12 @@ pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (De
     {
         return cost_exceeds(plan, words, now_ns, i, cost);
     }
+    let spans = plan.spans();
     let mut statuses: SmallVec<[PolicyStatus; 2]> = SmallVec::new();
     let mut admitted: u32 = 0; // bit i: policy i admitted
     let mut denial: Option<Denial> = None;
-    for (i, p) in policies.iter().enumerate() {
-        let slice = policy_words(plan, words, i);
+    for (i, (p, &(a, b))) in policies.iter().zip(spans).enumerate() {
+        let slice = &words[a..b];
         let pk = if cost > p.quota() {
             // a shadow policy that could never fit: report it, charge nothing
             Peek {
@@ -71,12 +72,12 @@ pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (De
         statuses.push(status(pk));
     }
     let mut rest_at = now_ns;
-    match denial {
+    let outcome = match denial {
         Some(d) => {
             // nothing is charged: publish the policies that would have
             // admitted as they stand, not after a charge that never happens
-            for (i, p) in policies.iter().enumerate() {
-                let slice = policy_words(plan, words, i);
+            for (i, (p, &(a, b))) in policies.iter().zip(spans).enumerate() {
+                let slice = &words[a..b];
                 if admitted & (1 << i) != 0 {
                     let pk = algorithm::peek(p, slice, now_ns, 0);
                     statuses[i].remaining = pk.remaining;
@@ -84,32 +85,20 @@ pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (De
                 }
                 rest_at = rest_at.max(rest_instant(p, slice, now_ns, &statuses[i]));
             }
-            (
-                Decision {
-                    outcome: Outcome::Denied(d),
-                    statuses,
-                },
-                Nanos::new(rest_at),
-            )
+            Outcome::Denied(d)
         }
         None => {
-            for (i, p) in policies.iter().enumerate() {
-                let off = plan.offset(i);
-                let slice = &mut words[off..off + p.state_words()];
+            for (i, ((p, &(a, b)), st)) in policies.iter().zip(spans).zip(&statuses).enumerate() {
+                let slice = &mut words[a..b];
                 if admitted & (1 << i) != 0 {
                     algorithm::commit(p, slice, now_ns, cost);
                 }
-                rest_at = rest_at.max(rest_instant(p, slice, now_ns, &statuses[i]));
+                rest_at = rest_at.max(rest_instant(p, slice, now_ns, st));
             }
-            (
-                Decision {
-                    outcome: Outcome::Allowed,
-                    statuses,
-                },
-                Nanos::new(rest_at),
-            )
+            Outcome::Allowed
         }
-    }
+    };
+    (Decision { outcome, statuses }, Nanos::new(rest_at))
 }
 
 /// The common case, a plan of one policy, without the bookkeeping of many.
@@ -158,8 +147,8 @@ fn check_single(
 
 #[inline]
 fn policy_words<'a>(plan: &Plan, words: &'a [u64], i: usize) -> &'a [u64] {
-    let off = plan.offset(i);
-    &words[off..off + plan.policy(i).state_words()]
+    let (a, b) = plan.spans()[i];
+    &words[a..b]
 }
 
 #[cold]

@@ -43,6 +43,7 @@ struct PlanInner {
     name: String,
     policies: Vec<Policy>,
     offsets: Vec<usize>,
+    spans: Vec<(usize, usize)>,
     words: usize,
     layout: u64,
     identity: u64,
@@ -73,6 +74,11 @@ impl Plan {
                 layout = (layout ^ x).wrapping_mul(0x0100_0000_01b3);
             }
         }
+        let spans = offsets
+            .iter()
+            .zip(&policies)
+            .map(|(&o, p)| (o, o + p.state_words()))
+            .collect();
         let mut identity = layout;
         for b in name.bytes() {
             identity = (identity ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
@@ -81,6 +87,7 @@ impl Plan {
             inner: Arc::new(PlanInner {
                 name: name.to_string(),
                 policies,
+                spans,
                 offsets,
                 words,
                 layout,
@@ -112,6 +119,10 @@ impl Plan {
     /// Where policy `index`'s words start in a key's state.
     pub fn offset(&self, index: usize) -> usize {
         self.inner.offsets[index]
+    }
+    /// Per policy, the `start..end` of its words in a key's state.
+    pub fn spans(&self) -> &[(usize, usize)] {
+        &self.inner.spans
     }
     /// A fingerprint of the state layout: two plans with the same
     /// fingerprint read each other's state the same way, so a reload that
