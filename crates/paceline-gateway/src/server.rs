@@ -205,7 +205,16 @@ impl Gateway {
             self.hangup,
         )));
         let mut stop = h.inner.stop.subscribe();
+        let stopped = async move {
+            loop {
+                let now = *stop.borrow_and_update();
+                if now || stop.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
         tokio::pin!(shutdown);
+        tokio::pin!(stopped);
         loop {
             let (stream, peer) = tokio::select! {
                 r = self.listener.accept() => match r {
@@ -218,7 +227,7 @@ impl Gateway {
                     }
                 },
                 _ = &mut shutdown => break,
-                _ = stop.wait_for(|s| *s) => break,
+                _ = &mut stopped => break,
             };
             let _ = stream.set_nodelay(true);
             let stack = stack.clone();

@@ -1,0 +1,408 @@
+//! The gateway in process, against the demo API on loopback: headers and
+//! rejections through the proxy, shedding under overload, reload, h2c and
+//! graceful shutdown. Every wait is bounded.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use paceline_core::{Clock, ManualClock};
+use paceline_gateway::demo::{self, DemoOptions, DemoUpstream};
+use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle, ReloadEvent};
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn config_text(upstream: SocketAddr, burst: u64, minute: u64, max_in_flight: u32) -> String {
+    format!(
+        r#"[gateway]
+listen = "127.0.0.1:0"
+upstream = "http://{upstream}"
+watch = false
+
+[gateway.shedding]
+max_in_flight = {max_in_flight}
+reserve = 0.2
+
+[plans.free]
+policies = [
+  {{ name = "burst", algorithm = "token_bucket", q = {burst}, w = 3600, kind = "burst" }},
+  {{ name = "hour", algorithm = "fixed_window", q = {minute}, w = 3600 }},
+]
+
+[plans.login]
+policies = [{{ name = "login", algorithm = "fixed_window", q = 2, w = 60 }}]
+
+[keys]
+sk_a = "free"
+sk_b = "free"
+
+[[routes]]
+method = "POST"
+path = "/v1/labels"
+criticality = "CRITICAL"
+
+[[routes]]
+method = "GET"
+path = "/v1/rates"
+criticality = "SHEDDABLE"
+
+[[routes]]
+method = "POST"
+path = "/v1/login"
+anonymous = true
+plan = "login"
+"#
+    )
+}
+
+struct Rig {
+    api: DemoUpstream,
+    addr: SocketAddr,
+    handle: GatewayHandle,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    file: PathBuf,
+}
+
+impl Rig {
+    async fn start(name: &str, delay: Duration, burst: u64, hour: u64, inflight: u32) -> Rig {
+        let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions { delay })
+            .await
+            .unwrap();
+        let dir = std::env::temp_dir().join(format!("pl-gw-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("gateway.toml");
+        std::fs::write(&file, config_text(api.addr(), burst, hour, inflight)).unwrap();
+        let cfg = GatewayConfig::load(&file).unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::at_unix_secs(1_790_000_000));
+        let gw = Gateway::bind_with_clock(cfg, clock).await.unwrap();
+        let addr = gw.local_addr();
+        let handle = gw.handle();
+        let served = tokio::spawn(gw.run(std::future::pending()));
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Rig {
+            api,
+            addr,
+            handle,
+            served,
+            client,
+            file,
+        }
+    }
+
+    fn req(&self, method: &str, path: &str, key: Option<&str>) -> http::request::Builder {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.addr));
+        if let Some(k) = key {
+            b = b.header("authorization", format!("Bearer {k}"));
+        }
+        b
+    }
+
+    async fn send(&self, req: Request<Full<Bytes>>) -> (Response<()>, Bytes) {
+        let res = tokio::time::timeout(LIMIT, self.client.request(req))
+            .await
+            .expect("answer in time")
+            .expect("a response");
+        let (parts, body) = res.into_parts();
+        let body = tokio::time::timeout(LIMIT, body.collect())
+            .await
+            .expect("body in time")
+            .expect("a body")
+            .to_bytes();
+        (Response::from_parts(parts, ()), body)
+    }
+
+    async fn get(&self, path: &str, key: &str) -> (Response<()>, Bytes) {
+        let req = self
+            .req("GET", path, Some(key))
+            .body(Full::default())
+            .unwrap();
+        self.send(req).await
+    }
+
+    async fn usage_left(&self, key: &str) -> Vec<u64> {
+        let (res, body) = self.get("/v1/usage", key).await;
+        assert_eq!(res.status(), 200);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        v["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["r"].as_u64().unwrap())
+            .collect()
+    }
+
+    async fn stop(self) {
+        self.handle.shutdown();
+        tokio::time::timeout(LIMIT, self.served)
+            .await
+            .expect("stops in time")
+            .unwrap()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(self.file.parent().unwrap());
+    }
+}
+
+fn header<'a>(res: &'a Response<()>, name: &str) -> &'a str {
+    res.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap())
+        .unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_and_rejections_through_the_proxy() {
+    let rig = Rig::start("headers", Duration::ZERO, 3, 1000, 0).await;
+    for left in [2, 1, 0] {
+        let (res, _) = rig.get("/v1/rates", "sk_a").await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(
+            header(&res, "ratelimit-policy"),
+            r#""burst";q=3;w=3600, "hour";q=1000;w=3600"#
+        );
+        assert!(header(&res, "ratelimit").starts_with(&format!("\"burst\";r={left};")));
+    }
+    let hits = rig.api.hits();
+    let (res, body) = rig.get("/v1/rates", "sk_a").await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), "1200");
+    assert_eq!(header(&res, "cache-control"), "no-store");
+    assert_eq!(header(&res, "content-type"), "application/problem+json");
+    let p: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(p["limit"], "burst");
+    assert_eq!(p["retry_after_s"], 1200);
+    assert!(p["type"].as_str().unwrap().ends_with("rate_limited"));
+    assert_eq!(
+        rig.api.hits(),
+        hits,
+        "a rejected request never reaches the upstream"
+    );
+
+    // another key is not affected; forwarding headers are right
+    let req = rig
+        .req("POST", "/v1/labels", Some("sk_b"))
+        .header("connection", "x-private")
+        .header("x-private", "secret")
+        .header("idempotency-key", "k1")
+        .body(Full::new(Bytes::from_static(b"{\"shipment\":1}")))
+        .unwrap();
+    let (res, first) = rig.send(req).await;
+    assert_eq!(res.status(), 201);
+    let seen = rig.api.last_headers().unwrap();
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert!(
+        seen.get("x-private").is_none(),
+        "named in Connection: dropped"
+    );
+    assert!(seen.get("connection").is_none());
+    // the body streams through: same key, other body is a conflict upstream
+    let req = |body: &'static [u8]| {
+        rig.req("POST", "/v1/labels", Some("sk_b"))
+            .header("idempotency-key", "k1")
+            .body(Full::new(Bytes::from_static(body)))
+            .unwrap()
+    };
+    let (res, replay) = rig.send(req(b"{\"shipment\":1}")).await;
+    assert_eq!((res.status().as_u16(), &replay), (201, &first));
+    let (res, _) = rig.send(req(b"{\"shipment\":2}")).await;
+    assert_eq!(res.status(), 409);
+    assert_eq!(rig.api.labels_created(), 1);
+
+    // anonymous login limits publish no counters
+    for status in [200, 200, 429] {
+        let req = rig
+            .req("POST", "/v1/login", None)
+            .body(Full::default())
+            .unwrap();
+        let (res, _) = rig.send(req).await;
+        assert_eq!(res.status(), status);
+        assert!(res.headers().get("ratelimit").is_none());
+    }
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_sheds_sheddable_first_and_charges_no_503() {
+    // 10 in flight at most: quotes may use 6, labels 9
+    let rig = Rig::start("shed", Duration::from_millis(400), 1000, 1000, 10).await;
+    let rig = Arc::new(rig);
+    let mut quotes = Vec::new();
+    for _ in 0..20 {
+        let r = rig.clone();
+        quotes.push(tokio::spawn(async move {
+            r.get("/v1/rates", "sk_a").await.0.status()
+        }));
+    }
+    // wait (bounded) until the quotes that fit are at the upstream
+    for _ in 0..200 {
+        if rig.handle.shedder().in_flight() >= 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut labels = Vec::new();
+    for i in 0..3 {
+        let r = rig.clone();
+        labels.push(tokio::spawn(async move {
+            let req = r
+                .req("POST", "/v1/labels", Some("sk_a"))
+                .header("idempotency-key", format!("shed-{i}"))
+                .body(Full::default())
+                .unwrap();
+            r.send(req).await.0.status()
+        }));
+    }
+    let mut quote_status = Vec::new();
+    for q in quotes {
+        quote_status.push(q.await.unwrap().as_u16());
+    }
+    let mut label_status = Vec::new();
+    for l in labels {
+        label_status.push(l.await.unwrap().as_u16());
+    }
+    let ok = quote_status.iter().filter(|&&s| s == 200).count();
+    let shed = quote_status.iter().filter(|&&s| s == 503).count();
+    assert_eq!((ok, shed), (6, 14), "{quote_status:?}");
+    assert_eq!(label_status, vec![201, 201, 201], "critical work goes on");
+    assert_eq!(rig.api.hits_on("/v1/rates"), 6);
+    // 9 admitted, 14 shed: only the admitted ones were charged
+    assert_eq!(rig.usage_left("sk_a").await, vec![991, 991]);
+    let rig = Arc::try_unwrap(rig).ok().unwrap();
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shed_answer_is_a_proper_503() {
+    let rig = Rig::start("shed503", Duration::from_millis(300), 1000, 1000, 1).await;
+    let rig = Arc::new(rig);
+    let r = rig.clone();
+    let slow = tokio::spawn(async move { r.get("/v1/labels/lbl_77120", "sk_a").await.0 });
+    for _ in 0..200 {
+        if rig.handle.shedder().in_flight() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (res, body) = rig.get("/v1/rates", "sk_a").await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(header(&res, "retry-after"), "1");
+    assert_eq!(header(&res, "cache-control"), "no-store");
+    let p: Value = serde_json::from_slice(&body).unwrap();
+    assert!(p["type"].as_str().unwrap().ends_with("overloaded"));
+    assert_eq!(p["retry_after_s"], 1);
+    assert_eq!(slow.await.unwrap().status(), 200);
+    let rig = Arc::try_unwrap(rig).ok().unwrap();
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_changes_a_quota_and_keeps_counters() {
+    let rig = Rig::start("reload", Duration::ZERO, 1000, 100, 0).await;
+    for _ in 0..5 {
+        assert_eq!(rig.get("/v1/rates", "sk_a").await.0.status(), 200);
+    }
+    assert_eq!(rig.usage_left("sk_a").await, vec![995, 95]);
+    let up = rig.api.addr();
+    std::fs::write(&rig.file, config_text(up, 1000, 50, 0)).unwrap();
+    assert_eq!(rig.handle.reload(), ReloadEvent::Applied { notes: vec![] });
+    let (res, _) = rig.get("/v1/rates", "sk_a").await;
+    assert!(header(&res, "ratelimit-policy").contains(r#""hour";q=50;w=3600"#));
+    assert!(
+        header(&res, "ratelimit").contains(r#""hour";r=44;"#),
+        "{:?}",
+        res.headers()
+    );
+
+    // a broken file is refused; the last good one keeps serving
+    std::fs::write(&rig.file, config_text(up, 1000, 0, 0)).unwrap();
+    match rig.handle.reload() {
+        ReloadEvent::Refused(e) => {
+            assert_eq!(e.field(), "plans.free.policies[1].q");
+            assert_eq!(e.line(), 13);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rig.usage_left("sk_a").await, vec![994, 44]);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_clients_are_served() {
+    let rig = Rig::start("h2c", Duration::ZERO, 10, 100, 0).await;
+    let h2: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = rig
+        .req("GET", "/v1/rates", Some("sk_a"))
+        .body(Full::default())
+        .unwrap();
+    let res = tokio::time::timeout(LIMIT, h2.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.version(), http::Version::HTTP_2);
+    assert_eq!(res.status(), 200);
+    assert!(res.headers()["ratelimit"].to_str().unwrap().contains("r=9"));
+    assert_eq!(
+        rig.api.last_headers().unwrap()["host"],
+        rig.addr.to_string()
+    );
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_requests_in_flight() {
+    let rig = Rig::start("shutdown", Duration::from_millis(300), 10, 100, 100).await;
+    let rig = Arc::new(rig);
+    let r = rig.clone();
+    let slow = tokio::spawn(async move { r.get("/v1/rates", "sk_a").await.0.status() });
+    for _ in 0..200 {
+        if rig.handle.shedder().in_flight() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    rig.handle.shutdown();
+    assert_eq!(slow.await.unwrap(), 200);
+    let rig = Arc::try_unwrap(rig).ok().unwrap();
+    tokio::time::timeout(LIMIT, rig.served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // no longer accepting
+    assert!(tokio::net::TcpStream::connect(rig.addr).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_is_a_502() {
+    let rig = Rig::start("bad-up", Duration::ZERO, 10, 100, 0).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut cfg = GatewayConfig::load(&rig.file).unwrap();
+    cfg.settings.upstream = format!("http://{dead}").parse().unwrap();
+    let gw = Gateway::bind(cfg).await.unwrap();
+    let addr = gw.local_addr();
+    let h = gw.handle();
+    let served = tokio::spawn(gw.run(std::future::pending()));
+    let req = Request::get(format!("http://{addr}/v1/rates"))
+        .header("authorization", "Bearer sk_a")
+        .body(Full::default())
+        .unwrap();
+    let (res, _) = rig.send(req).await;
+    assert_eq!(res.status(), 502);
+    h.shutdown();
+    served.await.unwrap().unwrap();
+    rig.stop().await;
+}
