@@ -183,11 +183,15 @@ impl Mirror {
                 let q = quota.unwrap_or(1);
                 let debt = q.saturating_sub(r.min(q));
                 let observed = now + debt.saturating_mul(*emission).min(*span);
-                *tat = if alone {
-                    observed
-                } else {
-                    (*tat).max(observed)
-                };
+                // The server rounds `r` down, so its debt is within one
+                // emission below `observed`: keep the local value (and its
+                // fraction) unless the two disagree by a whole unit.
+                let local = (*tat).max(now);
+                let ahead = observed >= local.saturating_add(*emission);
+                let behind = alone && observed.saturating_add(*emission) <= local;
+                if ahead || behind {
+                    *tat = observed;
+                }
             }
             Model::Window {
                 remaining,

@@ -256,13 +256,17 @@ impl Client {
         }
         let mut guard = self.inner.state.lock();
         let st = &mut *guard;
-        let scope = st.scopes.entry(call.info.scope.clone()).or_insert_with(|| {
-            Scope::new(
-                &call.info.scope,
-                AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k)
-                    .with_min_requests(cfg.throttle_min_requests),
-            )
-        });
+        if !st.scopes.contains_key(&call.info.scope) {
+            let throttle = AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k)
+                .with_min_requests(cfg.throttle_min_requests);
+            st.scopes.insert(
+                call.info.scope.clone(),
+                Scope::new(&call.info.scope, throttle),
+            );
+        }
+        let Some(scope) = st.scopes.get_mut(&call.info.scope) else {
+            return Before::Go;
+        };
         let (until, hold) = scope.earliest(now, &call.info.path);
         if until > now {
             let wait = until.saturating_sub(now);

@@ -50,6 +50,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(any(feature = "reqwest", feature = "tower"))]
+pub mod adapter;
 pub mod backoff;
 mod bucket;
 pub mod budget;

@@ -1,0 +1,209 @@
+//! The adapters over real loopback sockets against a small server that
+//! uses the real limiter and header emitter.
+
+#[path = "../examples/support/server.rs"]
+mod server;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client as Hyper;
+use hyper_util::rt::TokioExecutor;
+use paceline_client::adapter::reqwest::PacelineMiddleware;
+use paceline_client::adapter::tower::PacelineLayer;
+use paceline_client::adapter::TokioClock;
+use paceline_client::{Client, ClientError};
+use paceline_core::{Plan, Policy, SystemClock};
+use server::Publish;
+use tower::{Layer, ServiceExt};
+
+type Queue = Arc<tokio::sync::Mutex<Vec<usize>>>;
+
+async fn run_reqwest(
+    sdk: &Client,
+    addr: std::net::SocketAddr,
+    workers: usize,
+    jobs: usize,
+) -> (usize, usize) {
+    let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(PacelineMiddleware::new(sdk.clone()))
+        .build();
+    let queue: Queue = Arc::new(tokio::sync::Mutex::new((0..jobs).collect()));
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let (http, queue) = (http.clone(), queue.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0, 0);
+            loop {
+                let Some(i) = queue.lock().await.pop() else {
+                    break;
+                };
+                match http.get(format!("http://{addr}/v1/jobs/{i}")).send().await {
+                    Ok(r) if r.status().is_success() => ok += 1,
+                    _ => failed += 1,
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    let mut total = (0, 0);
+    for t in tasks {
+        let (o, f) = t.await.unwrap();
+        total.0 += o;
+        total.1 += f;
+    }
+    total
+}
+
+/// The one real-time test: 50 jobs, 10 workers, a bucket of 8 at 4/s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_finishes_at_the_floor_in_real_time() {
+    let (addr, seen) = server::spawn(server::race_plan(), Publish::Full, SystemClock::new()).await;
+    let sdk = Client::new();
+    let started = Instant::now();
+    let (ok, failed) = run_reqwest(&sdk, addr, 10, 50).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "real time: {elapsed:.3} s, server saw {} requests",
+        seen.requests.load(Ordering::Relaxed)
+    );
+    assert_eq!((ok, failed), (50, 0));
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 50);
+    assert_eq!(seen.rejected.load(Ordering::Relaxed), 0);
+    assert!((elapsed - 10.5).abs() <= 10.5 * 0.03, "{elapsed} s");
+}
+
+/// The same race through the tower layer, on tokio's paused clock: the
+/// server's limiter and the client both read tokio time.
+#[tokio::test(start_paused = true)]
+async fn tower_finishes_at_the_floor_on_paused_time() {
+    let clock = TokioClock::new();
+    let (addr, seen) = server::spawn(server::race_plan(), Publish::Full, clock.clone()).await;
+    let sdk = Client::builder().clock(clock).seed(4).build();
+    let hyper: Hyper<_, Full<Bytes>> = Hyper::builder(TokioExecutor::new()).build_http();
+    let svc = PacelineLayer::new(sdk.clone()).layer(hyper);
+    let queue: Queue = Arc::new(tokio::sync::Mutex::new((0..50).collect()));
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let (svc, queue) = (svc.clone(), queue.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Some(i) = queue.lock().await.pop() else {
+                    break;
+                };
+                let req = http::Request::get(format!("http://{addr}/v1/jobs/{i}"))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let resp = svc.clone().oneshot(req).await.unwrap();
+                assert_eq!(resp.status(), 200);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!("paused time: {elapsed:.3} s");
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 50);
+    assert_eq!(seen.rejected.load(Ordering::Relaxed), 0);
+    assert!((elapsed - 10.5).abs() <= 10.5 * 0.03, "{elapsed} s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_daily_quota_comes_back_as_quota_exceeded() {
+    let clock = TokioClock::new();
+    let plan = Plan::new(
+        "free",
+        vec![
+            Policy::token_bucket("burst", 20, 2).unwrap(),
+            Policy::daily("daily", 2).unwrap(),
+        ],
+    )
+    .unwrap();
+    let (addr, seen) = server::spawn(plan, Publish::Full, clock.clone()).await;
+    let sdk = Client::builder().clock(clock).seed(4).build();
+    let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(PacelineMiddleware::new(sdk.clone()))
+        .build();
+    // someone else (no SDK) spends the day's quota of this key
+    let plain = reqwest::Client::new();
+    for _ in 0..2 {
+        assert!(plain
+            .get(format!("http://{addr}/"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success());
+    }
+    let err = http
+        .post(format!("http://{addr}/v1/labels"))
+        .send()
+        .await
+        .unwrap_err();
+    let sdk_err = match &err {
+        reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<ClientError>().cloned(),
+        _ => None,
+    };
+    match sdk_err {
+        Some(ClientError::QuotaExceeded { policy, reset_at }) => {
+            assert_eq!(policy, "daily");
+            // Retry-After is whole seconds, rounded up: midnight UTC, up to 1 s late
+            let past_midnight = reset_at.as_secs_floor() % 86_400;
+            assert!(past_midnight <= 1, "{past_midnight} s past midnight");
+        }
+        other => panic!("{err}: {other:?}"),
+    }
+    assert_eq!(
+        seen.requests.load(Ordering::Relaxed),
+        3,
+        "one request, no retry"
+    );
+    // the next call fails locally: the mirror knows the day is spent
+    let again = http
+        .get(format!("http://{addr}/"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(again.to_string().contains("quota"), "{again}");
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_headers_the_job_completes_over_http() {
+    for publish in [Publish::RetryAfterOnly, Publish::Bare] {
+        let clock = TokioClock::new();
+        let (addr, seen) = server::spawn(server::race_plan(), publish, clock.clone()).await;
+        let sdk = Client::builder().clock(clock).seed(4).build();
+        let (ok, failed) = run_reqwest(&sdk, addr, 10, 50).await;
+        let rejected = seen.rejected.load(Ordering::Relaxed);
+        println!("{publish:?}: {ok} ok, {failed} failed, {rejected} 429s");
+        assert_eq!((ok, failed), (50, 0));
+        assert!(rejected <= 6, "{rejected}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_over_the_replay_cap_fails_clearly() {
+    let clock = TokioClock::new();
+    let (addr, _) = server::spawn(server::race_plan(), Publish::Full, clock.clone()).await;
+    let cfg = paceline_client::Config {
+        replay_buffer_cap: 16,
+        ..Default::default()
+    };
+    let sdk = Client::builder().clock(clock).config(cfg).build();
+    let hyper: Hyper<_, Full<Bytes>> = Hyper::builder(TokioExecutor::new()).build_http();
+    let svc = PacelineLayer::new(sdk).layer(hyper);
+    let req = http::Request::post(format!("http://{addr}/v1/labels"))
+        .body(Full::new(Bytes::from(vec![b'x'; 64])))
+        .unwrap();
+    let err = svc.oneshot(req).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<ClientError>(),
+        Some(&ClientError::BodyNotReplayable { cap: 16 })
+    );
+}
