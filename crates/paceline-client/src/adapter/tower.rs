@@ -21,7 +21,7 @@
 //! let hyper: Hyper<_, Full<Bytes>> = Hyper::builder(TokioExecutor::new()).build_http();
 //! let mut svc = PacelineLayer::new(paceline_client::Client::new()).layer(hyper);
 //! let req = http::Request::get("http://127.0.0.1:8080/v1/rates").body(Full::new(Bytes::new()))?;
-//! let resp = svc.ready().await?.call(req).await?;
+//! let resp = ServiceExt::<http::Request<Full<Bytes>>>::ready(&mut svc).await?.call(req).await?;
 //! println!("{}", resp.status());
 //! # Ok(()) }
 //! ```
