@@ -1,7 +1,9 @@
 //! `paceline demo`: the Shiplane-style demo API behind the gateway.
 //!
 //! With `--no-race` it only serves: the gateway's URL and the demo keys go
-//! to stdout, and it keeps serving until interrupted.
+//! to stdout, and it keeps serving until interrupted. With
+//! `--upstream-only` it serves the demo API alone, without the gateway
+//! (optionally slowed by `--delay-ms`), to put any other proxy in front.
 
 use std::net::SocketAddr;
 
@@ -15,7 +17,18 @@ pub(crate) struct Args {
     /// Only serve the demo API behind the gateway, until interrupted.
     #[arg(long)]
     no_race: bool,
-    /// Where the gateway listens.
+    /// Serve only the demo API (no gateway), until interrupted.
+    #[arg(long, conflicts_with = "no_race")]
+    upstream_only: bool,
+    /// With --upstream-only: delay every answer by this many milliseconds.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 0,
+        requires = "upstream_only"
+    )]
+    delay_ms: u64,
+    /// Where the gateway (or, with --upstream-only, the API) listens.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
 }
@@ -68,6 +81,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
         .context("starting the runtime")?;
     rt.block_on(async {
         let interrupted = paceline_gateway::shutdown_signal();
+        if args.upstream_only {
+            return upstream_only(args, interrupted).await;
+        }
         let stack = DemoStack::start(args.listen).await?;
         print_banner(&stack);
         if !args.no_race {
@@ -77,6 +93,21 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
         stack.stop().await?;
         Ok(0)
     })
+}
+
+async fn upstream_only(
+    args: Args,
+    interrupted: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<i32> {
+    let options = DemoOptions {
+        delay: std::time::Duration::from_millis(args.delay_ms),
+    };
+    let api = demo::serve(args.listen, options)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    println!("paceline demo: demo API on http://{}", api.addr());
+    interrupted.await;
+    Ok(0)
 }
 
 fn print_banner(stack: &DemoStack) {
