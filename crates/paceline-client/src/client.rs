@@ -122,6 +122,7 @@ pub(crate) struct Totals {
     pub(crate) requests: u64,
     pub(crate) retries: u64,
     pub(crate) drops: u64,
+    pub(crate) gave_up: u64,
     pub(crate) transport_errors: u64,
     pub(crate) by_status: BTreeMap<u16, u64>,
 }
@@ -455,6 +456,7 @@ impl Client {
                 let reset_at = now.saturating_add(obs.retry_after.unwrap_or(Nanos::ZERO));
                 mark_exhausted(scope, &policy, now, reset_at);
                 let error = ClientError::QuotaExceeded { policy, reset_at };
+                st.totals.gave_up += 1;
                 events.push(Event::Drop {
                     scope: scope.name.clone(),
                     error: error.clone(),
@@ -612,10 +614,7 @@ impl Client {
         error: ClientError,
         events: &mut Vec<Event>,
     ) -> After {
-        st.totals.drops += 1;
-        if let Some(s) = st.scopes.get_mut(scope) {
-            s.drops += 1;
-        }
+        st.totals.gave_up += 1;
         events.push(Event::Drop {
             scope: scope.to_string(),
             error: error.clone(),
@@ -646,6 +645,7 @@ impl Client {
             requests: st.totals.requests,
             retries: st.totals.retries,
             local_drops: st.totals.drops,
+            gave_up: st.totals.gave_up,
             transport_errors: st.totals.transport_errors,
             by_status: st
                 .totals

@@ -43,7 +43,7 @@ pub struct ScopeSnapshot {
     pub requests: u64,
     /// Retries sent.
     pub retries: u64,
-    /// Calls ended locally.
+    /// Attempts that never left the client.
     pub drops: u64,
     /// The mirrored policies.
     pub policies: Vec<PolicySnapshot>,
@@ -101,8 +101,13 @@ pub struct Snapshot {
     pub requests: u64,
     /// Retries scheduled.
     pub retries: u64,
-    /// Calls ended locally (throttled, budget, too long a wait, quota...).
+    /// Attempts that never left the client (adaptive throttle, a wait over
+    /// the ceiling, a quota known to be spent).
     pub local_drops: u64,
+    /// Calls that ended in an error after a response or a network error
+    /// (quota exceeded, retries or budget used up, a wait over the ceiling,
+    /// a transport error).
+    pub gave_up: u64,
     /// Network errors.
     pub transport_errors: u64,
     /// Responses by status.

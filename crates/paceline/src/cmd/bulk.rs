@@ -1,10 +1,584 @@
-//! `paceline bulk`.
+//! `paceline bulk`: run a list of requests with N workers through the SDK.
+//!
+//! Input: one request per line, either a URL (a GET) or a JSON object
+//! `{"method": "POST", "url": "...", "headers": {"k": "v"}, "body": ...}`
+//! (`body` a string sent as is, or any other JSON value sent as JSON).
+//! Blank lines and lines starting with `#` are skipped.
+//!
+//! With the SDK every attempt is paced and retried politely; `--naive`
+//! runs the same list the way a careless client would (retry every 100 ms,
+//! ignoring `Retry-After`) for comparison.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use paceline_client::adapter::reqwest::PacelineMiddleware;
+use paceline_client::{Client as Sdk, ClientError};
+use paceline_core::{Nanos, SystemClock};
+use parking_lot::Mutex;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
+use reqwest::Method;
+use serde::Serialize;
 
 /// Arguments of `paceline bulk`.
 #[derive(clap::Args, Debug)]
-pub(crate) struct Args {}
+pub(crate) struct Args {
+    /// The request list: a file, or `-` (the default) for stdin.
+    #[arg(value_name = "FILE|-")]
+    input: Option<PathBuf>,
+    /// Concurrent workers.
+    #[arg(long, short = 'w', default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    workers: u32,
+    /// API key, sent as `Authorization: Bearer KEY`.
+    #[arg(long)]
+    key: Option<String>,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Run without the SDK: retry every 100 ms, ignoring Retry-After.
+    #[arg(long)]
+    naive: bool,
+    /// The sustained rate (requests per second) the API allows, to compute
+    /// the floor time; learned from the responses when not given.
+    #[arg(long, value_name = "R")]
+    rate: Option<f64>,
+    /// The burst the API forgives (with --rate); learned when not given.
+    #[arg(long, value_name = "B")]
+    burst: Option<u64>,
+    /// A usage endpoint (URL) to seed the SDK's pacing before the first request.
+    #[arg(long, value_name = "URL")]
+    usage: Option<String>,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
+    /// The longest wait the SDK will sleep, in seconds; a longer one fails the job.
+    #[arg(long, default_value_t = 300)]
+    max_wait: u64,
+    /// Hide the progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// One request of the list.
+#[derive(Clone, Debug, PartialEq)]
+struct Job {
+    method: Method,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: Option<Vec<u8>>,
+}
+
+#[derive(serde::Deserialize)]
+struct JobLine {
+    #[serde(default)]
+    method: Option<String>,
+    url: String,
+    #[serde(default)]
+    headers: Option<serde_json::Value>,
+    #[serde(default)]
+    body: Option<serde_json::Value>,
+}
+
+fn parse_jobs(text: &str) -> anyhow::Result<Vec<Job>> {
+    let mut jobs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let job = parse_line(line).with_context(|| format!("line {}", i + 1))?;
+        jobs.push(job);
+    }
+    Ok(jobs)
+}
+
+fn parse_line(line: &str) -> anyhow::Result<Job> {
+    if !line.starts_with('{') {
+        check_url(line)?;
+        return Ok(Job {
+            method: Method::GET,
+            url: line.to_string(),
+            headers: Vec::new(),
+            body: None,
+        });
+    }
+    let j: JobLine = serde_json::from_str(line).context("not a JSON request object")?;
+    check_url(&j.url)?;
+    let method = j.method.as_deref().unwrap_or("GET").to_ascii_uppercase();
+    let method = Method::from_bytes(method.as_bytes()).context("bad method")?;
+    let mut headers = Vec::new();
+    match j.headers {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Object(m)) => {
+            for (k, v) in m {
+                let v = match v {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                headers.push((k, v));
+            }
+        }
+        Some(serde_json::Value::Array(a)) => {
+            for pair in a {
+                match pair.as_array().map(Vec::as_slice) {
+                    Some([serde_json::Value::String(k), serde_json::Value::String(v)]) => {
+                        headers.push((k.clone(), v.clone()))
+                    }
+                    _ => bail!("headers: each entry must be [\"name\", \"value\"]"),
+                }
+            }
+        }
+        Some(_) => bail!("headers must be an object or a list of [name, value] pairs"),
+    }
+    let body = match j.body {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s.into_bytes()),
+        Some(v) => {
+            if !headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            {
+                headers.push(("content-type".into(), "application/json".into()));
+            }
+            Some(v.to_string().into_bytes())
+        }
+    };
+    for (k, v) in &headers {
+        HeaderName::from_bytes(k.as_bytes()).with_context(|| format!("bad header name {k:?}"))?;
+        HeaderValue::from_str(v).with_context(|| format!("bad value for header {k:?}"))?;
+    }
+    Ok(Job {
+        method,
+        url: j.url,
+        headers,
+        body,
+    })
+}
+
+fn check_url(url: &str) -> anyhow::Result<()> {
+    let u = reqwest::Url::parse(url).with_context(|| format!("bad URL {url:?}"))?;
+    if !matches!(u.scheme(), "http") {
+        bail!("only http:// URLs are supported (this build has no TLS): {url:?}");
+    }
+    Ok(())
+}
+
+/// What the run did, shared by the workers.
+#[derive(Default)]
+struct Tally {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    done: AtomicU64,
+    failed: AtomicU64,
+    by_status: Mutex<BTreeMap<u16, u64>>,
+    errors: Mutex<BTreeMap<String, u64>>,
+    /// The tightest short-window request policy seen: (burst q, window w s).
+    learned: Mutex<Option<(u64, u64)>>,
+}
+
+impl Tally {
+    fn response(&self, status: u16, headers: &HeaderMap) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        *self.by_status.lock().entry(status).or_insert(0) += 1;
+        let published =
+            headers.contains_key("ratelimit-policy") || headers.contains_key("x-ratelimit-limit");
+        let unknown = self.learned.lock().is_none();
+        if published && unknown {
+            self.learn(status, headers);
+        }
+    }
+
+    fn learn(&self, status: u16, headers: &HeaderMap) {
+        let now = Nanos::from_system_time(std::time::SystemTime::now());
+        let view = paceline_wire::parse_response(status, headers, None, now);
+        let best = view
+            .policies
+            .iter()
+            .filter(|p| p.unit.is_requests())
+            .filter_map(|p| Some((p.quota?, p.window_s?)))
+            .filter(|&(q, w)| q > 0 && w > 0 && w < 3_600)
+            .min_by(|a, b| (a.0 as f64 / a.1 as f64).total_cmp(&(b.0 as f64 / b.1 as f64)));
+        if let Some(b) = best {
+            *self.learned.lock() = Some(b);
+        }
+    }
+
+    fn error(&self, kind: &str) {
+        *self.errors.lock().entry(kind.to_string()).or_insert(0) += 1;
+    }
+}
+
+/// Counts every attempt that gets an answer, below the SDK's retry loop.
+struct Counter(Arc<Tally>);
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Counter {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        ext: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let r = next.run(req, ext).await;
+        match &r {
+            Ok(resp) => self.0.response(resp.status().as_u16(), resp.headers()),
+            Err(_) => {
+                self.0.requests.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+}
+
+/// The summary (`--json` prints it as is).
+#[derive(Debug, Serialize)]
+struct Summary {
+    mode: &'static str,
+    jobs: u64,
+    jobs_done: u64,
+    jobs_failed: u64,
+    requests: u64,
+    by_status: BTreeMap<String, u64>,
+    retries: u64,
+    local_drops: u64,
+    elapsed_s: f64,
+    floor_s: Option<f64>,
+    errors: BTreeMap<String, u64>,
+}
 
 /// Runs `paceline bulk`.
-pub(crate) fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("`paceline bulk` is not built yet")
+pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
+    let text = read_input(args.input.as_deref())?;
+    let jobs = parse_jobs(&text)?;
+    if jobs.is_empty() {
+        bail!("the request list is empty");
+    }
+    if !(args.timeout > 0.0 && args.timeout.is_finite()) {
+        bail!("--timeout must be a positive number of seconds");
+    }
+    if let Some(r) = args.rate {
+        if !(r > 0.0 && r.is_finite()) {
+            bail!("--rate must be a positive number of requests per second");
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let summary = rt.block_on(execute(&args, jobs))?;
+    print_summary(&summary, args.json)?;
+    Ok(if summary.jobs_done == summary.jobs {
+        0
+    } else {
+        1
+    })
+}
+
+fn read_input(path: Option<&std::path::Path>) -> anyhow::Result<String> {
+    match path {
+        None => read_stdin(),
+        Some(p) if p.as_os_str() == "-" => read_stdin(),
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+        }
+    }
+}
+
+fn read_stdin() -> anyhow::Result<String> {
+    let mut s = String::new();
+    std::io::stdin()
+        .read_to_string(&mut s)
+        .context("cannot read stdin")?;
+    Ok(s)
+}
+
+fn progress(n: u64, hidden: bool) -> indicatif::ProgressBar {
+    if hidden {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(n);
+    let style = indicatif::ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:30}] {pos}/{len} jobs  {msg}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar
+}
+
+async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
+    let n = jobs.len() as u64;
+    let tally = Arc::new(Tally::default());
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let plain = reqwest::Client::builder().timeout(timeout).build()?;
+    let sdk = Sdk::builder()
+        .clock(SystemClock::new())
+        .max_wait(Nanos::from_secs(args.max_wait))
+        .build();
+    if let (Some(url), false) = (&args.usage, args.naive) {
+        seed(&sdk, &plain, url, args.key.as_deref()).await?;
+    }
+    let http = if args.naive {
+        reqwest_middleware::ClientBuilder::new(plain)
+            .with(Counter(tally.clone()))
+            .build()
+    } else {
+        reqwest_middleware::ClientBuilder::new(plain)
+            .with(PacelineMiddleware::new(sdk.clone()))
+            .with(Counter(tally.clone()))
+            .build()
+    };
+    let bar = progress(n, args.no_progress);
+    let queue = Arc::new(Mutex::new(jobs.into_iter()));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..args.workers.min(n as u32) {
+        let w = Worker {
+            http: http.clone(),
+            tally: tally.clone(),
+            key: args.key.clone(),
+            naive: args.naive,
+            bar: bar.clone(),
+        };
+        let queue = queue.clone();
+        workers.push(tokio::spawn(async move {
+            loop {
+                let Some(job) = queue.lock().next() else {
+                    break;
+                };
+                w.run(&job).await;
+            }
+        }));
+    }
+    for w in workers {
+        w.await?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let diag = sdk.diagnostics();
+    let (retries, drops) = if args.naive {
+        (tally.retries.load(Ordering::Relaxed), 0)
+    } else {
+        (diag.retries, diag.local_drops)
+    };
+    let floor = match (args.rate, args.burst, *tally.learned.lock()) {
+        (Some(r), b, _) => Some(floor_s(n, b.unwrap_or(0), r)),
+        (None, b, Some((q, w))) => Some(floor_s(n, b.unwrap_or(q), q as f64 / w as f64)),
+        (None, _, None) => None,
+    };
+    let by_status = tally
+        .by_status
+        .lock()
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+    let errors = tally.errors.lock().clone();
+    Ok(Summary {
+        mode: if args.naive { "naive" } else { "sdk" },
+        jobs: n,
+        jobs_done: tally.done.load(Ordering::Relaxed),
+        jobs_failed: tally.failed.load(Ordering::Relaxed),
+        requests: tally.requests.load(Ordering::Relaxed),
+        by_status,
+        retries,
+        local_drops: drops,
+        elapsed_s: (elapsed * 1000.0).round() / 1000.0,
+        floor_s: floor.map(|f| (f * 1000.0).round() / 1000.0),
+        errors,
+    })
+}
+
+/// The least time `jobs` can take: `burst` at once, the rest at `rate`.
+fn floor_s(jobs: u64, burst: u64, rate: f64) -> f64 {
+    jobs.saturating_sub(burst) as f64 / rate
+}
+
+async fn seed(
+    sdk: &Sdk,
+    http: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut req = http.get(url);
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    let body = req.send().await?.error_for_status()?.bytes().await?;
+    let u = reqwest::Url::parse(url)?;
+    let scope = match u.port() {
+        Some(p) => format!("{}:{p}", u.host_str().unwrap_or_default()),
+        None => u.host_str().unwrap_or_default().to_string(),
+    };
+    sdk.seed_usage(&scope, &body)
+        .map_err(|e| anyhow::anyhow!("usage endpoint {url}: {e}"))?;
+    Ok(())
+}
+
+struct Worker {
+    http: reqwest_middleware::ClientWithMiddleware,
+    tally: Arc<Tally>,
+    key: Option<String>,
+    naive: bool,
+    bar: indicatif::ProgressBar,
+}
+
+/// The naive client's fixed pause between attempts.
+const NAIVE_RETRY: Duration = Duration::from_millis(100);
+/// The naive client gives a job up after this many attempts.
+const NAIVE_MAX_ATTEMPTS: u32 = 10_000;
+
+impl Worker {
+    fn request(&self, job: &Job) -> reqwest_middleware::RequestBuilder {
+        let mut req = self.http.request(job.method.clone(), &job.url);
+        for (k, v) in &job.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        if let Some(k) = &self.key {
+            req = req.header(AUTHORIZATION, format!("Bearer {k}"));
+        }
+        if let Some(b) = &job.body {
+            req = req.body(b.clone());
+        }
+        req
+    }
+
+    async fn run(&self, job: &Job) {
+        let ok = if self.naive {
+            self.naive(job).await
+        } else {
+            self.polite(job).await
+        };
+        if ok {
+            self.tally.done.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.tally.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.bar.inc(1);
+        let s = self.tally.by_status.lock();
+        let count = |c: u16| s.get(&c).copied().unwrap_or(0);
+        self.bar.set_message(format!(
+            "{} requests  429: {}  503: {}",
+            self.tally.requests.load(Ordering::Relaxed),
+            count(429),
+            count(503)
+        ));
+    }
+
+    async fn polite(&self, job: &Job) -> bool {
+        match self.request(job).send().await {
+            Ok(r) if r.status().as_u16() < 400 => true,
+            Ok(r) => {
+                self.tally.error(&format!("status_{}", r.status().as_u16()));
+                false
+            }
+            Err(reqwest_middleware::Error::Middleware(e)) => {
+                let kind = e
+                    .downcast_ref::<ClientError>()
+                    .map_or("middleware", ClientError::kind);
+                self.tally.error(kind);
+                false
+            }
+            Err(reqwest_middleware::Error::Reqwest(_)) => {
+                self.tally.error("transport");
+                false
+            }
+        }
+    }
+
+    async fn naive(&self, job: &Job) -> bool {
+        for attempt in 0..NAIVE_MAX_ATTEMPTS {
+            if attempt > 0 {
+                self.tally.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            match self.request(job).send().await {
+                Ok(r) if matches!(r.status().as_u16(), 429 | 503) => {}
+                Ok(r) if r.status().as_u16() < 400 => return true,
+                Ok(r) => {
+                    self.tally.error(&format!("status_{}", r.status().as_u16()));
+                    return false;
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(NAIVE_RETRY).await;
+        }
+        self.tally.error("naive_attempts_exhausted");
+        false
+    }
+}
+
+fn print_summary(s: &Summary, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(s)?);
+        return Ok(());
+    }
+    let mut out = String::new();
+    let mut row = |k: &str, v: String| out.push_str(&format!("{k:<14}{v}\n"));
+    row("mode", s.mode.to_string());
+    row("jobs", s.jobs.to_string());
+    row("jobs done", s.jobs_done.to_string());
+    if s.jobs_failed > 0 {
+        row("jobs failed", s.jobs_failed.to_string());
+    }
+    row("requests", s.requests.to_string());
+    for (status, n) in &s.by_status {
+        row(&format!("  {status}"), n.to_string());
+    }
+    row("retries", s.retries.to_string());
+    row("local drops", s.local_drops.to_string());
+    row("elapsed", format!("{:.2} s", s.elapsed_s));
+    row(
+        "floor",
+        s.floor_s.map_or_else(
+            || "unknown (pass --rate)".to_string(),
+            |f| format!("{f:.2} s"),
+        ),
+    );
+    for (kind, n) in &s.errors {
+        row(&format!("error {kind}"), n.to_string());
+    }
+    print!("{out}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_urls_and_json_lines() {
+        let text = "# a comment\n\nhttp://127.0.0.1:1/a\n\
+            {\"method\":\"post\",\"url\":\"http://127.0.0.1:1/b\",\"headers\":{\"x-a\":\"1\"},\"body\":{\"n\":2}}\n\
+            {\"url\":\"http://127.0.0.1:1/c\",\"headers\":[[\"x-b\",\"2\"]],\"body\":\"raw\"}\n";
+        let jobs = parse_jobs(text).unwrap();
+        assert_eq!(jobs.len(), 3);
+        assert_eq!(jobs[0].method, Method::GET);
+        assert_eq!(jobs[1].method, Method::POST);
+        assert_eq!(jobs[1].body.as_deref(), Some(&b"{\"n\":2}"[..]));
+        assert!(jobs[1]
+            .headers
+            .contains(&("content-type".into(), "application/json".into())));
+        assert_eq!(jobs[2].headers, vec![("x-b".to_string(), "2".to_string())]);
+        assert_eq!(jobs[2].body.as_deref(), Some(&b"raw"[..]));
+    }
+
+    #[test]
+    fn bad_lines_name_their_line() {
+        let e = parse_jobs("http://127.0.0.1/a\nnot a url\n").unwrap_err();
+        assert!(format!("{e:#}").contains("line 2"), "{e:#}");
+        let e = parse_jobs("{\"url\":\"https://x/\"}").unwrap_err();
+        assert!(format!("{e:#}").contains("http://"), "{e:#}");
+        let e = parse_jobs("{\"url\":\"http://x/\",\"headers\":{\"bad name\":\"v\"}}").unwrap_err();
+        assert!(format!("{e:#}").contains("header"), "{e:#}");
+    }
+
+    #[test]
+    fn the_floor_of_the_race() {
+        assert_eq!(floor_s(50, 8, 4.0), 10.5);
+        assert_eq!(floor_s(12_000, 50, 10.0), 1_195.0);
+    }
 }
