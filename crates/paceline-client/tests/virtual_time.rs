@@ -523,3 +523,94 @@ fn at_most_three_attempts_then_an_error() {
         }))
     );
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// Whatever the bucket, the worker count and the latency, a client
+        /// that reads the headers gets no 429 and stays near the floor.
+        #[test]
+        fn a_paced_client_is_never_rejected(q in 2u64..40, w in 1u64..6, workers in 1usize..30,
+                                            latency_ms in 0u64..80, extra in 0u64..60, seed in any::<u64>()) {
+            let clock = ManualClock::new(T0);
+            let plan = Plan::new("p", vec![Policy::token_bucket("burst", q, w).unwrap()]).unwrap();
+            let server = Server::new(&clock, plan, Publish::Full);
+            let c = client(&clock, seed);
+            let jobs = q + extra;
+            let d = Driver {
+                client: &c,
+                clock: &clock,
+                workers,
+                jobs,
+                latency: Nanos::from_millis(latency_ms),
+                think: Nanos::ZERO,
+                stop: Some(T0.saturating_add(Nanos::from_secs(3_600))),
+                url: URL,
+                jitter_think: false,
+            };
+            let run = d.run(&mut |_| server.respond("key"));
+            prop_assert_eq!(run.done, jobs);
+            prop_assert_eq!(run.status(429), 0);
+            prop_assert_eq!(run.requests, jobs);
+            // the floor: q at once, the rest at q/w per second; the client
+            // may lose up to one emission per round trip it waits on
+            let rate = q as f64 / w as f64;
+            let floor = extra as f64 / rate;
+            let slack = 0.05 * floor + (1.0 / rate) + 4.0 * latency_ms as f64 / 1000.0 * (1.0 + jobs as f64 / workers as f64);
+            prop_assert!(run.finished_s <= floor + slack, "finished {} floor {}", run.finished_s, floor);
+        }
+    }
+}
+
+#[test]
+fn per_endpoint_policies_hold_only_their_endpoint() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 2);
+    let a = "http://api.test/v1/search";
+    let b = "http://api.test/v1/labels";
+    let mut call = c.call(RequestInfo::get(a));
+    assert_eq!(c.before(&mut call), Before::Go);
+    let mut obs = paceline_client::Observation::bare(200);
+    obs.policies.push(paceline_client::PolicyObservation {
+        name: "search".into(),
+        quota: Some(30),
+        window_s: Some(60),
+        remaining: Some(0),
+        reset_in: Some(Nanos::from_secs(10)),
+        counts_requests: true,
+        per_endpoint: true,
+    });
+    assert_eq!(c.after(&mut call, &obs), After::Done);
+    let mut again = c.call(RequestInfo::get(a));
+    assert!(matches!(c.before(&mut again), Before::Wait(d) if d >= Nanos::from_secs(1)));
+    let mut other = c.call(RequestInfo::get(b));
+    assert_eq!(c.before(&mut other), Before::Go);
+}
+
+#[test]
+fn diagnostics_tell_mode_rates_and_the_last_429() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 2);
+    let mut call = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut call), Before::Go);
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", "2".parse().unwrap());
+    h.insert("x-request-id", "r-1".parse().unwrap());
+    assert!(matches!(c.after_response(&mut call, 429, &h, None), After::RetryAfter(_)));
+    let d = c.diagnostics();
+    assert_eq!(d.requests, 1);
+    assert_eq!(d.retries, 1);
+    assert_eq!(d.by_status, vec![("429".to_string(), 1)]);
+    let s = &d.scopes[0];
+    assert_eq!(s.scope, "api.test");
+    assert_eq!(s.mode, Mode::HeaderAbsent);
+    assert!(s.last_429_headers.contains(&("x-request-id".to_string(), "r-1".to_string())));
+    assert!(s.paused_for_s >= 2.0);
+    let json = serde_json::to_value(&d).unwrap();
+    assert_eq!(json["scopes"][0]["mode"], "header_absent");
+    assert!(d.request_rate_per_s > 0.0);
+}
