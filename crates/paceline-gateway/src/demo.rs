@@ -90,6 +90,10 @@ impl DemoUpstream {
     pub fn labels_created(&self) -> u64 {
         self.state.next_label.load(Ordering::Relaxed)
     }
+    /// The soft-limit events received on `POST /hooks/soft-limit`.
+    pub fn soft_limit_events(&self) -> Vec<Bytes> {
+        self.state.events.lock().clone()
+    }
     /// The last request head received (for checking forwarded headers).
     pub fn last_headers(&self) -> Option<HeaderMap> {
         self.state.last_headers.lock().clone()
@@ -111,6 +115,8 @@ struct Demo {
     /// Idempotency key → (request body, stored answer).
     idempotent: Mutex<HashMap<String, (Bytes, Value)>>,
     last_headers: Mutex<Option<HeaderMap>>,
+    /// Bodies posted to the soft-limit webhook route.
+    events: Mutex<Vec<Bytes>>,
 }
 
 /// Binds `addr` and serves the demo API in the background.
@@ -138,6 +144,7 @@ fn router(state: Arc<Demo>) -> Router {
         .route("/v1/rates", get(rates))
         .route("/v1/login", post(login))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/hooks/soft-limit", post(soft_limit_event))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
@@ -218,6 +225,12 @@ async fn rates() -> Json<Value> {
 
 async fn login() -> Json<Value> {
     Json(json!({"session": "sess_demo", "expires_in_s": 3600}))
+}
+
+/// Receives the gateway's soft-limit webhook (to show it firing).
+async fn soft_limit_event(State(s): State<Arc<Demo>>, body: Bytes) -> StatusCode {
+    s.events.lock().push(body);
+    StatusCode::NO_CONTENT
 }
 
 async fn not_found() -> Response {

@@ -384,6 +384,61 @@ async fn shutdown_finishes_requests_in_flight() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_limits_fire_the_webhook_and_metrics_are_served() {
+    let rig = Rig::start("hook", Duration::ZERO, 1000, 10, 0).await;
+    let up = rig.api.addr();
+    let text = config_text(up, 1000, 10, 0).replacen(
+        "watch = false",
+        &format!(
+            "watch = false\nsoft_limit_webhook = \"http://{up}/hooks/soft-limit\"\nmetrics_listen = \"127.0.0.1:0\""
+        ),
+        1,
+    );
+    std::fs::write(&rig.file, text).unwrap();
+    let cfg = GatewayConfig::load(&rig.file).unwrap();
+    let gw = Gateway::bind(cfg).await.unwrap();
+    let (addr, metrics) = (gw.local_addr(), gw.metrics_addr().unwrap());
+    let h = gw.handle();
+    let served = tokio::spawn(gw.run(std::future::pending()));
+    let get = |path: String| {
+        Request::get(path)
+            .header("authorization", "Bearer sk_a")
+            .body(Full::default())
+            .unwrap()
+    };
+    let mut warned = Vec::new();
+    for _ in 0..9 {
+        let (res, _) = rig.send(get(format!("http://{addr}/v1/rates"))).await;
+        assert_eq!(res.status(), 200);
+        warned.push(res.headers().contains_key("ratelimit-warning"));
+    }
+    // 8 of 10 is the 80% soft limit
+    assert_eq!(warned.iter().filter(|&&w| w).count(), 2, "{warned:?}");
+    for _ in 0..200 {
+        if !rig.api.soft_limit_events().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let events = rig.api.soft_limit_events();
+    assert_eq!(events.len(), 1, "once per key and window");
+    let ev: Value = serde_json::from_slice(&events[0]).unwrap();
+    assert_eq!(
+        (ev["policy"].as_str(), ev["used"].as_u64()),
+        (Some("hour"), Some(8))
+    );
+
+    let (res, body) = rig.send(get(format!("http://{metrics}/metrics"))).await;
+    assert_eq!(res.status(), 200);
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("paceline_decisions_total"), "{text}");
+    assert!(text.contains("paceline_gateway_upstream_seconds"), "{text}");
+    h.shutdown();
+    served.await.unwrap().unwrap();
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_upstream_is_a_502() {
     let rig = Rig::start("bad-up", Duration::ZERO, 10, 100, 0).await;
     let dead = {
