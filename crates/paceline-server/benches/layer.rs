@@ -52,7 +52,7 @@ fn limiter(escalation: bool) -> RateLimiter<MemoryStore, ManualClock> {
         "roomy",
         vec![
             Policy::token_bucket("burst", 1_000_000_000, 1).unwrap(),
-            Policy::daily("daily", 10_000_000_000_000).unwrap(),
+            Policy::daily("daily", 1_000_000_000_000).unwrap(),
         ],
     )
     .unwrap();

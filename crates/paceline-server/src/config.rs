@@ -98,6 +98,8 @@ pub(crate) struct LimitsInner {
     pub(crate) plans: Vec<Plan>,
     /// Per plan: its name and its policies' names, shared with metric labels.
     pub(crate) names: Vec<(Arc<str>, Vec<Arc<str>>)>,
+    /// Per plan: the parts of its responses that never change.
+    pub(crate) meta: Vec<crate::respond::PlanMeta>,
     pub(crate) keys: HashMap<String, usize>,
     pub(crate) routes: Vec<(Route, Option<usize>)>,
     pub(crate) key_source: KeySource,
@@ -328,10 +330,16 @@ impl LimitsBuilder {
                 )
             })
             .collect();
+        let meta = self
+            .plans
+            .iter()
+            .map(|p| crate::respond::PlanMeta::new(p, &self.problem_base))
+            .collect();
         Ok(Limits {
             inner: Arc::new(LimitsInner {
                 plans: self.plans,
                 names,
+                meta,
                 keys,
                 routes,
                 key_source: self.key_source,

@@ -204,7 +204,13 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         let plan = &lim.plans[who.plan];
         let now = self.shared.clock.now();
         match self.shared.store.check(plan, &who.key, 0, now).await {
-            Ok(d) => Verdict::Respond(respond::usage(plan, &d, now, &lim.dialects)),
+            Ok(d) => Verdict::Respond(respond::usage(
+                plan,
+                &lim.meta[who.plan],
+                &d,
+                now,
+                &lim.dialects,
+            )),
             Err(e) => {
                 telemetry::store_error(&lim.names[who.plan].0);
                 tracing::warn!(error = %e, "usage: store unavailable");
@@ -309,6 +315,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         );
         Verdict::Respond(respond::rejection(
             plan,
+            &lim.meta[who.plan],
             &d,
             &lim.dialects,
             who.publish,
@@ -380,7 +387,15 @@ impl Admitted {
     pub(crate) fn decorate(&self, headers: &mut HeaderMap) {
         let lim = &self.limits.inner;
         let plan = &lim.plans[self.plan];
-        respond::write_fields(plan, &self.decision, &lim.dialects, self.publish, headers);
+        let meta = &lim.meta[self.plan];
+        respond::write_fields(
+            plan,
+            meta,
+            &self.decision,
+            &lim.dialects,
+            self.publish,
+            headers,
+        );
         if let Some(w) = &self.warning {
             headers.insert(WARNING_HEADER, w.clone());
         }
@@ -432,28 +447,35 @@ fn who<B>(
     if let Some((true, plan)) = route {
         return anonymous(plan.or(lim.anonymous_plan)?);
     }
-    let (key, lookup): (String, Option<String>) = match &lim.key_source {
-        KeySource::ApiKey => match bearer_token(headers) {
-            Some(t) => (format!("k:{t}"), Some(t.to_string())),
-            None => (String::new(), None),
-        },
+    let route_pattern = info.pattern.as_deref();
+    let (prefix, lookup): (&str, Option<&str>) = match &lim.key_source {
+        KeySource::ApiKey => ("k:", bearer_token(headers)),
         KeySource::ClientIp => {
             let k = ip_key();
-            let ip = k[3..].to_string();
-            (k, Some(ip))
+            let plan = lim.keys.get(&k[3..]).copied().or(lim.default_plan);
+            return match plan {
+                Some(plan) => Some(Who {
+                    hash: KeyHash::of(&k),
+                    key: k,
+                    plan,
+                    publish: true,
+                }),
+                None => anonymous(lim.anonymous_plan?),
+            };
         }
-        KeySource::Route => match &info.pattern {
-            Some(pat) => (format!("r:{pat}"), Some(pat.to_string())),
-            None => (String::new(), None),
-        },
-        KeySource::Header(name) => match headers.get(name).and_then(|v| v.to_str().ok()) {
-            Some(v) => (format!("h:{v}"), Some(v.to_string())),
-            None => (String::new(), None),
-        },
+        KeySource::Route => ("r:", route_pattern),
+        KeySource::Header(name) => ("h:", headers.get(name).and_then(|v| v.to_str().ok())),
     };
-    let plan = lookup
-        .as_deref()
-        .and_then(|l| lim.keys.get(l).copied().or(lim.default_plan));
+    let plan = lookup.and_then(|l| lim.keys.get(l).copied().or(lim.default_plan));
+    let key = match (plan, lookup) {
+        (Some(_), Some(l)) => {
+            let mut k = String::with_capacity(prefix.len() + l.len());
+            k.push_str(prefix);
+            k.push_str(l);
+            k
+        }
+        _ => String::new(),
+    };
     match plan {
         Some(plan) => Some(Who {
             hash: KeyHash::of(&key),

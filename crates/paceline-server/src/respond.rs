@@ -1,11 +1,13 @@
 //! The responses the layer writes itself: rejections and the usage document.
 
+use std::fmt::Write as _;
+
 use bytes::Bytes;
 use http::header::{
-    HeaderValue, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+    HeaderName, HeaderValue, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use http::{HeaderMap, Response, StatusCode};
-use paceline_core::{Decision, Nanos, Plan, PolicyKind};
+use paceline_core::{Decision, Denial, Nanos, Outcome, Plan, PolicyKind, PolicyStatus};
 use paceline_wire::emit::{self, Dialects};
 use paceline_wire::problem::{Problem, ProblemKind, PROBLEM_CONTENT_TYPE};
 use serde::Serialize;
@@ -14,26 +16,101 @@ use crate::time::rfc3339;
 
 const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
 
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static(emit::RATELIMIT_POLICY);
+const RATELIMIT: HeaderName = HeaderName::from_static(emit::RATELIMIT);
+const ANONYMOUS_DETAIL: &str = "Too many requests from this client; retry later.";
+
+/// What never changes for a plan, prepared once so a rejection costs a few
+/// string copies: the `RateLimit-Policy` value and, per policy, the
+/// problem body up to its per-request members.
+#[derive(Debug)]
+pub(crate) struct PlanMeta {
+    policy_field: Option<HeaderValue>,
+    /// Per policy: [published, anonymous] problem JSON without its closing
+    /// brace, `retry_after_s` and `violated-policies`.
+    problems: Vec<[String; 2]>,
+}
+
+impl PlanMeta {
+    pub(crate) fn new(plan: &Plan, base: &str) -> PlanMeta {
+        let policy_field = HeaderValue::try_from(emit::policy_field(plan)).ok();
+        let problems = (0..plan.policies().len())
+            .map(|i| {
+                let mut d = Decision {
+                    outcome: Outcome::Denied(Denial {
+                        policy: i,
+                        kind: plan.policy(i).kind(),
+                        retry_after: Nanos::SECOND,
+                    }),
+                    statuses: Default::default(),
+                };
+                for j in 0..plan.policies().len() {
+                    d.statuses.push(PolicyStatus {
+                        remaining: 0,
+                        reset_after: Nanos::ZERO,
+                        would_deny: i == j,
+                    });
+                }
+                let mut p = Problem::from_decision(plan, &d, base)
+                    .unwrap_or_else(|| Problem::new(ProblemKind::RateLimited, base, ""));
+                p.retry_after_s = None;
+                p.violated_policies.clear();
+                let published = open_json(p.to_json());
+                p.detail = ANONYMOUS_DETAIL.to_string();
+                [published, open_json(p.to_json())]
+            })
+            .collect();
+        PlanMeta {
+            policy_field,
+            problems,
+        }
+    }
+}
+
+fn open_json(mut s: String) -> String {
+    if s.ends_with('}') {
+        s.pop();
+    }
+    s
+}
+
 /// Writes the rate-limit fields of `d`: every chosen dialect when the
 /// identity publishes counters, else only `Retry-After` on a denial.
 pub(crate) fn write_fields(
     plan: &Plan,
+    meta: &PlanMeta,
     d: &Decision,
     dialects: &Dialects,
     publish: bool,
     h: &mut HeaderMap,
 ) {
-    if publish {
-        emit::write_headers(plan, d, dialects, h);
-    } else if let Some(s) = emit::retry_after_secs(d) {
-        h.insert(RETRY_AFTER, HeaderValue::from(s));
+    if !publish {
+        if let Some(s) = emit::retry_after_secs(d) {
+            h.insert(RETRY_AFTER, HeaderValue::from(s));
+        }
+        return;
     }
+    if dialects.ietf {
+        if let Some(v) = &meta.policy_field {
+            h.insert(RATELIMIT_POLICY, v.clone());
+        }
+        if let Ok(v) = HeaderValue::try_from(emit::ratelimit_field(plan, d)) {
+            h.insert(RATELIMIT, v);
+        }
+    }
+    // the older dialects, and Retry-After with no-store on a denial
+    let rest = Dialects {
+        ietf: false,
+        ..*dialects
+    };
+    emit::write_headers(plan, d, &rest, h);
 }
 
-fn problem_response(p: &Problem, close: bool) -> Response<Bytes> {
-    let mut r = Response::new(Bytes::from(p.to_json()));
-    *r.status_mut() = StatusCode::from_u16(p.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+fn problem_response(json: String, status: u16, close: bool) -> Response<Bytes> {
+    let mut r = Response::new(Bytes::from(json));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let h = r.headers_mut();
+    h.reserve(8);
     h.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
     h.insert(CACHE_CONTROL, NO_STORE);
     if close {
@@ -43,23 +120,50 @@ fn problem_response(p: &Problem, close: bool) -> Response<Bytes> {
     r
 }
 
+/// The problem body of a denial, from the prepared prefix.
+fn denial_json(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) -> String {
+    let prefix = &meta.problems[den.policy][usize::from(!publish)];
+    let mut body = String::with_capacity(prefix.len() + 64);
+    body.push_str(prefix);
+    let _ = write!(body, ",\"retry_after_s\":{}", den.retry_after_secs());
+    body.push_str(",\"violated-policies\":[\"");
+    // policy names are token-safe: no escaping needed
+    body.push_str(plan.policy(den.policy).name());
+    body.push('"');
+    for (i, s) in d.statuses.iter().enumerate() {
+        let p = plan.policy(i);
+        if i != den.policy && s.would_deny && !p.is_shadow() {
+            let _ = write!(body, ",\"{}\"", p.name());
+        }
+    }
+    body.push_str("]}");
+    body
+}
+
 /// The response for a rejected decision (429 or 400).
 pub(crate) fn rejection(
     plan: &Plan,
+    meta: &PlanMeta,
     d: &Decision,
     dialects: &Dialects,
     publish: bool,
     base: &str,
     close: bool,
 ) -> Response<Bytes> {
-    let mut p = Problem::from_decision(plan, d, base)
-        .unwrap_or_else(|| Problem::new(ProblemKind::RateLimited, base, "Too many requests."));
-    if !publish {
-        // anonymous limits tell no numbers that would help pace an attack
-        p.detail = "Too many requests from this client; retry later.".to_string();
-    }
-    let mut r = problem_response(&p, close);
-    write_fields(plan, d, dialects, publish, r.headers_mut());
+    let (json, status) = match &d.outcome {
+        Outcome::Denied(den) => (denial_json(plan, meta, d, den, publish), 429),
+        _ => {
+            let mut p = Problem::from_decision(plan, d, base).unwrap_or_else(|| {
+                Problem::new(ProblemKind::RateLimited, base, "Too many requests.")
+            });
+            if !publish {
+                p.detail = ANONYMOUS_DETAIL.to_string();
+            }
+            (p.to_json(), p.status)
+        }
+    };
+    let mut r = problem_response(json, status, close);
+    write_fields(plan, meta, d, dialects, publish, r.headers_mut());
     r
 }
 
@@ -71,7 +175,7 @@ pub(crate) fn unavailable(base: &str, close: bool) -> Response<Bytes> {
         "The rate limiter cannot reach its store; retry shortly.",
     );
     p.retry_after_s = Some(1);
-    let mut r = problem_response(&p, close);
+    let mut r = problem_response(p.to_json(), p.status, close);
     r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u64));
     r
 }
@@ -119,7 +223,13 @@ struct UsageLimit<'a> {
 
 /// The usage document: plan, limits, what is left and, for quotas, when
 /// they reset.
-pub(crate) fn usage(plan: &Plan, d: &Decision, now: Nanos, dialects: &Dialects) -> Response<Bytes> {
+pub(crate) fn usage(
+    plan: &Plan,
+    meta: &PlanMeta,
+    d: &Decision,
+    now: Nanos,
+    dialects: &Dialects,
+) -> Response<Bytes> {
     let limits = plan
         .policies()
         .iter()
@@ -141,6 +251,42 @@ pub(crate) fn usage(plan: &Plan, d: &Decision, now: Nanos, dialects: &Dialects) 
     let h = r.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     h.insert(CACHE_CONTROL, NO_STORE);
-    write_fields(plan, d, dialects, true, h);
+    write_fields(plan, meta, d, dialects, true, h);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paceline_core::{MemoryStore, Policy};
+
+    #[test]
+    fn prepared_problem_matches_the_wire_problem() {
+        let plan = Plan::new(
+            "free",
+            vec![
+                Policy::token_bucket("burst", 20, 2).unwrap(),
+                Policy::daily("daily", 5).unwrap(),
+            ],
+        )
+        .unwrap();
+        let meta = PlanMeta::new(&plan, "https://errors.invalid/");
+        let store = MemoryStore::new();
+        let now = Nanos::from_secs(1_790_793_600);
+        for _ in 0..5 {
+            store.check_sync(&plan, "k", 1, now).unwrap();
+        }
+        for _ in 0..20 {
+            let d = store.check_sync(&plan, "k", 1, now).unwrap();
+            let den = d.denial().unwrap();
+            let ours = denial_json(&plan, &meta, &d, den, true);
+            let theirs = Problem::from_decision(&plan, &d, "https://errors.invalid/")
+                .unwrap()
+                .to_json();
+            let a: serde_json::Value = serde_json::from_str(&ours).unwrap();
+            let b: serde_json::Value = serde_json::from_str(&theirs).unwrap();
+            assert_eq!(a, b);
+            assert_eq!(a["retry_after_s"], 19_200);
+        }
+    }
 }

@@ -68,22 +68,27 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let prepared = self.limiter.prepare(&req);
-        req.extensions_mut().insert(prepared.route.clone());
+        let route = prepared.route.clone();
         // the clone stays for the next call; the ready one serves this one
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         Box::pin(async move {
+            let mut req = req;
             match limiter.decide(prepared).await {
-                Verdict::Pass => Ok(inner.call(req).await?.map(RateLimitBody::inner)),
+                Verdict::Pass => {
+                    req.extensions_mut().insert(route);
+                    Ok(inner.call(req).await?.map(RateLimitBody::inner))
+                }
                 // the request (and its unread body) is dropped here
                 Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
                 Verdict::Admit(admitted) => {
                     // held units go back when the response body is done,
                     // or here if the call fails or is cancelled
                     let guard = limiter.release_guard(&admitted);
+                    req.extensions_mut().insert(route);
                     let mut res = inner.call(req).await?;
                     admitted.decorate(res.headers_mut());
                     Ok(res.map(|b| RateLimitBody::guarded(b, guard)))
