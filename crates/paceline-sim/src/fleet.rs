@@ -344,11 +344,13 @@ pub fn run(
         }
     }
     let deadline = start.saturating_add(net.deadline);
+    let mut settled: Vec<bool> = fleets.iter().map(|f| f.is_settled()).collect();
+    let mut unsettled = settled.iter().filter(|s| !**s).count();
     while let Some((now, ev)) = queue.pop() {
-        if now > deadline || fleets.iter().all(|f| f.is_settled()) {
+        if now > deadline || unsettled == 0 {
             break;
         }
-        match ev {
+        let fleet = match ev {
             Ev::Ready { fleet, worker } => {
                 let mut ctx = Ctx {
                     queue: &mut queue,
@@ -358,6 +360,7 @@ pub fn run(
                     start,
                 };
                 fleets[fleet].on_ready(worker, &mut ctx);
+                fleet
             }
             Ev::Arrive { fleet, worker } => {
                 let answer = gateway.handle(fleet, 1, now);
@@ -369,6 +372,7 @@ pub fn run(
                         answer,
                     },
                 );
+                continue;
             }
             Ev::Respond {
                 fleet,
@@ -383,7 +387,12 @@ pub fn run(
                     start,
                 };
                 fleets[fleet].on_respond(worker, answer, &mut ctx);
+                fleet
             }
+        };
+        if !settled[fleet] && fleets[fleet].is_settled() {
+            settled[fleet] = true;
+            unsettled -= 1;
         }
     }
     let reports = fleets

@@ -116,6 +116,7 @@ pub struct Gateway {
     words: Vec<u64>,
     edge: Option<Edge>,
     faults: Vec<Fault>,
+    silent: bool,
     stats: GatewayStats,
 }
 
@@ -130,6 +131,7 @@ impl Gateway {
             words: vec![0; stride * keys],
             edge: None,
             faults: Vec::new(),
+            silent: false,
             stats: GatewayStats::default(),
         }
     }
@@ -143,6 +145,14 @@ impl Gateway {
     /// Adds an injected fault.
     pub fn with_fault(mut self, fault: Fault) -> Self {
         self.faults.push(fault);
+        self
+    }
+
+    /// A backend that publishes nothing: no rate-limit headers, and a
+    /// request over the plan is shed with a bare 503 (no `Retry-After`), the
+    /// way an overloaded service without a limiter answers.
+    pub fn silent(mut self) -> Self {
+        self.silent = true;
         self
     }
 
@@ -180,6 +190,16 @@ impl Gateway {
         }
         let state = &mut self.words[key * self.stride..(key + 1) * self.stride];
         let (d, _) = check_words(&self.plan, state, now, cost);
+        if self.silent && !d.is_allowed() {
+            self.stats.faulted += 1;
+            return Answer {
+                verdict: Verdict::Fault {
+                    status: 503,
+                    retry_after_s: 0,
+                },
+                decision: None,
+            };
+        }
         let verdict = match d.outcome {
             Outcome::Allowed => Verdict::Served,
             Outcome::Denied(den) => Verdict::Limited {
@@ -209,17 +229,25 @@ impl Gateway {
     /// The HTTP status and headers a real gateway would send for `answer`
     /// (`None` for a request dropped at the edge).
     pub fn response_head(&self, answer: &Answer) -> Option<(StatusCode, HeaderMap)> {
-        let status = StatusCode::from_u16(answer.status()?).ok()?;
         let mut headers = HeaderMap::new();
-        if let Some(d) = &answer.decision {
-            emit::write_headers(&self.plan, d, &Dialects::default(), &mut headers);
+        let status = self.write_head(answer, &mut headers)?;
+        Some((status, headers))
+    }
+
+    /// Like [`Gateway::response_head`], writing into `headers` (cleared
+    /// first, its allocation kept).
+    pub fn write_head(&self, answer: &Answer, headers: &mut HeaderMap) -> Option<StatusCode> {
+        headers.clear();
+        let status = StatusCode::from_u16(answer.status()?).ok()?;
+        if let Some(d) = answer.decision.as_ref().filter(|_| !self.silent) {
+            emit::write_headers(&self.plan, d, &Dialects::default(), headers);
         }
         if let Verdict::Fault { retry_after_s, .. } = answer.verdict {
             if retry_after_s > 0 {
                 headers.insert(http::header::RETRY_AFTER, HeaderValue::from(retry_after_s));
             }
         }
-        Some((status, headers))
+        Some(status)
     }
 }
 

@@ -3,18 +3,15 @@
 //!
 //! Nothing here decides anything itself. [`response`] asks
 //! `paceline-wire` to write the response head and problem body a real
-//! gateway sends, [`observe`] asks `paceline-wire` to parse it and carries
-//! the result over field by field into the client's
-//! [`Observation`], and [`Cooperative`] hands every worker's request to a
-//! shared [`Client`].
+//! gateway sends, [`observe`] has the client parse it
+//! ([`Observation::parse`]), and [`Cooperative`] hands every worker's
+//! request to a shared [`Client`].
 
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use paceline_client::{
-    After as SdkAfter, Before as SdkBefore, Call, Client, ClientError, Observation,
-    PolicyObservation, RequestInfo, ResponseKind,
+    After as SdkAfter, Before as SdkBefore, Call, Client, ClientError, Observation, RequestInfo,
 };
 use paceline_core::{ManualClock, Nanos};
-use paceline_wire::parse::{parse_response, OutcomeKind, ResponseView};
 use paceline_wire::problem::{Problem, ProblemKind};
 
 use crate::fleet::{After, Before, FleetClient};
@@ -28,7 +25,18 @@ pub(crate) const URL: &str = "http://api.sim.example/v1/jobs";
 /// The status, headers and body a real gateway sends for `answer`
 /// (`None` when the edge dropped it: there is no response).
 pub fn response(gateway: &Gateway, answer: &Answer) -> Option<(u16, HeaderMap, Option<String>)> {
-    let (status, mut headers) = gateway.response_head(answer)?;
+    let mut headers = HeaderMap::new();
+    let (status, body) = response_into(gateway, answer, &mut headers)?;
+    Some((status, headers, body))
+}
+
+/// Like [`response`], writing the headers into `headers`.
+pub fn response_into(
+    gateway: &Gateway,
+    answer: &Answer,
+    headers: &mut HeaderMap,
+) -> Option<(u16, Option<String>)> {
+    let status = gateway.write_head(answer, headers)?;
     let problem = match (&answer.verdict, &answer.decision) {
         (Verdict::Served, _) => None,
         (_, Some(d)) => Problem::from_decision(gateway.plan(), d, PROBLEM_BASE),
@@ -51,49 +59,27 @@ pub fn response(gateway: &Gateway, answer: &Answer) -> Option<(u16, HeaderMap, O
             HeaderValue::from_static("application/problem+json"),
         );
     }
-    Some((status.as_u16(), headers, body))
+    Some((status.as_u16(), body))
 }
 
-/// What the client learns from a parsed response.
-pub fn observation(view: &ResponseView, headers: &HeaderMap) -> Observation {
-    let mut obs = Observation::bare(view.status);
-    obs.kind = match view.outcome {
-        OutcomeKind::Success => ResponseKind::Success,
-        OutcomeKind::RateLimited => ResponseKind::RateLimited,
-        OutcomeKind::QuotaExhausted => ResponseKind::QuotaExhausted,
-        OutcomeKind::Overloaded => ResponseKind::Overloaded,
-        OutcomeKind::Error => ResponseKind::Error,
-    };
-    obs.retry_after = view.retry_after_header;
-    obs.should_retry = view.should_retry;
-    obs.policies = view
-        .policies
-        .iter()
-        .map(|p| PolicyObservation {
-            name: p.name.clone(),
-            quota: p.quota,
-            window_s: p.window_s,
-            remaining: p.remaining,
-            reset_in: p.reset_in,
-            counts_requests: p.unit.is_requests(),
-            per_endpoint: false,
-        })
-        .collect();
-    obs.limit = view.problem.as_ref().and_then(|p| p.limit.clone());
-    if view.status == 429 {
-        obs.headers = headers
-            .iter()
-            .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
-            .collect();
-    }
-    obs
-}
-
-/// The gateway's answer as the client sees it (`None`: dropped at the edge).
+/// The gateway's answer as the client sees it, parsed by the client's own
+/// reader (`paceline-wire` underneath); `None`: dropped at the edge.
 pub fn observe(gateway: &Gateway, answer: &Answer, now: Nanos) -> Option<Observation> {
-    let (status, headers, body) = response(gateway, answer)?;
-    let view = parse_response(status, &headers, body.as_deref().map(str::as_bytes), now);
-    Some(observation(&view, &headers))
+    SCRATCH.with(|cell| {
+        let mut headers = cell.borrow_mut();
+        let (status, body) = response_into(gateway, answer, &mut headers)?;
+        Some(Observation::parse(
+            status,
+            &headers,
+            body.as_deref().map(str::as_bytes),
+            now,
+        ))
+    })
+}
+
+thread_local! {
+    // one header map reused for every simulated response
+    static SCRATCH: std::cell::RefCell<HeaderMap> = std::cell::RefCell::new(HeaderMap::new());
 }
 
 /// A new SDK client on the simulation's clock.
@@ -118,6 +104,7 @@ pub fn seed_from_usage(client: &Client, gateway: &Gateway, key: usize, now: Nano
 pub struct Cooperative {
     client: Client,
     calls: Vec<Option<Call>>,
+    request: RequestInfo,
 }
 
 impl Cooperative {
@@ -128,6 +115,7 @@ impl Cooperative {
         Cooperative {
             client,
             calls: Vec::new(),
+            request: RequestInfo::get(URL),
         }
     }
 
@@ -140,8 +128,8 @@ impl Cooperative {
         if self.calls.len() <= worker {
             self.calls.resize_with(worker + 1, || None);
         }
-        let client = &self.client;
-        self.calls[worker].get_or_insert_with(|| client.call(RequestInfo::get(URL)))
+        let (client, request) = (&self.client, &self.request);
+        self.calls[worker].get_or_insert_with(|| client.call(request.clone()))
     }
 }
 

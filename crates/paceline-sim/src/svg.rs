@@ -17,10 +17,12 @@
 
 use std::fmt::Write;
 
-const W: f64 = 880.0;
+/// Width of the plotting area.
+const PLOT_W: f64 = 720.0;
 const H: f64 = 500.0;
 const LEFT: f64 = 84.0;
-const RIGHT: f64 = 24.0;
+/// The legend sits right of the plot, this far from it.
+const GAP: f64 = 20.0;
 const TOP: f64 = 56.0;
 const BOTTOM: f64 = 64.0;
 const COLORS: [&str; 6] = [
@@ -126,12 +128,13 @@ impl Chart {
         let (x0, x1, y1) = self.extent();
         let xt = ticks(x0, x1);
         let yt = ticks(0.0, y1);
-        let sx = Scale::new(xt.first, xt.last, LEFT, W - RIGHT);
+        let sx = Scale::new(xt.first, xt.last, LEFT, LEFT + PLOT_W);
         let sy = Scale::new(0.0, yt.last, H - BOTTOM, TOP);
+        let w = LEFT + PLOT_W + GAP + self.legend_width() + 16.0;
         let mut s = String::new();
         let _ = write!(
             s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="Helvetica, Arial, sans-serif" font-size="13">"#
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{H}" viewBox="0 0 {w:.0} {H}" font-family="Helvetica, Arial, sans-serif" font-size="13">"#
         );
         s.push_str(r#"<rect width="100%" height="100%" fill="white"/>"#);
         self.axes(&mut s, &xt, &yt, &sx, &sy);
@@ -166,12 +169,11 @@ impl Chart {
         if y1 <= 0.0 {
             y1 = 1.0;
         }
-        // headroom for the legend
-        (x0, x1, y1 * 1.12)
+        (x0, x1, y1 * 1.05)
     }
 
     fn axes(&self, s: &mut String, xt: &Ticks, yt: &Ticks, sx: &Scale, sy: &Scale) {
-        let (l, r, t, b) = (LEFT, W - RIGHT, TOP, H - BOTTOM);
+        let (l, r, t, b) = (LEFT, LEFT + PLOT_W, TOP, H - BOTTOM);
         for v in yt.values() {
             let y = sy.at(v);
             let _ = write!(
@@ -234,17 +236,21 @@ impl Chart {
         }
     }
 
-    fn legend(&self, s: &mut String) {
+    fn legend_width(&self) -> f64 {
         let longest = self
             .series
             .iter()
             .map(|x| x.name.chars().count())
             .max()
             .unwrap_or(0) as f64;
-        let w = 48.0 + longest * 7.4;
+        48.0 + longest * 7.2
+    }
+
+    fn legend(&self, s: &mut String) {
+        let w = self.legend_width();
         let h = 10.0 + 20.0 * self.series.len() as f64;
-        let x = W - RIGHT - w - 8.0;
-        let y = TOP + 8.0;
+        let x = LEFT + PLOT_W + GAP;
+        let y = TOP;
         let _ = write!(
             s,
             r##"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{h:.1}" fill="white" fill-opacity="0.9" stroke="#999"/>"##

@@ -9,8 +9,9 @@
 //! (10% of the last minute's first attempts, plus a small reserve), while
 //! its adaptive throttle drops first attempts as accepts vanish. The run
 //! counts, per second, the first attempts sent, the retries sent and the
-//! calls dropped locally, and compares the retries during the incident to
-//! the normal traffic before it.
+//! calls dropped locally or given up on (the application waits at most
+//! `deadline` for a call to be sent), and compares the retries during the
+//! incident to the normal traffic before it.
 //!
 //! ```
 //! use paceline_core::Nanos;
@@ -49,6 +50,9 @@ pub struct IncidentParams {
     pub retry_after_s: u64,
     /// One-way latency.
     pub latency: Nanos,
+    /// How long the application lets a call wait to be sent before it
+    /// gives up on it.
+    pub deadline: Nanos,
 }
 
 impl Default for IncidentParams {
@@ -61,6 +65,7 @@ impl Default for IncidentParams {
             status: 503,
             retry_after_s: 1,
             latency: Nanos::from_millis(20),
+            deadline: Nanos::from_secs(30),
         }
     }
 }
@@ -88,8 +93,12 @@ pub struct IncidentReport {
     pub first_attempts: u64,
     /// Calls the client dropped locally during the incident.
     pub local_drops: u64,
-    /// Per second from the start: first attempts, retries, local drops.
-    pub per_second: Vec<[u64; 3]>,
+    /// Calls the application gave up on during the incident (they could
+    /// not be sent before its deadline).
+    pub timed_out: u64,
+    /// Per second from the start: first attempts sent, retries sent, calls
+    /// dropped locally, calls given up on.
+    pub per_second: Vec<[u64; 4]>,
     /// The seed of the run.
     pub seed: u64,
 }
@@ -125,9 +134,10 @@ pub fn run(params: &IncidentParams, seed: u64) -> IncidentReport {
     sdk::seed_from_usage(&client, &gw, 0, START);
     let mut calls: Vec<Option<Call>> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
+    let mut started: Vec<Nanos> = Vec::new();
     let step = Nanos::new(1_000_000_000 / params.rate.max(1));
     let secs = end.saturating_sub(START).as_secs_ceil() as usize + 1;
-    let mut per_second = vec![[0u64; 3]; secs];
+    let mut per_second = vec![[0u64; 4]; secs];
     q.schedule_at(START, Ev::Call);
     while let Some((now, ev)) = q.pop() {
         let sec = now.saturating_sub(START).as_secs_floor() as usize;
@@ -137,10 +147,12 @@ pub fn run(params: &IncidentParams, seed: u64) -> IncidentReport {
                 let idx = match free.pop() {
                     Some(i) => {
                         calls[i] = Some(call);
+                        started[i] = now;
                         i
                     }
                     None => {
                         calls.push(Some(call));
+                        started.push(now);
                         calls.len() - 1
                     }
                 };
@@ -157,7 +169,19 @@ pub fn run(params: &IncidentParams, seed: u64) -> IncidentReport {
                         per_second[sec.min(secs - 1)][slot] += 1;
                         q.schedule_in(params.latency, Ev::Arrive { call });
                     }
-                    SdkBefore::Wait(d) => q.schedule_in(d, Ev::Before { call }),
+                    SdkBefore::Wait(d)
+                        if now.saturating_add(d)
+                            <= started[call].saturating_add(params.deadline) =>
+                    {
+                        q.schedule_in(d.max(Nanos::new(1)), Ev::Before { call })
+                    }
+                    SdkBefore::Wait(_) => {
+                        // the application's deadline passes first: it gives up
+                        client.cancel(c);
+                        per_second[sec.min(secs - 1)][3] += 1;
+                        calls[call] = None;
+                        free.push(call);
+                    }
                     SdkBefore::Drop(_) => {
                         per_second[sec.min(secs - 1)][2] += 1;
                         calls[call] = None;
@@ -187,7 +211,7 @@ pub fn run(params: &IncidentParams, seed: u64) -> IncidentReport {
     summarize(params, per_second, seed)
 }
 
-fn summarize(params: &IncidentParams, per_second: Vec<[u64; 3]>, seed: u64) -> IncidentReport {
+fn summarize(params: &IncidentParams, per_second: Vec<[u64; 4]>, seed: u64) -> IncidentReport {
     let b = params.before.as_secs_floor() as usize;
     let e = b + params.incident.as_secs_floor() as usize;
     // skip the first seconds of the healthy period (start-up)
@@ -198,6 +222,7 @@ fn summarize(params: &IncidentParams, per_second: Vec<[u64; 3]>, seed: u64) -> I
     let retries: u64 = during.iter().map(|s| s[1]).sum();
     let first: u64 = during.iter().map(|s| s[0]).sum();
     let drops: u64 = during.iter().map(|s| s[2]).sum();
+    let timed_out: u64 = during.iter().map(|s| s[3]).sum();
     let len = during.len().max(1) as f64;
     let minute = 60.min(during.len()).max(1);
     let peak = during
@@ -216,6 +241,7 @@ fn summarize(params: &IncidentParams, per_second: Vec<[u64; 3]>, seed: u64) -> I
         retries_peak_minute_ratio: round3(peak as f64 / normal_minute.max(1.0)),
         first_attempts: first,
         local_drops: drops,
+        timed_out,
         per_second,
         seed,
     }
@@ -241,6 +267,7 @@ pub fn svg(report: &IncidentReport) -> String {
         .series(Series::new("first attempts sent", pts(0)))
         .series(Series::new("retries sent", pts(1)))
         .series(Series::new("dropped locally (throttle)", pts(2)))
+        .series(Series::new("given up (deadline)", pts(3)))
         .series(Series::new("10% of normal traffic", vec![(0.0, cap), (n, cap)]).dashed())
         .render()
 }
@@ -263,6 +290,10 @@ pub fn table(r: &IncidentReport) -> String {
         vec![
             "dropped locally during it".into(),
             crate::table::count(r.local_drops),
+        ],
+        vec![
+            "given up on during it".into(),
+            crate::table::count(r.timed_out),
         ],
         vec![
             "retries sent during it".into(),

@@ -8,10 +8,12 @@
 //! | [`herd`] | ten thousand clients rejected together: when do they come back? |
 //! | [`throttle`] | how much does adaptive throttling drop as accepts fall? |
 //! | [`incident`] | during an outage, how much extra load do the SDK's retries add? |
+//! | [`load`] | how fast does the simulator run? (its benchmark workload) |
 
 pub mod export;
 pub mod herd;
 pub mod incident;
+pub mod load;
 pub mod race;
 pub mod throttle;
 

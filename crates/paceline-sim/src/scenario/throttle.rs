@@ -1,14 +1,17 @@
 //! Adaptive throttling, measured: how much a client drops locally as the
 //! share of its requests the server accepts falls.
 //!
-//! The model: one client whose application asks for `demand` requests per
-//! second, evenly spaced, through the SDK's real [`AdaptiveThrottle`]
-//! (two-minute window). The server behind the gateway can accept only a
-//! share of the demand (a token bucket of `ratio · demand` per second, run
-//! by the real limiter) and rejects the rest with 429; at a share of zero
-//! every request meets a 503. After a warm-up of one window the run
-//! measures the share of asked-for requests the client dropped, and the
-//! accept ratio the client itself counted (accepts over requests).
+//! The model: one SDK client whose application asks for `demand` requests
+//! per second, evenly spaced, and never retries. The server behind it can
+//! accept only a share of the demand (a token bucket of `ratio · demand`
+//! per second with ten seconds of depth, run by the real limiter) and,
+//! publishing nothing, sheds the rest with a bare 503; at a share of zero
+//! every request meets a 503. The server is healthy for the first window
+//! (a client whose backend degrades, not one starting cold: near K = 1 a
+//! cold start takes minutes to climb out of its early drops), degraded for
+//! a second window of warm-up, and then the run measures the share of
+//! asked-for requests the client dropped, and the accept ratio the client
+//! itself counted (accepts over requests).
 //!
 //! For large counts the SRE book's formula gives
 //! `p ≈ max(0, 1 − K · accept_ratio)`: the client keeps sending about K
@@ -23,13 +26,14 @@
 //! assert!((p.drop_probability - 0.4).abs() < 0.03);
 //! ```
 
-use paceline_client::throttle::AdaptiveThrottle;
-use paceline_core::{Nanos, Plan, Policy};
+use paceline_client::{Before, Client, Config, RequestInfo};
+use paceline_core::{ManualClock, Nanos, Plan, Policy};
 
 use crate::gateway::{Fault, Gateway, Verdict};
 use crate::report::{round3, ThrottleCurve, ThrottlePoint, ThrottleReport};
 use crate::rng;
 use crate::scenario::START;
+use crate::sdk;
 use crate::svg::{Chart, Series};
 
 /// The numbers of the throttle scenario.
@@ -81,8 +85,8 @@ pub fn run(params: &ThrottleParams, seed: u64) -> ThrottleReport {
     ThrottleReport { curves, seed }
 }
 
-fn gateway_for(params: &ThrottleParams, ratio: f64) -> Gateway {
-    let per_s = (ratio * params.demand as f64).round() as u64;
+fn gateway_for(demand: u64, ratio: f64) -> Gateway {
+    let per_s = (ratio * demand as f64).round() as u64;
     if per_s == 0 {
         let plan = Plan::new(
             "down",
@@ -95,38 +99,62 @@ fn gateway_for(params: &ThrottleParams, ratio: f64) -> Gateway {
             status: 503,
             retry_after_s: 0,
         };
-        return Gateway::new(plan, 1).with_fault(outage);
+        return Gateway::new(plan, 1).with_fault(outage).silent();
     }
     let plan = Plan::new(
         "capacity",
-        vec![Policy::token_bucket("capacity", per_s, 1).expect("positive capacity")],
+        vec![Policy::token_bucket("capacity", per_s * 10, 10).expect("positive capacity")],
     )
     .expect("one policy");
-    Gateway::new(plan, 1)
+    Gateway::new(plan, 1).silent()
 }
 
 fn point(params: &ThrottleParams, k: f64, ratio: f64, seed: u64) -> ThrottlePoint {
-    let mut gw = gateway_for(params, ratio);
-    let mut throttle = AdaptiveThrottle::new(params.window, k);
-    let mut rng = rng::stream(seed, 0);
+    // a healthy window first (every request accepted), so the run measures
+    // a client whose server degrades, not one starting cold
+    let mut gateways = [
+        gateway_for(params.demand, 4.0),
+        gateway_for(params.demand, ratio),
+    ];
+    let clock = ManualClock::new(START);
+    let config = Config {
+        throttle_window: params.window,
+        throttle_k: k,
+        ..Config::default()
+    };
+    let client = Client::builder()
+        .clock(clock.clone())
+        .seed(seed)
+        .config(config)
+        .build();
     let step = Nanos::new(1_000_000_000 / params.demand.max(1));
-    let measure_from = START.saturating_add(params.window);
+    let degrade_at = START.saturating_add(params.window);
+    let measure_from = degrade_at.saturating_add(params.window);
     let end = measure_from.saturating_add(params.measure);
-    let (mut asked, mut dropped) = (0u64, 0u64);
+    let (mut asked, mut dropped, mut accepted) = (0u64, 0u64, 0u64);
     let mut now = START;
     while now < end {
-        let measured = now >= measure_from;
-        throttle.record_request(now);
-        if throttle.should_drop(now, &mut rng) {
-            dropped += u64::from(measured);
-        } else if gw.handle(0, 1, now).verdict == Verdict::Served {
-            throttle.record_accept(now);
+        clock.set(now);
+        let measured = u64::from(now >= measure_from);
+        let gw = &mut gateways[usize::from(now >= degrade_at)];
+        let mut call = client.call(RequestInfo::get(sdk::URL));
+        match client.before(&mut call) {
+            Before::Go => {
+                let answer = gw.handle(0, 1, now);
+                accepted += measured * u64::from(answer.verdict == Verdict::Served);
+                if let Some(obs) = sdk::observe(gw, &answer, now) {
+                    // the application does not retry here: only the
+                    // throttle's counts matter
+                    let _ = client.after(&mut call, &obs);
+                }
+            }
+            Before::Wait(_) => client.cancel(&mut call),
+            Before::Drop(_) => dropped += measured,
         }
-        asked += u64::from(measured);
+        asked += measured;
         now = now.saturating_add(step);
     }
-    let (requests, accepts) = throttle.counts(end.saturating_sub(Nanos::new(1)));
-    let accept_ratio = accepts as f64 / requests.max(1) as f64;
+    let accept_ratio = accepted as f64 / asked.max(1) as f64;
     ThrottlePoint {
         accept_ratio: round3(accept_ratio),
         drop_probability: round3(dropped as f64 / asked.max(1) as f64),
