@@ -1,6 +1,7 @@
 //! The engine behind the layer: resolve who is asking, check, escalate,
 //! warn, and say what to do with the request.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,7 +9,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, Version};
-use paceline_core::{Clock, Decision, Denial, FailMode, Nanos, Outcome, PolicyKind, Store};
+use paceline_core::{
+    Clock, Decision, Denial, FailMode, MemoryStore, Nanos, Outcome, PolicyKind, Store, StoreError,
+};
 use parking_lot::RwLock;
 use tracing::Instrument;
 
@@ -90,6 +93,33 @@ pub(crate) enum Verdict {
     Admit(Admitted),
     /// Answer without calling the inner service.
     Respond(Response<Bytes>),
+}
+
+/// Where a decision stands before the store is asked.
+enum Stage {
+    /// Decided without the store.
+    Done(Verdict),
+    /// The store must be asked.
+    Ask(Ask),
+}
+
+/// What to ask the store, and what to remember meanwhile.
+struct Ask {
+    plan: usize,
+    cost: u64,
+    now: Nanos,
+    started: Instant,
+    /// An escalation hold: the answer is a denial whatever the store says.
+    hold: Option<Denial>,
+}
+
+impl Ask {
+    fn plan<'a>(&self, p: &'a Prepared) -> &'a paceline_core::Plan {
+        &p.limits.inner.plans[self.plan]
+    }
+    fn key<'a>(&self, p: &'a Prepared) -> &'a str {
+        p.who.as_ref().map_or("", |w| w.key.as_str())
+    }
 }
 
 /// An admitted request's decision, for the response headers.
@@ -179,57 +209,80 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         }
     }
 
-    /// Decides from the head alone.
-    pub(crate) async fn decide(&self, p: Prepared) -> Verdict {
-        let base = p.limits.inner.problem_base.as_str();
-        let Some(who) = &p.who else {
-            return match p.usage {
-                true => Verdict::Respond(respond::unauthorized(base)),
-                false => Verdict::Pass,
-            };
-        };
-        if p.usage {
-            return self.usage(&p, who).await;
+    /// The tracing span of one decision.
+    fn span(&self, p: &Prepared) -> tracing::Span {
+        match &p.who {
+            Some(who) => {
+                let name = &p.limits.inner.names[who.plan].0;
+                tracing::debug_span!("paceline.decide", plan = %name, key = %who.hash, cost = p.route.cost)
+            }
+            None => tracing::Span::none(),
         }
-        let names = &p.limits.inner.names[who.plan];
-        let span = tracing::debug_span!("paceline.decide", plan = %names.0, key = %who.hash, cost = p.route.cost);
-        self.check(&p, who).instrument(span).await
     }
 
-    async fn usage(&self, p: &Prepared, who: &Who) -> Verdict {
-        let lim = &p.limits.inner;
-        if !who.publish {
-            return Verdict::Respond(respond::unauthorized(&lim.problem_base));
-        }
-        let plan = &lim.plans[who.plan];
-        let now = self.shared.clock.now();
-        match self.shared.store.check(plan, &who.key, 0, now).await {
-            Ok(d) => Verdict::Respond(respond::usage(
-                plan,
-                &lim.meta[who.plan],
-                &d,
-                now,
-                &lim.dialects,
-            )),
-            Err(e) => {
-                telemetry::store_error(&lim.names[who.plan].0);
-                tracing::warn!(error = %e, "usage: store unavailable");
-                Verdict::Respond(respond::unavailable(&lim.problem_base, false))
+    /// Decides at once when the store is in this process (no I/O, so no
+    /// future and no allocation for it); `None` for a remote store.
+    pub(crate) fn decide_now(&self, p: &Prepared) -> Option<Verdict> {
+        let mem = (&self.shared.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        let span = self.span(p);
+        let _entered = span.enter();
+        Some(match self.stage(p) {
+            Stage::Done(v) => v,
+            Stage::Ask(ask) => {
+                let r = mem.check_sync(ask.plan(p), ask.key(p), ask.cost, ask.now);
+                self.conclude(p, ask, r)
+            }
+        })
+    }
+
+    /// Decides from the head alone, with any store.
+    pub(crate) async fn decide(&self, p: &Prepared) -> Verdict {
+        let span = self.span(p);
+        match span.in_scope(|| self.stage(p)) {
+            Stage::Done(v) => v,
+            Stage::Ask(ask) => {
+                let r = self
+                    .shared
+                    .store
+                    .check(ask.plan(p), ask.key(p), ask.cost, ask.now)
+                    .instrument(span.clone())
+                    .await;
+                span.in_scope(|| self.conclude(p, ask, r))
             }
         }
     }
 
-    async fn check(&self, p: &Prepared, who: &Who) -> Verdict {
-        let started = Instant::now();
+    /// Everything before the store: who, escalation holds, the cost.
+    fn stage(&self, p: &Prepared) -> Stage {
         let lim = &p.limits.inner;
-        let plan = &lim.plans[who.plan];
-        let (plan_name, policy_names) = &lim.names[who.plan];
+        let Some(who) = &p.who else {
+            return Stage::Done(match p.usage {
+                true => Verdict::Respond(respond::unauthorized(&lim.problem_base)),
+                false => Verdict::Pass,
+            });
+        };
         let sh = &*self.shared;
-        let now = sh.clock.now();
-        let result = match sh.escalator.before(who.hash, now) {
+        let (now, started) = (sh.clock.now(), Instant::now());
+        let ask = |cost, hold| {
+            Stage::Ask(Ask {
+                cost,
+                now,
+                started,
+                hold,
+                plan: who.plan,
+            })
+        };
+        if p.usage {
+            return match who.publish {
+                true => ask(0, None),
+                false => Stage::Done(Verdict::Respond(respond::unauthorized(&lim.problem_base))),
+            };
+        }
+        match sh.escalator.before(who.hash, now) {
             Some(hold) => {
+                let plan = &lim.plans[who.plan];
                 if hold.fresh {
-                    escalated(plan_name, who.hash, hold.level, hold.wait);
+                    escalated(&lim.names[who.plan].0, who.hash, hold.level, hold.wait);
                 }
                 let policy = hold.policy.min(plan.policies().len() - 1);
                 let denial = Denial {
@@ -237,16 +290,41 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                     kind: plan.policy(policy).kind(),
                     retry_after: hold.wait,
                 };
-                sh.store.check(plan, &who.key, 0, now).await.map(|mut d| {
-                    d.outcome = Outcome::Denied(denial);
-                    d
-                })
+                // read the standing for the headers, charge nothing
+                ask(0, Some(denial))
             }
-            None => sh
-                .store
-                .check(plan, &who.key, p.route.cost, now)
-                .await
-                .map(|mut d| {
+            None => ask(p.route.cost, None),
+        }
+    }
+
+    /// Everything after the store: escalation, metrics, logs, the answer.
+    fn conclude(&self, p: &Prepared, ask: Ask, result: Result<Decision, StoreError>) -> Verdict {
+        let lim = &p.limits.inner;
+        let who = p.who.as_ref().expect("the store is asked only for someone");
+        let plan = &lim.plans[who.plan];
+        let (plan_name, policy_names) = &lim.names[who.plan];
+        let sh = &*self.shared;
+        let now = ask.now;
+        if p.usage {
+            return match result {
+                Ok(d) => Verdict::Respond(respond::usage(
+                    plan,
+                    &lim.meta[who.plan],
+                    &d,
+                    now,
+                    &lim.dialects,
+                )),
+                Err(e) => {
+                    telemetry::store_error(plan_name);
+                    tracing::warn!(error = %e, "usage: store unavailable");
+                    Verdict::Respond(respond::unavailable(&lim.problem_base, false))
+                }
+            };
+        }
+        let result = result.map(|mut d| {
+            match ask.hold {
+                Some(denial) => d.outcome = Outcome::Denied(denial),
+                None => {
                     if let Outcome::Denied(den) = &mut d.outcome {
                         let (wait, fresh) =
                             sh.escalator
@@ -256,10 +334,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                             escalated(plan_name, who.hash, Level::Extended, wait);
                         }
                     }
-                    d
-                }),
-        };
-        let elapsed = || started.elapsed().as_secs_f64();
+                }
+            }
+            d
+        });
+        let elapsed = || ask.started.elapsed().as_secs_f64();
         let d = match result {
             Ok(d) => d,
             Err(e) => {

@@ -11,9 +11,54 @@ use super::RateLimitBody;
 use crate::limiter::Verdict;
 use crate::RateLimiter;
 
-/// The future of [`RateLimit`].
-pub type ResponseFuture<B, E> =
+type Boxed<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send + 'static>>;
+
+/// The future of [`RateLimit`]: a rejection decided in process is ready at
+/// once and allocates nothing; anything that calls the inner service or a
+/// remote store is boxed.
+pub struct ResponseFuture<B, E> {
+    kind: Kind<B, E>,
+}
+
+enum Kind<B, E> {
+    Ready(Option<Response<RateLimitBody<B>>>),
+    Boxed(Boxed<B, E>),
+}
+
+// Nothing inside is ever pinned in place: the ready response is moved out
+// and the boxed future is pinned on the heap.
+impl<B, E> Unpin for ResponseFuture<B, E> {}
+
+impl<B, E> ResponseFuture<B, E> {
+    fn ready(res: Response<RateLimitBody<B>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Ready(Some(res)),
+        }
+    }
+}
+
+impl<B, E> Future for ResponseFuture<B, E> {
+    type Output = Result<Response<RateLimitBody<B>>, E>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().kind {
+            Kind::Ready(r) => Poll::Ready(Ok(r.take().expect("polled after completion"))),
+            Kind::Boxed(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<B, E> fmt::Debug for ResponseFuture<B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            Kind::Ready(_) => "ready",
+            Kind::Boxed(_) => "boxed",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("kind", &kind)
+            .finish()
+    }
+}
 
 /// A service that admits, rejects or answers (usage) before its inner
 /// service sees the request.
@@ -68,32 +113,42 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let prepared = self.limiter.prepare(&req);
-        let route = prepared.route.clone();
+        let now = self.limiter.decide_now(&prepared);
+        if let Some(Verdict::Respond(r)) = now {
+            // answered without the inner service; the request and its
+            // unread body are dropped here, the inner readiness is kept
+            return ResponseFuture::ready(r.map(RateLimitBody::full));
+        }
         // the clone stays for the next call; the ready one serves this one
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
-        Box::pin(async move {
-            let mut req = req;
-            match limiter.decide(prepared).await {
+        let fut = async move {
+            let verdict = match now {
+                Some(v) => v,
+                None => limiter.decide(&prepared).await,
+            };
+            match verdict {
                 Verdict::Pass => {
-                    req.extensions_mut().insert(route);
+                    req.extensions_mut().insert(prepared.route);
                     Ok(inner.call(req).await?.map(RateLimitBody::inner))
                 }
-                // the request (and its unread body) is dropped here
                 Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
                 Verdict::Admit(admitted) => {
                     // held units go back when the response body is done,
                     // or here if the call fails or is cancelled
                     let guard = limiter.release_guard(&admitted);
-                    req.extensions_mut().insert(route);
+                    req.extensions_mut().insert(prepared.route);
                     let mut res = inner.call(req).await?;
                     admitted.decorate(res.headers_mut());
                     Ok(res.map(|b| RateLimitBody::guarded(b, guard)))
                 }
             }
-        })
+        };
+        ResponseFuture {
+            kind: Kind::Boxed(Box::pin(fut)),
+        }
     }
 }
