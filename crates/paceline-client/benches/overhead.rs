@@ -55,6 +55,16 @@ fn bench(c: &mut Criterion) {
             black_box(go)
         })
     });
+    c.bench_function("wire parse alone (paceline_wire::parse_response)", |b| {
+        b.iter(|| {
+            black_box(paceline_wire::parse_response(
+                200,
+                black_box(&h),
+                None,
+                clock.now(),
+            ))
+        })
+    });
     c.bench_function("header parse (Observation::parse)", |b| {
         b.iter(|| black_box(Observation::parse(200, black_box(&h), None, clock.now())))
     });

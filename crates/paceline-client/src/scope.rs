@@ -253,7 +253,8 @@ impl Scope {
     }
 
     /// After ten successes spanning at least two seconds since the last
-    /// 429, shrink the header-absent spacing by an eighth, not below 5/4 of
+    /// 429, shrink the header-absent spacing by an eighth (a quarter while
+    /// the scope has never drawn a 429), not below 5/4 of
     /// the spacing that last drew a 429 (that floor halves after a quiet
     /// minute, so a provider that raised its limit is found again).
     fn absent_restore(&mut self, now: Nanos) {
@@ -267,7 +268,9 @@ impl Scope {
             self.gap_floor_at = now;
         }
         let floor = Nanos::new(self.gap_floor.as_u64() / 4 * 5);
-        let shrunk = Nanos::new(self.gap.as_u64() / 8 * 7).max(floor);
+        // never rejected yet: speed up faster (by a quarter)
+        let keep = if self.gap_floor == Nanos::ZERO { 6 } else { 7 };
+        let shrunk = Nanos::new(self.gap.as_u64() / 8 * keep).max(floor);
         self.gap = if shrunk < Nanos::from_millis(10) {
             Nanos::ZERO
         } else {

@@ -600,7 +600,10 @@ fn diagnostics_tell_mode_rates_and_the_last_429() {
     let mut h = HeaderMap::new();
     h.insert("retry-after", "2".parse().unwrap());
     h.insert("x-request-id", "r-1".parse().unwrap());
-    assert!(matches!(c.after_response(&mut call, 429, &h, None), After::RetryAfter(_)));
+    assert!(matches!(
+        c.after_response(&mut call, 429, &h, None),
+        After::RetryAfter(_)
+    ));
     let d = c.diagnostics();
     assert_eq!(d.requests, 1);
     assert_eq!(d.retries, 1);
@@ -608,7 +611,9 @@ fn diagnostics_tell_mode_rates_and_the_last_429() {
     let s = &d.scopes[0];
     assert_eq!(s.scope, "api.test");
     assert_eq!(s.mode, Mode::HeaderAbsent);
-    assert!(s.last_429_headers.contains(&("x-request-id".to_string(), "r-1".to_string())));
+    assert!(s
+        .last_429_headers
+        .contains(&("x-request-id".to_string(), "r-1".to_string())));
     assert!(s.paused_for_s >= 2.0);
     let json = serde_json::to_value(&d).unwrap();
     assert_eq!(json["scopes"][0]["mode"], "header_absent");
