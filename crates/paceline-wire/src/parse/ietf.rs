@@ -16,16 +16,53 @@ use sfv::visitor::{
 };
 use sfv::{BareItemFromInput, KeyRef, Parser};
 
-/// One list member as parsed: the bare item and the parameters we use.
+/// A parameter value as far as this module cares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Num {
+    #[default]
+    Absent,
+    Int(i64),
+    NotInt,
+}
+
+/// A bare item as far as this module cares.
+#[derive(Default)]
+enum Bare<'de> {
+    #[default]
+    Missing,
+    Str(Cow<'de, str>),
+    Token(&'de str),
+    Int(i64),
+    Other,
+}
+
+/// One list member as parsed: the bare item and the parameters we use,
+/// kept small so that collecting them costs little.
 #[derive(Default)]
 struct Entry<'de> {
-    bare: Option<BareItemFromInput<'de>>,
+    bare: Bare<'de>,
     inner_list: bool,
-    q: Option<BareItemFromInput<'de>>,
-    w: Option<BareItemFromInput<'de>>,
-    qu: Option<BareItemFromInput<'de>>,
-    r: Option<BareItemFromInput<'de>>,
-    t: Option<BareItemFromInput<'de>>,
+    q: Num,
+    w: Num,
+    r: Num,
+    t: Num,
+    /// `qu`: `Some(Ok)` a string, `Some(Err)` any other type.
+    qu: Option<Result<Cow<'de, str>, ()>>,
+}
+
+fn num(v: &BareItemFromInput<'_>) -> Num {
+    match v.as_integer() {
+        Some(i) => Num::Int(i64::from(i)),
+        None => Num::NotInt,
+    }
+}
+
+fn string<'de>(v: BareItemFromInput<'de>) -> Result<Cow<'de, str>, BareItemFromInput<'de>> {
+    match v {
+        BareItemFromInput::String(Cow::Borrowed(s)) => Ok(Cow::Borrowed(s.as_str())),
+        BareItemFromInput::String(Cow::Owned(s)) => Ok(Cow::Owned(s.as_str().to_owned())),
+        other => Err(other),
+    }
 }
 
 struct Collect<'de>(Vec<Entry<'de>>);
@@ -63,7 +100,14 @@ impl<'de> ItemVisitor<'de> for EntryRef<'_, 'de> {
         self,
         bare_item: BareItemFromInput<'de>,
     ) -> Result<impl ParameterVisitor<'de, Out = ()>, Infallible> {
-        self.0.bare = Some(bare_item);
+        self.0.bare = match string(bare_item) {
+            Ok(s) => Bare::Str(s),
+            Err(BareItemFromInput::Token(t)) => Bare::Token(t.as_str()),
+            Err(other) => match num(&other) {
+                Num::Int(i) => Bare::Int(i),
+                _ => Bare::Other,
+            },
+        };
         Ok(self)
     }
 }
@@ -77,15 +121,14 @@ impl<'de> ParameterVisitor<'de> for EntryRef<'_, 'de> {
         value: BareItemFromInput<'de>,
     ) -> Result<(), Infallible> {
         // Later duplicates overwrite earlier ones, as RFC 9651 requires.
-        let slot = match key.as_str() {
-            "q" => &mut self.0.q,
-            "w" => &mut self.0.w,
-            "qu" => &mut self.0.qu,
-            "r" => &mut self.0.r,
-            "t" => &mut self.0.t,
-            _ => return Ok(()),
-        };
-        *slot = Some(value);
+        match key.as_str() {
+            "q" => self.0.q = num(&value),
+            "w" => self.0.w = num(&value),
+            "r" => self.0.r = num(&value),
+            "t" => self.0.t = num(&value),
+            "qu" => self.0.qu = Some(string(value).map_err(|_| ())),
+            _ => {}
+        }
         Ok(())
     }
     fn finish(self) -> Result<(), Infallible> {
@@ -138,27 +181,24 @@ pub(crate) enum LimitField {
     },
 }
 
-fn non_neg(v: &Option<BareItemFromInput<'_>>, what: &str) -> Result<Option<u64>, String> {
+fn non_neg(v: Num, what: &str) -> Result<Option<u64>, String> {
     match v {
-        None => Ok(None),
-        Some(b) => match b.as_integer() {
-            Some(i) => u64::try_from(i64::from(i))
-                .map(Some)
-                .map_err(|_| format!("`{what}` is negative ({i})")),
-            None => Err(format!("`{what}` is not an integer")),
-        },
+        Num::Absent => Ok(None),
+        Num::Int(i) => u64::try_from(i)
+            .map(Some)
+            .map_err(|_| format!("`{what}` is negative ({i})")),
+        Num::NotInt => Err(format!("`{what}` is not an integer")),
     }
 }
 
-fn name_of<'a>(e: &'a Entry<'_>) -> Result<Cow<'a, str>, String> {
+fn name_of<'a>(e: &'a Entry<'_>) -> Result<&'a str, String> {
     if e.inner_list {
         return Err("an inner list where a policy name is required".into());
     }
     match &e.bare {
-        Some(BareItemFromInput::String(s)) => Ok(Cow::Borrowed(s.as_str())),
-        Some(BareItemFromInput::Token(t)) => Err(format!(
-            "policy name {} is a token; the draft requires a quoted string",
-            t.as_str()
+        Bare::Str(s) => Ok(s),
+        Bare::Token(t) => Err(format!(
+            "policy name {t} is a token; the draft requires a quoted string"
         )),
         _ => Err("a policy name must be a quoted string".into()),
     }
@@ -170,24 +210,24 @@ pub(crate) fn parse_policy_field(value: &str) -> Result<PolicyField, String> {
     if entries.is_empty() {
         return Err("empty list".into());
     }
-    if matches!(entries[0].bare, Some(BareItemFromInput::Integer(_))) && !entries[0].inner_list {
+    if matches!(entries[0].bare, Bare::Int(_)) && !entries[0].inner_list {
         return numbered(&entries).map(PolicyField::Numbered);
     }
     let mut out: Vec<PolicyItem> = Vec::with_capacity(entries.len());
     for e in &entries {
         let name = name_of(e)?;
-        let q = non_neg(&e.q, "q")?.ok_or_else(|| format!("policy {name:?} has no `q`"))?;
-        let w = non_neg(&e.w, "w")?;
+        let q = non_neg(e.q, "q")?.ok_or_else(|| format!("policy {name:?} has no `q`"))?;
+        let w = non_neg(e.w, "w")?;
         if w == Some(0) {
             return Err(format!("policy {name:?} has `w=0`"));
         }
         let qu = match &e.qu {
             None => None,
-            Some(BareItemFromInput::String(s)) => Some(s.as_str().to_string()),
-            Some(_) => return Err(format!("policy {name:?}: `qu` must be a string")),
+            Some(Ok(s)) => Some(s.to_string()),
+            Some(Err(())) => return Err(format!("policy {name:?}: `qu` must be a string")),
         };
         let item = PolicyItem {
-            name: name.into_owned(),
+            name: name.to_string(),
             q,
             w,
             qu,
@@ -210,13 +250,13 @@ fn numbered(entries: &[Entry<'_>]) -> Result<Vec<(u64, Option<u64>)>, String> {
     entries
         .iter()
         .map(|e| {
-            let q = match &e.bare {
-                Some(BareItemFromInput::Integer(i)) if !e.inner_list => {
-                    u64::try_from(i64::from(*i)).map_err(|_| format!("negative quota {i}"))?
+            let q = match e.bare {
+                Bare::Int(i) if !e.inner_list => {
+                    u64::try_from(i).map_err(|_| format!("negative quota {i}"))?
                 }
                 _ => return Err("mixed quota-policy items".to_string()),
             };
-            Ok((q, non_neg(&e.w, "w")?))
+            Ok((q, non_neg(e.w, "w")?))
         })
         .collect()
 }
@@ -233,10 +273,10 @@ pub(crate) fn parse_limit_field(value: &str) -> Result<LimitField, String> {
     let mut out: Vec<LimitItem> = Vec::with_capacity(entries.len());
     for e in &entries {
         let name = name_of(e)?;
-        let r = non_neg(&e.r, "r")?.ok_or_else(|| format!("item {name:?} has no `r`"))?;
-        let t = non_neg(&e.t, "t")?;
+        let r = non_neg(e.r, "r")?.ok_or_else(|| format!("item {name:?} has no `r`"))?;
+        let t = non_neg(e.t, "t")?;
         let item = LimitItem {
-            name: name.into_owned(),
+            name: name.to_string(),
             r,
             t,
         };

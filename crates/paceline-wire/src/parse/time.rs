@@ -161,6 +161,12 @@ pub fn parse_reset(s: &str, now: Nanos) -> Result<(Nanos, ResetForm), String> {
         return Err(format!("value too long ({} bytes)", s.len()));
     }
     let b = s.as_bytes();
+    if b.len() <= 15 && b.iter().all(u8::is_ascii_digit) {
+        let n: u64 = s
+            .parse()
+            .map_err(|_| format!("not a number: {}", shorten(s)))?;
+        return Ok(number_reset(n as f64, now));
+    }
     if b.iter().all(|c| c.is_ascii_digit() || *c == b'.') {
         let x = parse_decimal(s)?;
         return Ok(number_reset(x, now));

@@ -110,6 +110,13 @@ const FAMS: &[Fam] = &[
         prefix_names: true,
         bare_is_limit: false,
     },
+    Fam {
+        prefix: "x-quota-",
+        dialect: "x-quota",
+        default_name: "quota",
+        prefix_names: false,
+        bare_is_limit: false,
+    },
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,7 +171,28 @@ impl Route<'_> {
     }
 }
 
+/// Whether a header name can matter at all, decided from its first bytes
+/// so that the common headers (`content-type`, `date`, `x-request-id`…) cost
+/// next to nothing.
+fn may_matter(name: &[u8]) -> bool {
+    match name {
+        [b'r', b'a' | b'e', ..] | [b'a', b'n', ..] | [b's', b't' | b'f', ..] => true,
+        [b'f', b'a', ..] | [b'z', b'e', ..] => true,
+        [b'x', b'-', rest @ ..] => match rest {
+            [b'r', b'a', ..] => true,
+            [b's', b'h' | b'e', ..] | [b'm', b's', ..] | [b'g', b'i', ..] => true,
+            [b'e', b'n', ..] | [b'a', b'm' | b'p', ..] | [b'h', b'u', ..] => true,
+            [b'u', b's', ..] | [b'q', b'u', ..] => true,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 fn classify(name: &str) -> Option<Route<'_>> {
+    if !may_matter(name.as_bytes()) {
+        return None;
+    }
     Some(match name {
         "ratelimit-policy" => Route::IetfPolicy,
         "ratelimit" => Route::IetfLimit,
@@ -327,7 +355,7 @@ impl Acc {
     }
 
     pub(crate) fn dialect(&mut self, d: &str) {
-        if !self.dialects.iter().any(|x| x == d) {
+        if !self.dialects.iter().any(|x| same_str(x, d)) {
             self.dialects.push(d.to_string());
         }
     }
@@ -344,7 +372,17 @@ impl Acc {
                 None => self.ignore("age", "not a non-negative integer"),
             }
         }
-        for name in headers.keys() {
+        let mut it = headers.iter().peekable();
+        while let Some((name, first)) = it.next() {
+            // All values of one name come together, under the same key.
+            let mut more: Vec<&http::HeaderValue> = Vec::new();
+            while let Some((n, v)) = it.peek() {
+                if !std::ptr::eq(*n, name) {
+                    break;
+                }
+                more.push(v);
+                it.next();
+            }
             let n = name.as_str();
             let Some(route) = classify(n) else { continue };
             if route.is_counter() && self.age > 0 {
@@ -355,7 +393,7 @@ impl Acc {
                 self.ignore(n, reason);
                 continue;
             }
-            let Some(value) = self.value(headers, name, route.is_list()) else {
+            let Some(value) = self.value(n, first, &more, route.is_list()) else {
                 continue;
             };
             self.apply(route, n, &value);
@@ -366,19 +404,20 @@ impl Acc {
     /// agree for the others.
     fn value<'h>(
         &mut self,
-        headers: &'h HeaderMap,
-        name: &http::HeaderName,
+        name: &str,
+        first: &'h http::HeaderValue,
+        more: &[&'h http::HeaderValue],
         list: bool,
     ) -> Option<Cow<'h, str>> {
         let mut out: Option<Cow<'h, str>> = None;
-        for v in headers.get_all(name) {
+        for v in std::iter::once(first).chain(more.iter().copied()) {
             let Ok(s) = v.to_str() else {
-                self.ignore(name.as_str(), "value is not visible ASCII");
+                self.ignore(name, "value is not visible ASCII");
                 return None;
             };
             let len = out.as_ref().map_or(0, |o| o.len()) + s.len();
             if len > MAX_VALUE_LEN {
-                self.ignore(name.as_str(), format!("value too long ({len} bytes)"));
+                self.ignore(name, format!("value too long ({len} bytes)"));
                 return None;
             }
             out = Some(match out {
@@ -388,7 +427,7 @@ impl Acc {
                 Some(prev) => {
                     let reason =
                         format!("conflicting values {} and {}", shorten(&prev), shorten(s));
-                    self.ignore(name.as_str(), reason);
+                    self.ignore(name, reason);
                     return None;
                 }
             });
@@ -467,7 +506,7 @@ impl Acc {
         let pos = self
             .groups
             .iter()
-            .position(|g| g.fam == fam && g.qual == qual);
+            .position(|g| g.fam == fam && same_str(&g.qual, qual));
         let i = match pos {
             Some(i) => i,
             None => {
@@ -698,7 +737,10 @@ impl Acc {
             .filter(|p| p.is_exhausted())
             .filter_map(|p| p.reset_in)
             .max();
+        // A 403 is a rate limit only with evidence: a body that says so, a
+        // request window used up, or a Retry-After (GitHub's secondary limit).
         let rate_evidence = self.body_rate_limited
+            || header_wait.is_some()
             || policies
                 .iter()
                 .any(|p| p.unit.is_requests() && p.is_exhausted());
@@ -766,6 +808,12 @@ impl Acc {
         }
         out
     }
+}
+
+/// String equality that settles the common cases (different lengths, both
+/// empty) without calling `memcmp`.
+fn same_str(a: &str, b: &str) -> bool {
+    a.len() == b.len() && (a.is_empty() || a.as_bytes() == b.as_bytes())
 }
 
 /// Draft-05/06 `RateLimit-Policy: 10;w=1, 50;w=60` gives the window of the
@@ -864,7 +912,9 @@ fn outcome(
     body_quota: bool,
 ) -> OutcomeKind {
     let code = problem.and_then(|p| p.code.as_deref());
+    // 420 is Twitter's old "Enhance Your Calm".
     let limited = status == 429
+        || status == 420
         || (status == 403 && rate_evidence)
         || (status >= 400 && matches!(code, Some("rate_limited" | "quota_exhausted")));
     if limited {
@@ -918,6 +968,10 @@ fn classify_limit(
 /// `100`, `100;w=21600` (Docker Hub, draft-03), `10, 10;w=1, 50;w=60`
 /// (draft-03 with quota policies): the count and, when stated, its window.
 fn count_with_window(v: &str) -> Result<(u64, Option<u64>), String> {
+    let t = v.trim();
+    if !t.is_empty() && t.len() <= 15 && t.bytes().all(|c| c.is_ascii_digit()) {
+        return Ok((t.parse().map_err(|_| format!("not a count: {t:?}"))?, None));
+    }
     let mut first: Option<(u64, Option<u64>)> = None;
     let mut windows: Vec<(u64, u64)> = Vec::new();
     // `150/15m`: a count per window.
@@ -960,7 +1014,9 @@ fn short_token(v: &str) -> Result<String, String> {
 }
 
 fn unit_from_words(q: &str) -> Unit {
-    if q.contains("token") && !q.contains("api-token") {
+    if q.is_empty() {
+        Unit::Requests
+    } else if q.contains("token") && !q.contains("api-token") {
         Unit::Tokens
     } else if q.contains("concurrent") {
         Unit::ConcurrentRequests
@@ -977,6 +1033,9 @@ fn unit_from_words(q: &str) -> Unit {
 }
 
 fn window_from_words(q: &str) -> Option<u64> {
+    if q.is_empty() {
+        return None;
+    }
     q.split('-').find_map(|w| match w {
         "second" | "secondly" | "sec" | "1s" => Some(1),
         "minute" | "minutely" | "min" | "1m" | "rpm" | "tpm" => Some(60),
@@ -1014,6 +1073,53 @@ fn azure_window(name: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefilter_keeps_every_routed_name() {
+        for n in [
+            "ratelimit",
+            "ratelimit-policy",
+            "retry-after",
+            "retry-after-ms",
+            "x-ms-retry-after-ms",
+            "x-amz-retry-after",
+            "x-ratelimit-retry-after",
+            "x-rate-limit-retry-after",
+            "stripe-should-retry",
+            "x-should-retry",
+            "x-rate-limit",
+            "x-shopify-shop-api-call-limit",
+            "sforce-limit-info",
+            "x-sentry-rate-limits",
+            "x-github-request-id",
+            "x-envoy-ratelimited",
+            "stripe-rate-limited-reason",
+            "x-ms-ratelimit-remaining-resource",
+            "zendesk-ratelimit-a",
+            "x-ratelimit-limit",
+            "x-rate-limit-limit",
+            "ratelimit-limit",
+            "anthropic-ratelimit-x-limit",
+            "x-sentry-rate-limit-limit",
+            "fastly-ratelimit-remaining",
+            "x-hubspot-ratelimit-max",
+            "x-app-limit-24hour-limit",
+            "x-user-limit-24hour-limit",
+            "x-quota-limit",
+        ] {
+            assert!(classify(n).is_some(), "{n}");
+        }
+        for n in [
+            "content-type",
+            "date",
+            "x-request-id",
+            "x-frame-options",
+            "server",
+            "age",
+        ] {
+            assert!(classify(n).is_none(), "{n}");
+        }
+    }
 
     #[test]
     fn field_words() {
