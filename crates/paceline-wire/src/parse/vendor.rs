@@ -178,13 +178,18 @@ fn may_matter(name: &[u8]) -> bool {
     match name {
         [b'r', b'a' | b'e', ..] | [b'a', b'n', ..] | [b's', b't' | b'f', ..] => true,
         [b'f', b'a', ..] | [b'z', b'e', ..] => true,
-        [b'x', b'-', rest @ ..] => match rest {
-            [b'r', b'a', ..] => true,
-            [b's', b'h' | b'e', ..] | [b'm', b's', ..] | [b'g', b'i', ..] => true,
-            [b'e', b'n', ..] | [b'a', b'm' | b'p', ..] | [b'h', b'u', ..] => true,
-            [b'u', b's', ..] | [b'q', b'u', ..] => true,
-            _ => false,
-        },
+        [b'x', b'-', rest @ ..] => matches!(
+            rest,
+            [b'r', b'a', ..]
+                | [b's', b'h' | b'e', ..]
+                | [b'm', b's', ..]
+                | [b'g', b'i', ..]
+                | [b'e', b'n', ..]
+                | [b'a', b'm' | b'p', ..]
+                | [b'h', b'u', ..]
+                | [b'u', b's', ..]
+                | [b'q', b'u', ..]
+        ),
         _ => false,
     }
 }
