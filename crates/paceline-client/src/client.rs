@@ -622,6 +622,11 @@ impl Client {
         After::Error(error)
     }
 
+    /// The pacing mode of `scope`, if the client has seen it.
+    pub fn mode(&self, scope: &str) -> Option<Mode> {
+        self.inner.state.lock().scopes.get(scope).map(|s| s.mode)
+    }
+
     /// The retry budget as it stands.
     pub fn budget(&self) -> crate::budget::BudgetStats {
         let now = self.now();

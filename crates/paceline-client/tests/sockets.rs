@@ -113,6 +113,40 @@ async fn tower_finishes_at_the_floor_on_paused_time() {
     assert!((elapsed - 10.5).abs() <= 10.5 * 0.03, "{elapsed} s");
 }
 
+/// Seeded from the usage endpoint, the first wave goes at once (no probe).
+#[tokio::test(start_paused = true)]
+async fn usage_seeding_lets_the_first_wave_go_at_once() {
+    let clock = TokioClock::new();
+    let (addr, seen) = server::spawn(server::race_plan(), Publish::Full, clock.clone()).await;
+    let sdk = Client::builder().clock(clock).seed(4).build();
+    let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(PacelineMiddleware::new(sdk.clone()).usage_path("/v1/usage"))
+        .build();
+    let started = tokio::time::Instant::now();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let http = http.clone();
+            tokio::spawn(async move {
+                http.get(format!("http://{addr}/v1/jobs/{i}"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert_eq!(seen.rejected.load(Ordering::Relaxed), 0);
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 8);
+    assert!(started.elapsed() < std::time::Duration::from_millis(50));
+    assert_eq!(
+        sdk.mode(&addr.to_string()),
+        Some(paceline_client::Mode::Paced)
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_daily_quota_comes_back_as_quota_exceeded() {
     let clock = TokioClock::new();

@@ -46,13 +46,17 @@ pub fn race_plan() -> Plan {
 
 async fn handle<C: Clock + Clone>(
     State(app): State<Arc<App<C>>>,
+    uri: axum::http::Uri,
     req_headers: HeaderMap,
 ) -> Response<Body> {
-    app.seen.requests.fetch_add(1, Ordering::Relaxed);
     let key = req_headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("anonymous");
+    if uri.path() == "/v1/usage" {
+        return usage(&app, key);
+    }
+    app.seen.requests.fetch_add(1, Ordering::Relaxed);
     let d = app.limiter.check_sync(&app.plan, key, 1).unwrap();
     let mut headers = HeaderMap::new();
     let (status, body) = if d.is_allowed() {
@@ -88,6 +92,25 @@ async fn handle<C: Clock + Clone>(
         headers.insert("content-type", "application/problem+json".parse().unwrap());
     }
     resp.headers_mut().extend(headers);
+    resp
+}
+
+/// `GET /v1/usage`: every policy with what is left, without charging.
+fn usage<C: Clock + Clone>(app: &App<C>, key: &str) -> Response<Body> {
+    let d = app.limiter.check_sync(&app.plan, key, 0).unwrap();
+    let limits: Vec<_> = app
+        .plan
+        .policies()
+        .iter()
+        .zip(d.statuses.iter())
+        .map(|(p, s)| {
+            serde_json::json!({"name": p.name(), "q": p.quota(), "w": p.window_s(), "r": s.remaining, "t": s.reset_secs()})
+        })
+        .collect();
+    let body = serde_json::json!({"plan": app.plan.name(), "limits": limits}).to_string();
+    let mut resp = Response::new(Body::from(body));
+    resp.headers_mut()
+        .insert("cache-control", "no-store".parse().unwrap());
     resp
 }
 

@@ -20,25 +20,98 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{Extensions, HeaderValue};
 use http_body_util::BodyExt;
+use parking_lot::Mutex;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next, Result};
+use tokio::sync::OnceCell;
 
 use super::{sleep, Guard, IDEMPOTENCY_KEY, PROBLEM_BODY_CAP};
-use crate::{After, Before, Client, ClientError, RequestInfo};
+use crate::{After, Before, Client, ClientError, Mode, RequestInfo};
 
 /// Paces and retries every request through a shared [`Client`].
 #[derive(Clone, Debug)]
 pub struct PacelineMiddleware {
     client: Client,
+    usage_path: Option<String>,
+    usage_seeded: Arc<Mutex<HashMap<String, Arc<OnceCell<()>>>>>,
 }
 
 impl PacelineMiddleware {
     /// A middleware over `client` (clones share its state).
     pub fn new(client: Client) -> Self {
-        PacelineMiddleware { client }
+        PacelineMiddleware {
+            client,
+            usage_path: None,
+            usage_seeded: Arc::default(),
+        }
+    }
+
+    /// Seeds each new scope from the API's usage endpoint at `path` (for
+    /// example `/v1/usage`) before its first request, sent with the same
+    /// `Authorization` header, so every worker can start at once instead
+    /// of waiting for a first response. A failure is ignored: the scope
+    /// then learns from its first response.
+    pub fn usage_path(mut self, path: impl Into<String>) -> Self {
+        self.usage_path = Some(path.into());
+        self
+    }
+
+    async fn seed_from_usage(
+        &self,
+        req: &Request,
+        scope: &str,
+        extensions: &mut Extensions,
+        next: &Next<'_>,
+    ) {
+        let Some(path) = &self.usage_path else { return };
+        if self.client.mode(scope).is_some_and(|m| m != Mode::Unseeded) {
+            return;
+        }
+        // concurrent first requests of the scope wait for the one fetch
+        let cell = self
+            .usage_seeded
+            .lock()
+            .entry(scope.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_init(|| self.fetch_usage(req, path, scope, extensions, next))
+            .await;
+    }
+
+    async fn fetch_usage(
+        &self,
+        req: &Request,
+        path: &str,
+        scope: &str,
+        extensions: &mut Extensions,
+        next: &Next<'_>,
+    ) {
+        let mut url = req.url().clone();
+        url.set_path(path);
+        url.set_query(None);
+        let mut usage = Request::new(http::Method::GET, url);
+        if let Some(auth) = req.headers().get(http::header::AUTHORIZATION) {
+            usage
+                .headers_mut()
+                .insert(http::header::AUTHORIZATION, auth.clone());
+        }
+        let Ok(resp) = next.clone().run(usage, extensions).await else {
+            return;
+        };
+        if !resp.status().is_success() {
+            return;
+        }
+        if let Ok(body) = resp.bytes().await {
+            if self.client.seed_usage(scope, &body).is_err() {
+                tracing::debug!(scope, "usage endpoint answered an unreadable body");
+            }
+        }
     }
     /// The SDK client, for diagnostics.
     pub fn client(&self) -> &Client {
@@ -92,6 +165,8 @@ impl Middleware for PacelineMiddleware {
         {
             info = info.with_idempotency_key(k);
         }
+        let scope = info.scope.clone();
+        self.seed_from_usage(&req, &scope, extensions, &next).await;
         let mut g = Guard {
             client: self.client.clone(),
             call: self.client.call(info),
