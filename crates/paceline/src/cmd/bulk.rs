@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use paceline_client::adapter::reqwest::PacelineMiddleware;
-use paceline_client::{Client as Sdk, ClientError};
+use paceline_client::{Client as Sdk, ClientError, Event};
 use paceline_core::{Nanos, SystemClock};
 use parking_lot::Mutex;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
@@ -62,6 +62,10 @@ pub(crate) struct Args {
     /// Hide the progress bar.
     #[arg(long)]
     no_progress: bool,
+    /// Print every SDK retry, drop and mode change (escalation alerts are
+    /// always printed).
+    #[arg(long, short = 'v')]
+    verbose: bool,
 }
 
 /// One request of the list.
@@ -334,6 +338,7 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
             .build()
     };
     let bar = progress(n, args.no_progress);
+    watch(&sdk, &bar, args.verbose);
     let queue = Arc::new(Mutex::new(jobs.into_iter()));
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -391,6 +396,40 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
         floor_s: floor.map(|f| (f * 1000.0).round() / 1000.0),
         errors,
     })
+}
+
+/// Prints the SDK's alerts (and with `verbose` every event) above the bar.
+fn watch(sdk: &Sdk, bar: &indicatif::ProgressBar, verbose: bool) {
+    let bar = bar.clone();
+    sdk.subscribe(move |e| {
+        let line = match e {
+            Event::Escalated { scope, factor } => {
+                format!("alert: {scope}: 429s although the headers were obeyed; spacing x{factor}")
+            }
+            _ if !verbose => return,
+            Event::Restored { scope, factor } => format!("{scope}: spacing back to x{factor}"),
+            Event::ModeChange { scope, from, to } => {
+                format!("{scope}: mode {} -> {}", from.as_str(), to.as_str())
+            }
+            Event::Retry {
+                scope,
+                attempt,
+                wait,
+                status,
+            } => format!(
+                "{scope}: retry after attempt {attempt} (status {}) in {:.2} s",
+                status.map_or("none".to_string(), |s| s.to_string()),
+                wait.as_secs_f64()
+            ),
+            Event::Drop { scope, error } => format!("{scope}: gave up: {error}"),
+            _ => return,
+        };
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+    });
 }
 
 /// The least time `jobs` can take: `burst` at once, the rest at `rate`.
