@@ -137,9 +137,100 @@ impl<'de> ParameterVisitor<'de> for EntryRef<'_, 'de> {
 }
 
 fn parse_list(value: &str) -> Result<Vec<Entry<'_>>, String> {
+    if let Some(entries) = fast_list(value) {
+        return Ok(entries);
+    }
     Parser::new(value)
         .parse_list_with_visitor(Collect(Vec::with_capacity(4)))
         .map_err(|e| format!("not a structured-field list: {e}"))
+}
+
+/// The common shape, read without the general parser: quoted names with
+/// no escapes, each followed by `;key=integer` parameters, members split by
+/// commas. Anything else (escapes, other value types, signs, decimals, odd
+/// characters) returns `None` and goes to `sfv`, so both paths always agree
+/// on what they accept.
+fn fast_list(value: &str) -> Option<Vec<Entry<'_>>> {
+    let b = value.as_bytes();
+    let mut i = 0;
+    let skip = |i: &mut usize, ws: &[u8]| {
+        while *i < b.len() && ws.contains(&b[*i]) {
+            *i += 1;
+        }
+    };
+    skip(&mut i, b" ");
+    let mut out = Vec::with_capacity(4);
+    loop {
+        // "name"
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let start = i + 1;
+        let mut j = start;
+        while j < b.len() && b[j] != b'"' {
+            if b[j] == b'\\' || !(0x20..=0x7e).contains(&b[j]) {
+                return None;
+            }
+            j += 1;
+        }
+        if j >= b.len() {
+            return None;
+        }
+        let mut e = Entry {
+            bare: Bare::Str(Cow::Borrowed(&value[start..j])),
+            ..Entry::default()
+        };
+        i = j + 1;
+        // ;key=integer
+        while b.get(i) == Some(&b';') {
+            i += 1;
+            skip(&mut i, b" ");
+            let ks = i;
+            if !matches!(b.get(i), Some(b'a'..=b'z' | b'*')) {
+                return None;
+            }
+            while i < b.len()
+                && matches!(b[i], b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'*')
+            {
+                i += 1;
+            }
+            let key = &value[ks..i];
+            if b.get(i) != Some(&b'=') {
+                return None;
+            }
+            i += 1;
+            let ds = i;
+            while i < b.len() && b[i].is_ascii_digit() {
+                i += 1;
+            }
+            let digits = i - ds;
+            if digits == 0 || digits > 15 || b.get(i) == Some(&b'.') {
+                return None;
+            }
+            let n: i64 = value[ds..i].parse().ok()?;
+            match key {
+                "q" => e.q = Num::Int(n),
+                "w" => e.w = Num::Int(n),
+                "r" => e.r = Num::Int(n),
+                "t" => e.t = Num::Int(n),
+                "qu" => return None,
+                _ => {}
+            }
+        }
+        out.push(e);
+        skip(&mut i, b" \t");
+        if i == b.len() {
+            return Some(out);
+        }
+        if b[i] != b',' {
+            return None;
+        }
+        i += 1;
+        skip(&mut i, b" \t");
+        if i == b.len() {
+            return None; // a trailing comma is an error: let sfv say so
+        }
+    }
 }
 
 /// One item of the current draft's `RateLimit-Policy`.
@@ -363,6 +454,48 @@ mod tests {
         assert!(parse_policy_field(r#""a";w=1"#).is_err());
         assert!(parse_policy_field(r#""a";q=1;w=0"#).is_err());
         assert!(parse_policy_field(r#""a";q=1;qu=requests"#).is_err());
+    }
+
+    fn same(a: &Entry<'_>, b: &Entry<'_>) -> bool {
+        let name = |e: &Entry<'_>| match &e.bare {
+            Bare::Str(s) => Some(s.to_string()),
+            _ => None,
+        };
+        name(a) == name(b)
+            && a.inner_list == b.inner_list
+            && (a.q, a.w, a.r, a.t) == (b.q, b.w, b.r, b.t)
+            && a.qu.is_some() == b.qu.is_some()
+    }
+
+    fn by_sfv(v: &str) -> Option<Vec<Entry<'_>>> {
+        Parser::new(v)
+            .parse_list_with_visitor(Collect(Vec::new()))
+            .ok()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn fast_path_agrees_with_sfv(v in r#"[ ]{0,2}("[a-z ;=,]{0,4}"(;[ ]?[a-z*][a-z0-9_.*-]{0,2}=[0-9]{1,17}(\.[0-9])?){0,4}[ \t]{0,2},?[ \t]{0,2}){1,4}[ ]{0,2}"#) {
+            if let Some(fast) = fast_list(&v) {
+                let slow = by_sfv(&v);
+                proptest::prop_assert!(slow.is_some(), "fast accepted what sfv rejects: {v:?}");
+                let slow = slow.unwrap();
+                proptest::prop_assert_eq!(fast.len(), slow.len());
+                for (a, b) in fast.iter().zip(&slow) {
+                    proptest::prop_assert!(same(a, b), "{v:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fast_path_takes_the_common_shape() {
+        assert!(fast_list(r#""burst";q=20;w=2, "daily";q=10000;w=86400"#).is_some());
+        assert!(fast_list(r#""burst";r=7;t=1,"daily";r=2310;t=21600"#).is_some());
+        assert!(fast_list(r#""a";q=1;qu="requests""#).is_none());
+        assert!(fast_list(r#""a";r=-1"#).is_none());
+        assert!(fast_list(r#""a";r=1.5"#).is_none());
+        assert!(fast_list(r#""a";r=1,"#).is_none());
     }
 
     #[test]
