@@ -143,7 +143,7 @@ haproxy_conf() { # haproxy_conf RATE BURST
   cat >"$work/haproxy.cfg" <<EOF
 global
   nbthread 1
-  maxconn 20000
+  maxconn 4096
 defaults
   mode http
   timeout connect 2s

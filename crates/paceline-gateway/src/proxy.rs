@@ -44,11 +44,15 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 /// The request body sent upstream: the client's, with an idle bound.
 type UpstreamBody = IdleTimeout<Incoming>;
 
-/// Forwards requests to one upstream.
+/// Forwards requests to one upstream. Clones share the connection pool.
 #[derive(Clone)]
 pub struct Proxy {
+    inner: Arc<ProxyInner>,
+}
+
+struct ProxyInner {
     client: Client<HttpConnector, UpstreamBody>,
-    target: Arc<Target>,
+    target: Target,
     timeouts: Timeouts,
     shedder: Option<Shedder>,
 }
@@ -56,7 +60,7 @@ pub struct Proxy {
 impl std::fmt::Debug for Proxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Proxy")
-            .field("upstream", &self.target.authority)
+            .field("upstream", &self.inner.target.authority)
             .finish_non_exhaustive()
     }
 }
@@ -92,19 +96,22 @@ impl Proxy {
                 .unwrap_or_default(),
         };
         Proxy {
-            client,
-            target: Arc::new(target),
-            timeouts,
-            shedder,
+            inner: Arc::new(ProxyInner {
+                client,
+                target,
+                timeouts,
+                shedder,
+            }),
         }
     }
 
     fn upstream_uri(&self, uri: &Uri) -> Uri {
         let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let pq = format!("{}{}", self.target.base, pq);
+        let target = &self.inner.target;
+        let pq = format!("{}{}", target.base, pq);
         Uri::builder()
-            .scheme(self.target.scheme.clone())
-            .authority(self.target.authority.clone())
+            .scheme(target.scheme.clone())
+            .authority(target.authority.clone())
             .path_and_query(pq)
             .build()
             .unwrap_or_else(|_| Uri::from_static("/"))
@@ -112,6 +119,7 @@ impl Proxy {
 
     /// Forwards one request.
     pub async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let this = &*self.inner;
         let (mut parts, body) = req.into_parts();
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
         let host = original_host(&parts.uri, &parts.headers);
@@ -127,20 +135,20 @@ impl Proxy {
             .insert("x-forwarded-proto", HeaderValue::from_static("http"));
         parts.uri = self.upstream_uri(&parts.uri);
         parts.version = Version::HTTP_11;
-        let body = IdleTimeout::new(body, self.timeouts.body_idle);
+        let body = IdleTimeout::new(body, this.timeouts.body_idle);
         let out = Request::from_parts(parts, body);
         let started = Instant::now();
-        let sent = tokio::time::timeout(self.timeouts.upstream_header, self.client.request(out));
+        let sent = tokio::time::timeout(this.timeouts.upstream_header, this.client.request(out));
         match sent.await {
             Ok(Ok(res)) => {
                 let took = started.elapsed();
                 m::upstream_latency(took);
-                if let Some(s) = &self.shedder {
+                if let Some(s) = &this.shedder {
                     s.record_latency(took);
                 }
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                let body = IdleTimeout::new(body, self.timeouts.body_idle);
+                let body = IdleTimeout::new(body, this.timeouts.body_idle);
                 Response::from_parts(parts, body.boxed_unsync())
             }
             Ok(Err(e)) => {
@@ -156,7 +164,7 @@ impl Proxy {
             Err(_) => {
                 m::upstream_error("timeout");
                 tracing::warn!(
-                    timeout_ms = self.timeouts.upstream_header.as_millis() as u64,
+                    timeout_ms = this.timeouts.upstream_header.as_millis() as u64,
                     "upstream timed out"
                 );
                 gateway_error(

@@ -24,15 +24,19 @@ pub type Classify = Arc<dyn Fn(&Method, &str) -> Criticality + Send + Sync>;
 /// Wraps a service in [`LoadShed`].
 #[derive(Clone)]
 pub struct LoadShedLayer {
+    inner: Arc<LayerInner>,
+}
+
+struct LayerInner {
     shedder: Shedder,
     classify: Classify,
-    problem_base: Arc<str>,
+    problem_base: Box<str>,
 }
 
 impl fmt::Debug for LoadShedLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoadShedLayer")
-            .field("shedder", &self.shedder)
+            .field("shedder", &self.inner.shedder)
             .finish_non_exhaustive()
     }
 }
@@ -42,9 +46,11 @@ impl LoadShedLayer {
     /// criticality, `problem_base` prefixes the problem `type`.
     pub fn new(shedder: Shedder, classify: Classify, problem_base: &str) -> Self {
         LoadShedLayer {
-            shedder,
-            classify,
-            problem_base: Arc::from(problem_base),
+            inner: Arc::new(LayerInner {
+                shedder,
+                classify,
+                problem_base: problem_base.into(),
+            }),
         }
     }
 }
@@ -95,12 +101,16 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let c = (self.layer.classify)(req.method(), req.uri().path());
-        let Some(guard) = self.layer.shedder.try_admit(c) else {
+        let layer = &*self.layer.inner;
+        let c = match layer.shedder.settings().max_in_flight {
+            0 => Criticality::Critical, // shedding is off: no need to look
+            _ => (layer.classify)(req.method(), req.uri().path()),
+        };
+        let Some(guard) = layer.shedder.try_admit(c) else {
             metrics::counter!(crate::metrics::SHED, "criticality" => c.as_str()).increment(1);
             let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
-            let retry = self.layer.shedder.settings().retry_after_s;
-            let res = overloaded(&self.layer.problem_base, retry, close);
+            let retry = layer.shedder.settings().retry_after_s;
+            let res = overloaded(&layer.problem_base, retry, close);
             return Box::pin(async move { Ok(res.map(ShedBody::full)) });
         };
         let clone = self.inner.clone();

@@ -23,6 +23,10 @@ pub(crate) struct Args {
     /// Listen here instead of the file's `gateway.listen`.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
+    /// Worker threads (default: the cores this process may run on; with
+    /// one, a single-threaded runtime).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
 }
 
 /// Runs `paceline gateway`.
@@ -44,10 +48,20 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(addr) = args.listen {
         config.settings.listen = addr;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    let threads = args
+        .threads
+        .or_else(|| std::thread::available_parallelism().ok().map(Into::into))
+        .unwrap_or(1)
+        .max(1);
+    let mut rt = match threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
+    let rt = rt.enable_all().build().context("starting the runtime")?;
     rt.block_on(serve(config))?;
     Ok(0)
 }
