@@ -38,3 +38,206 @@ fn ietf_tightest_and_borrowed_quota() {
     assert_eq!(v.retry_after, None);
     assert_eq!(v.dialects, vec!["ietf".to_string()]);
 }
+
+fn reasons(v: &ResponseView, field: &str) -> Vec<String> {
+    v.ignored
+        .iter()
+        .filter(|i| i.field == field)
+        .map(|i| i.reason.clone())
+        .collect()
+}
+
+#[test]
+fn retry_after_precedence_and_leniency() {
+    // Retry-After wins over an exhausted window.
+    let h = headers(&[
+        ("retry-after", "3"),
+        ("ratelimit-policy", r#""d";q=10;w=86400"#),
+        ("ratelimit", r#""d";r=0;t=500"#),
+    ]);
+    assert_eq!(
+        parse_response(429, &h, None, NOW).retry_after,
+        Some(Nanos::from_secs(3))
+    );
+    // A plain decimal is accepted leniently.
+    let h = headers(&[("retry-after", "1.5")]);
+    assert_eq!(
+        parse_response(429, &h, None, NOW).retry_after,
+        Some(Nanos::from_millis(1500))
+    );
+    // Invalid ones are ignored (not clamped): the exhausted window decides.
+    for bad in ["-1", "1e30", "soon", "0x10", "5, 7"] {
+        let h = headers(&[
+            ("retry-after", bad),
+            ("ratelimit-policy", r#""d";q=10;w=60"#),
+            ("ratelimit", r#""d";r=0;t=40"#),
+        ]);
+        let v = parse_response(429, &h, None, NOW);
+        assert_eq!(v.retry_after, Some(Nanos::from_secs(40)), "{bad}");
+        assert_eq!(v.retry_after_header, None, "{bad}");
+        assert_eq!(reasons(&v, "retry-after").len(), 1, "{bad}");
+    }
+    // Two header lines that disagree are ignored; two that agree are fine.
+    let h = headers(&[("retry-after", "5"), ("retry-after", "9")]);
+    assert_eq!(parse_response(429, &h, None, NOW).retry_after, None);
+    let h = headers(&[("retry-after", "5"), ("retry-after", "5")]);
+    assert_eq!(
+        parse_response(429, &h, None, NOW).retry_after,
+        Some(Nanos::from_secs(5))
+    );
+    // A date in the past, or zero: go now.
+    let h = headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:37 GMT")]);
+    assert_eq!(parse_response(503, &h, None, NOW).retry_after, None);
+}
+
+#[test]
+fn the_latest_exhausted_reset_in_any_unit_sets_the_wait() {
+    let h = headers(&[
+        ("x-ratelimit-limit-requests", "60"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "2s"),
+        ("x-ratelimit-limit-tokens", "1000"),
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "45s"),
+    ]);
+    let v = parse_response(429, &h, None, NOW);
+    assert_eq!(v.retry_after, Some(Nanos::from_secs(45)));
+    // limit/remaining describe the request window only.
+    assert_eq!((v.limit, v.remaining), (Some(60), Some(0)));
+    assert_eq!(v.reset_in, Some(Nanos::from_secs(2)));
+}
+
+#[test]
+fn tie_on_remaining_picks_the_later_reset() {
+    let h = headers(&[
+        ("ratelimit-policy", r#""a";q=10;w=10, "b";q=50;w=3600"#),
+        ("ratelimit", r#""a";r=4;t=3, "b";r=4;t=900"#),
+    ]);
+    let v = parse_response(200, &h, None, NOW);
+    assert_eq!(v.tightest_policy().unwrap().name, "b");
+    assert_eq!(v.limit, Some(50));
+}
+
+#[test]
+fn broken_structured_fields_are_ignored_whole() {
+    for (field, value) in [
+        ("ratelimit", r#""a";r=1;t=1, b;r=2;t=2"#),
+        ("ratelimit", r#""a";r=-1;t=1"#),
+        ("ratelimit", r#""a";r=1.5;t=1"#),
+        ("ratelimit", r#""a";r=1234567890123456;t=1"#),
+        ("ratelimit", r#""a";r=1;t=1,"#),
+        ("ratelimit-policy", r#""a";q=10;w=1, "b""#),
+        ("ratelimit-policy", r#""a";q=10;qu=requests"#),
+    ] {
+        let h = headers(&[
+            (field, value),
+            ("ratelimit-policy", r#""z";q=1;w=1"#),
+            ("ratelimit", r#""z";r=1;t=1"#),
+        ]);
+        // The good line and the bad line are one field: all of it goes.
+        let v = parse_response(200, &h, None, NOW);
+        assert_eq!(reasons(&v, field).len(), 1, "{value}");
+        let other = if field == "ratelimit" {
+            "ratelimit-policy"
+        } else {
+            "ratelimit"
+        };
+        assert!(v.policies.iter().all(|p| p.name == "z"), "{value}");
+        assert!(reasons(&v, other).is_empty(), "{value}");
+    }
+}
+
+#[test]
+fn cached_responses_do_not_count() {
+    let h = headers(&[
+        ("age", "12"),
+        ("ratelimit", r#""a";r=0;t=50"#),
+        ("x-ratelimit-remaining", "0"),
+        ("retry-after", "5"),
+    ]);
+    let v = parse_response(200, &h, None, NOW);
+    assert!(v.policies.is_empty());
+    assert_eq!(v.ignored.len(), 2);
+    assert_eq!(v.retry_after_header, Some(Nanos::from_secs(5)));
+    let h = headers(&[("age", "0"), ("ratelimit", r#""a";r=0;t=50"#)]);
+    assert_eq!(parse_response(200, &h, None, NOW).policies.len(), 1);
+}
+
+#[test]
+fn huge_and_garbage_values_are_dropped_with_reasons() {
+    let big = "7".repeat(10 * 1024);
+    let h = headers(&[
+        ("x-ratelimit-remaining", &big),
+        ("x-ratelimit-limit", "lots"),
+        ("x-ratelimit-reset", "1e30"),
+        ("retry-after", &big),
+    ]);
+    let v = parse_response(429, &h, None, NOW);
+    assert!(v.policies.is_empty());
+    assert_eq!(v.retry_after, None);
+    for f in [
+        "x-ratelimit-remaining",
+        "x-ratelimit-limit",
+        "x-ratelimit-reset",
+        "retry-after",
+    ] {
+        assert_eq!(reasons(&v, f).len(), 1, "{f}: {:?}", v.ignored);
+    }
+    // Epochs in milliseconds are told apart from seconds.
+    let h = headers(&[
+        ("x-ratelimit-remaining", "0"),
+        (
+            "x-ratelimit-reset",
+            &(NOW.as_secs_floor() * 1000 + 30_000).to_string(),
+        ),
+    ]);
+    assert_eq!(
+        parse_response(200, &h, None, NOW).retry_after,
+        Some(Nanos::from_secs(30))
+    );
+}
+
+#[test]
+fn problem_body_and_outcomes() {
+    let body = br#"{"type":"https://docs.shiplane.example/errors/quota_exhausted","title":"Daily quota used up","status":429,"detail":"x","limit":"daily","retry_after_s":19200,"violated-policies":["daily"]}"#;
+    let h = headers(&[
+        ("content-type", "application/problem+json"),
+        ("retry-after", "19200"),
+    ]);
+    let v = parse_response(429, &h, Some(body), NOW);
+    assert_eq!(v.outcome, OutcomeKind::QuotaExhausted);
+    assert!(!v.retry);
+    let p = v.problem.unwrap();
+    assert_eq!(p.code.as_deref(), Some("quota_exhausted"));
+    assert_eq!(p.retry_after_s, Some(19_200.0));
+    assert_eq!(p.violated_policies, vec!["daily".to_string()]);
+    // A concurrency cap is never a quota, whatever its reset says.
+    let h = headers(&[
+        (
+            "ratelimit-policy",
+            r#""inflight";q=4;qu="concurrent-requests""#,
+        ),
+        ("ratelimit", r#""inflight";r=0;t=7200"#),
+    ]);
+    assert_eq!(
+        parse_response(429, &h, None, NOW).outcome,
+        OutcomeKind::RateLimited
+    );
+    // Status alone: 503 overloaded, 500 error, 201 success.
+    assert_eq!(
+        parse_response(503, &HeaderMap::new(), None, NOW).outcome,
+        OutcomeKind::Overloaded
+    );
+    assert_eq!(
+        parse_response(500, &HeaderMap::new(), None, NOW).outcome,
+        OutcomeKind::Error
+    );
+    assert_eq!(
+        parse_response(201, &HeaderMap::new(), None, NOW).outcome,
+        OutcomeKind::Success
+    );
+    // Bad JSON under a JSON content type is reported.
+    let h = headers(&[("content-type", "application/json")]);
+    let v = parse_response(429, &h, Some(b"{nope"), NOW);
+    assert_eq!(reasons(&v, "body").len(), 1);
+}
