@@ -327,6 +327,14 @@ impl GatewayHandle {
             note("timeouts", old.timeouts != new.timeouts);
             note("problem_base", old.problem_base != new.problem_base);
         }
+        // the limiter keeps these from its construction
+        let before = self.inner.limiter.limits();
+        if before.escalation() != cfg.limits.escalation() {
+            notes.push("escalation changed; restart to apply it".to_string());
+        }
+        if before.soft_limit() != cfg.limits.soft_limit() {
+            notes.push("soft_limit changed; restart to apply it".to_string());
+        }
         if let Some(uri) = &new.soft_limit_webhook {
             self.inner
                 .limiter
