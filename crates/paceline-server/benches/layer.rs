@@ -1,7 +1,9 @@
 //! The layer's own cost per request, in process (in-memory store, no
 //! sockets): a trivial handler alone, the same handler behind the layer
 //! (admitted), and a rejection (plain, and while the key is blocked by
-//! escalation). The difference to the bare handler is the layer's cost.
+//! escalation). Each iteration builds its request and drops the response,
+//! in every variant alike, so the difference to the bare handler is the
+//! layer's cost.
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
@@ -10,7 +12,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
+use criterion::{black_box, criterion_group, Criterion};
 use http::{Request, Response};
 use http_body_util::Full;
 use paceline_core::{ManualClock, MemoryStore, Plan, Policy};
@@ -86,34 +88,31 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("layer");
     let mut bare = handler();
     g.bench_function("bare_handler", |b| {
-        b.iter_batched(
-            || request("sk_admit"),
-            |req| black_box(run(bare.call(req)).unwrap()),
-            BatchSize::SmallInput,
-        )
+        b.iter(|| {
+            let req = request("sk_admit");
+            black_box(run(bare.call(req)).unwrap())
+        })
     });
 
     let mut svc = limiter(false).layer().layer(handler());
     g.bench_function("admitted", |b| {
-        b.iter_batched(
-            || request("sk_admit"),
-            |req| {
+        b.iter(|| {
+            let req = request("sk_admit");
+            {
                 let res = run(svc.call(req)).unwrap();
                 assert_eq!(res.status(), 200);
                 black_box(res)
-            },
-            BatchSize::SmallInput,
-        )
+            }
+        })
     });
     g.bench_function("rejected", |b| {
-        b.iter_batched(
-            || request("sk_reject"),
-            |req| {
+        b.iter(|| {
+            let req = request("sk_reject");
+            {
                 let res = run(svc.call(req)).unwrap();
                 black_box(res)
-            },
-            BatchSize::SmallInput,
-        )
+            }
+        })
     });
     let _ = run(svc.call(request("sk_reject")));
     assert_eq!(run(svc.call(request("sk_reject"))).unwrap().status(), 429);
@@ -123,14 +122,45 @@ fn bench(c: &mut Criterion) {
         let _ = run(esc.call(request("sk_reject")));
     }
     g.bench_function("rejected_blocked", |b| {
-        b.iter_batched(
-            || request("sk_reject"),
-            |req| black_box(run(esc.call(req)).unwrap()),
-            BatchSize::SmallInput,
-        )
+        b.iter(|| {
+            let req = request("sk_reject");
+            black_box(run(esc.call(req)).unwrap())
+        })
     });
     g.finish();
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+/// `LAYER_COUNT=<variant>:<n>` runs one variant n times without criterion,
+/// for instruction counts under a profiler (wall time on a shared machine
+/// is noisy; instructions are not).
+fn main() {
+    if let Ok(spec) = std::env::var("LAYER_COUNT") {
+        let (variant, n) = spec.split_once(':').expect("variant:n");
+        count(variant, n.parse().expect("a count"));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
+
+fn count(variant: &str, n: u64) {
+    let mut bare = handler();
+    let mut plain = limiter(false).layer().layer(handler());
+    let mut esc = limiter(true).layer().layer(handler());
+    for _ in 0..100 {
+        let _ = run(plain.call(request("sk_reject")));
+        let _ = run(esc.call(request("sk_reject")));
+    }
+    for _ in 0..n {
+        let status = match variant {
+            "bare" => run(bare.call(request("sk_admit"))).unwrap().status(),
+            "admitted" => run(plain.call(request("sk_admit"))).unwrap().status(),
+            "rejected" => run(plain.call(request("sk_reject"))).unwrap().status(),
+            "blocked" => run(esc.call(request("sk_reject"))).unwrap().status(),
+            other => panic!("unknown variant {other}"),
+        };
+        black_box(status);
+    }
+}

@@ -94,7 +94,7 @@ pub(crate) fn write_fields(
         if let Some(v) = &meta.policy_field {
             h.insert(RATELIMIT_POLICY, v.clone());
         }
-        if let Ok(v) = HeaderValue::try_from(emit::ratelimit_field(plan, d)) {
+        if let Ok(v) = HeaderValue::try_from(ratelimit_field(plan, d)) {
             h.insert(RATELIMIT, v);
         }
     }
@@ -104,6 +104,43 @@ pub(crate) fn write_fields(
         ..*dialects
     };
     emit::write_headers(plan, d, &rest, h);
+}
+
+/// The IETF `RateLimit` field, as `paceline_wire::emit::ratelimit_field`
+/// writes it, without a general serializer: policy names are token-safe
+/// (core validates them), so the items need no escaping.
+fn ratelimit_field(plan: &Plan, d: &Decision) -> String {
+    let mut out = String::with_capacity(32 * d.statuses.len());
+    for (i, (p, s)) in plan.policies().iter().zip(&d.statuses).enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push('"');
+        out.push_str(p.name());
+        out.push_str("\";r=");
+        push_int(&mut out, s.remaining);
+        out.push_str(";t=");
+        push_int(&mut out, s.reset_secs());
+    }
+    out
+}
+
+/// Appends a structured-field integer (at most 15 digits, clamped).
+fn push_int(out: &mut String, n: u64) {
+    let mut n = n.min(999_999_999_999_999);
+    let mut digits = [0u8; 15];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &b in &digits[i..] {
+        out.push(char::from(b));
+    }
 }
 
 fn problem_response(json: String, status: u16, close: bool) -> Response<Bytes> {
@@ -259,6 +296,24 @@ pub(crate) fn usage(
 mod tests {
     use super::*;
     use paceline_core::{MemoryStore, Policy};
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn ratelimit_field_matches_the_wire_crate(
+            items in prop::collection::vec((any::<u64>(), any::<u64>()), 1..5),
+        ) {
+            let policies = (0..items.len())
+                .map(|i| Policy::token_bucket(&format!("p-{i}.x_y"), 10, 1).unwrap())
+                .collect();
+            let plan = Plan::new("p", policies).unwrap();
+            let mut d = Decision { outcome: Outcome::Allowed, statuses: Default::default() };
+            for (r, t) in items {
+                d.statuses.push(PolicyStatus { remaining: r, reset_after: Nanos::new(t), would_deny: false });
+            }
+            prop_assert_eq!(ratelimit_field(&plan, &d), emit::ratelimit_field(&plan, &d));
+        }
+    }
 
     #[test]
     fn prepared_problem_matches_the_wire_problem() {
