@@ -643,3 +643,35 @@ async fn concurrency_units_come_back_when_the_response_ends_or_is_cancelled() {
     let fourth = svc.clone().oneshot(req()).await.unwrap();
     assert_eq!(fourth.status(), 200);
 }
+
+#[tokio::test]
+async fn reload_keeps_counters_and_older_dialects_are_optional() {
+    let srv = serve(base_limits().build().unwrap(), NOON).await;
+    exhaust(&srv, "sk_free").await;
+    let mut c = H1::connect(srv.addr).await;
+    assert_eq!(c.send(get("/v1/rates", "sk_free")).await.status, 429);
+    // the same plan with a deeper burst, and every dialect
+    let deeper = Plan::new(
+        "free",
+        vec![
+            Policy::token_bucket("burst", 30, 3).unwrap(),
+            Policy::daily("daily", 10_000).unwrap(),
+        ],
+    )
+    .unwrap();
+    let limits = Limits::builder()
+        .plan(deeper)
+        .key("sk_free", "free")
+        .dialects(paceline_server::Dialects::all())
+        .build()
+        .unwrap();
+    srv.limiter.reload(limits);
+    let g = c.send(get("/v1/rates", "sk_free")).await;
+    assert_eq!(g.status, 200, "ten more tokens of depth");
+    assert_eq!(burst_r(&g), 9);
+    assert_eq!(param(g.header("ratelimit").unwrap(), "daily", "r"), 9_979);
+    assert_eq!(g.header("x-ratelimit-limit"), Some("30"));
+    assert_eq!(g.header("x-ratelimit-remaining"), Some("9"));
+    assert_eq!(g.header("ratelimit-limit"), Some("30"));
+    assert_eq!(g.header("ratelimit-remaining"), Some("9"));
+}
