@@ -353,6 +353,23 @@ mod tests {
 
     proptest! {
         #[test]
+        fn any_forwarding_header_from_a_proxy_gives_a_listed_address(
+            fwd in "[ -~]{0,60}",
+            xff in "[ -~]{0,60}",
+        ) {
+            let trusted = TrustedProxies::parse(["127.0.0.1"]).unwrap();
+            let peer = ip("127.0.0.1");
+            let mut h = HeaderMap::new();
+            if let Ok(v) = fwd.parse() { h.insert("forwarded", v); }
+            if let Ok(v) = xff.parse() { h.insert("x-forwarded-for", v); }
+            let got = client_ip(&h, Some(peer), &trusted).unwrap();
+            // the peer itself, or an address that appears in a header
+            let text = format!("{fwd} {xff}").to_ascii_lowercase();
+            let shown = got.to_string();
+            prop_assert!(got == peer || text.contains(&shown) || shown.contains(':'), "{shown} from {text}");
+        }
+
+        #[test]
         fn untrusted_peer_is_always_the_client(a in any::<u32>(), b in any::<u32>(), spoof in "[0-9., a-f:]{0,40}") {
             let trusted = TrustedProxies::parse(["10.0.0.0/8"]).unwrap();
             let peer = IpAddr::V4(std::net::Ipv4Addr::from_bits(a));
