@@ -90,6 +90,7 @@ pub struct Chart {
     y_label: String,
     series: Vec<Series>,
     bar_width: f64,
+    bands: Vec<(f64, f64, String)>,
 }
 
 impl Chart {
@@ -114,7 +115,14 @@ impl Chart {
             y_label: y_label.into(),
             series: Vec::new(),
             bar_width: 1.0,
+            bands: Vec::new(),
         }
+    }
+
+    /// Shades the stretch of x from `from` to `to`, labelled at its top.
+    pub fn band(mut self, from: f64, to: f64, label: &str) -> Self {
+        self.bands.push((from, to, label.into()));
+        self
     }
 
     /// Adds a series.
@@ -137,6 +145,18 @@ impl Chart {
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{H}" viewBox="0 0 {w:.0} {H}" font-family="Helvetica, Arial, sans-serif" font-size="13">"#
         );
         s.push_str(r#"<rect width="100%" height="100%" fill="white"/>"#);
+        for (from, to, label) in &self.bands {
+            let (x0, x1) = (sx.at(*from), sx.at(*to));
+            let _ = write!(
+                s,
+                r##"<rect x="{x0:.1}" y="{TOP}" width="{:.1}" height="{:.1}" fill="#f4d6d6"/><text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#a33">{}</text>"##,
+                (x1 - x0).max(0.0),
+                H - BOTTOM - TOP,
+                (x0 + x1) / 2.0,
+                TOP + 16.0,
+                esc(label)
+            );
+        }
         self.axes(&mut s, &xt, &yt, &sx, &sy);
         for (i, ser) in self.series.iter().enumerate() {
             match self.kind {

@@ -1,6 +1,7 @@
 //! The scenarios at their default numbers land where the design documents
 //! say, and the same seed always gives the same JSON.
 
+use paceline_core::Nanos;
 use paceline_sim::report::FleetReport;
 use paceline_sim::scenario::{export, herd, incident, race, throttle};
 
@@ -122,6 +123,7 @@ fn incident_retries_stay_within_ten_percent_of_normal_traffic() {
         let p = incident::IncidentParams {
             status,
             retry_after_s,
+            after: Nanos::from_secs(60),
             ..Default::default()
         };
         let r = incident::run(&p, 1);
@@ -132,6 +134,14 @@ fn incident_retries_stay_within_ten_percent_of_normal_traffic() {
             r.retries_peak_minute_ratio
         );
     }
+}
+
+#[test]
+fn the_client_is_back_to_normal_traffic_within_fifteen_minutes_of_an_outage() {
+    let r = incident::run(&incident::IncidentParams::default(), 1);
+    let after = r.recovered_after_s.expect("recovers within the run");
+    assert!(after <= 900.0, "recovered after {after} s");
+    assert!(r.local_drops > 0, "the throttle engaged");
 }
 
 #[test]

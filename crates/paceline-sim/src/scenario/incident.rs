@@ -61,7 +61,7 @@ impl Default for IncidentParams {
             rate: 100,
             before: Nanos::from_secs(120),
             incident: Nanos::from_secs(300),
-            after: Nanos::from_secs(60),
+            after: Nanos::from_secs(900),
             status: 503,
             retry_after_s: 1,
             latency: Nanos::from_millis(20),
@@ -93,6 +93,10 @@ pub struct IncidentReport {
     pub first_attempts: u64,
     /// Calls the client dropped locally during the incident.
     pub local_drops: u64,
+    /// Seconds from the end of the incident until the client sends 90% of
+    /// its normal traffic again (over ten seconds); `null` if it never did
+    /// within the run.
+    pub recovered_after_s: Option<f64>,
     /// Calls the application gave up on during the incident (they could
     /// not be sent before its deadline).
     pub timed_out: u64,
@@ -136,7 +140,7 @@ pub fn run(params: &IncidentParams, seed: u64) -> IncidentReport {
     let mut free: Vec<usize> = Vec::new();
     let mut started: Vec<Nanos> = Vec::new();
     let step = Nanos::new(1_000_000_000 / params.rate.max(1));
-    let secs = end.saturating_sub(START).as_secs_ceil() as usize + 1;
+    let secs = (end.saturating_sub(START).as_secs_ceil() as usize).max(1);
     let mut per_second = vec![[0u64; 4]; secs];
     q.schedule_at(START, Ev::Call);
     while let Some((now, ev)) = q.pop() {
@@ -231,6 +235,12 @@ fn summarize(params: &IncidentParams, per_second: Vec<[u64; 4]>, seed: u64) -> I
         .max()
         .unwrap_or(0);
     let normal_minute = normal_rps * minute as f64;
+    let recovered_after_s = per_second
+        .get(e..)
+        .unwrap_or(&[])
+        .windows(10)
+        .position(|w| w.iter().map(|s| s[0]).sum::<u64>() as f64 >= 9.0 * normal_rps)
+        .map(|i| i as f64);
     IncidentReport {
         normal_rps: round3(normal_rps),
         incident_from_s: params.before.as_secs_f64(),
@@ -241,35 +251,41 @@ fn summarize(params: &IncidentParams, per_second: Vec<[u64; 4]>, seed: u64) -> I
         retries_peak_minute_ratio: round3(peak as f64 / normal_minute.max(1.0)),
         first_attempts: first,
         local_drops: drops,
+        recovered_after_s,
         timed_out,
         per_second,
         seed,
     }
 }
 
-/// Traffic per second through the incident.
+/// Traffic through the incident, in ten-second averages.
 pub fn svg(report: &IncidentReport) -> String {
+    const AVG: usize = 10;
     let pts = |i: usize| -> Vec<(f64, f64)> {
         report
             .per_second
-            .iter()
+            .chunks(AVG)
             .enumerate()
-            .map(|(t, s)| (t as f64, s[i] as f64))
+            .map(|(t, c)| {
+                let sum: u64 = c.iter().map(|s| s[i]).sum();
+                ((t * AVG) as f64, sum as f64 / c.len() as f64)
+            })
             .collect()
     };
     let n = report.per_second.len() as f64;
     let cap = report.normal_rps * 0.10;
-    let title = format!(
-        "An incident from {:.0} s to {:.0} s: the SDK's traffic",
-        report.incident_from_s, report.incident_until_s
-    );
-    Chart::lines(&title, "seconds from the start", "requests per second")
-        .series(Series::new("first attempts sent", pts(0)))
-        .series(Series::new("retries sent", pts(1)))
-        .series(Series::new("dropped locally (throttle)", pts(2)))
-        .series(Series::new("given up (deadline)", pts(3)))
-        .series(Series::new("10% of normal traffic", vec![(0.0, cap), (n, cap)]).dashed())
-        .render()
+    Chart::lines(
+        "The SDK through an incident",
+        "seconds from the start",
+        "per second (10 s averages)",
+    )
+    .band(report.incident_from_s, report.incident_until_s, "incident")
+    .series(Series::new("first attempts sent", pts(0)))
+    .series(Series::new("retries sent", pts(1)))
+    .series(Series::new("dropped locally (throttle)", pts(2)))
+    .series(Series::new("given up (deadline)", pts(3)))
+    .series(Series::new("10% of normal traffic", vec![(0.0, cap), (n, cap)]).dashed())
+    .render()
 }
 
 /// The incident as a table.
@@ -294,6 +310,11 @@ pub fn table(r: &IncidentReport) -> String {
         vec![
             "given up on during it".into(),
             crate::table::count(r.timed_out),
+        ],
+        vec![
+            "back to 90% of normal after".into(),
+            r.recovered_after_s
+                .map_or("not within the run".into(), |s| format!("{s:.0} s")),
         ],
         vec![
             "retries sent during it".into(),

@@ -60,7 +60,7 @@ impl Default for RaceParams {
             capacity: 40,
             naive_retry: Nanos::from_millis(100),
             latency: Nanos::from_millis(10),
-            bucket: Nanos::from_millis(500),
+            bucket: Nanos::SECOND,
         }
     }
 }

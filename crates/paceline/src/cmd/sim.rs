@@ -146,6 +146,9 @@ struct IncidentArgs {
     /// Seconds the incident lasts.
     #[arg(long = "incident-s", default_value_t = 300)]
     incident_s: u64,
+    /// Seconds of healthy traffic after the incident.
+    #[arg(long = "after-s", default_value_t = 900)]
+    after_s: u64,
     /// Status the server answers during the incident.
     #[arg(long, default_value_t = 503, value_parser = parse_status)]
     status: u16,
@@ -218,6 +221,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
                 rate: a.rate.max(1),
                 before: Nanos::from_secs(a.before_s.max(1)),
                 incident: Nanos::from_secs(a.incident_s.max(1)),
+                after: Nanos::from_secs(a.after_s),
                 status: a.status,
                 retry_after_s: a.retry_after_s,
                 ..Default::default()
