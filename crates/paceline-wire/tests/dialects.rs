@@ -463,3 +463,66 @@ fn retry_after_http_date() {
     assert!(v.retry);
     assert_eq!(secs(v.retry_after), Some(120.0));
 }
+
+// Kong Gateway docs, "Rate Limiting" plugin: per-period headers next to the
+// draft-03 ones.
+#[test]
+fn kong() {
+    let raw = "HTTP/1.1 200 OK\nRateLimit-Limit: 6\nRateLimit-Remaining: 4\nRateLimit-Reset: 47\nX-RateLimit-Limit-Minute: 10\nX-RateLimit-Remaining-Minute: 9\nX-RateLimit-Limit-Hour: 100\nX-RateLimit-Remaining-Hour: 4\n\n";
+    let v = view(raw, 0);
+    assert_eq!(v.policy("minute").unwrap().window_s, Some(60));
+    assert_eq!(v.policy("hour").unwrap().window_s, Some(3_600));
+    // Two windows with 4 left: the one resetting last wins the tie; the
+    // hour window's reset is unknown, so the draft-03 one (47 s) is tightest.
+    assert_eq!(v.remaining, Some(4));
+}
+
+// Zoom developer docs, "Rate limits": X-RateLimit-Type tells a daily limit
+// from a per-second one.
+#[test]
+fn zoom_daily_limit() {
+    let raw = "HTTP/1.1 429 Too Many Requests\nX-RateLimit-Category: Heavy\nX-RateLimit-Type: Daily-limit\nX-RateLimit-Limit: 60000\nX-RateLimit-Remaining: 0\n\n";
+    let v = view(raw, 0);
+    assert_eq!(v.tightest_policy().unwrap().window_s, Some(86_400));
+    assert_eq!(v.outcome, OutcomeKind::QuotaExhausted);
+    assert!(!v.retry);
+}
+
+// Freshdesk API docs, "Rate limit": X-Ratelimit-Total / -Remaining.
+#[test]
+fn freshdesk() {
+    let raw = "HTTP/1.1 200 OK\nX-Ratelimit-Total: 400\nX-Ratelimit-Remaining: 395\nX-Ratelimit-Used-CurrentRequest: 1\n\n";
+    let v = view(raw, 0);
+    assert_eq!((v.limit, v.remaining), (Some(400), Some(395)));
+}
+
+// Etsy Open API v3 docs, "Rate limits": per-second and per-day allowances.
+#[test]
+fn etsy() {
+    let raw = "HTTP/1.1 200 OK\nx-limit-per-second: 10\nx-remaining-this-second: 9\nx-limit-per-day: 10000\nx-remaining-today: 9998\n\n";
+    let v = view(raw, 0);
+    assert!(has(&v, "etsy"));
+    assert_eq!(v.policy("day").unwrap().window_s, Some(86_400));
+    assert_eq!((v.limit, v.remaining), (Some(10), Some(9)));
+}
+
+// HubSpot developer docs, "API usage guidelines": the 429 body names the
+// policy that was hit.
+#[test]
+fn hubspot_daily_429_body() {
+    let raw = "HTTP/1.1 429 Too Many Requests\ncontent-type: application/json\n\n{\"status\": \"error\", \"message\": \"You have reached your daily limit.\", \"errorType\": \"RATE_LIMIT\", \"correlationId\": \"c033cdaa-2c40-4a64-ae48-b4cec88dad24\", \"policyName\": \"DAILY\", \"requestId\": \"3d3e35b7-0dae-4b9f-a6e3-9c230cbcf8dd\"}";
+    let v = view(raw, 0);
+    assert_eq!(v.outcome, OutcomeKind::QuotaExhausted);
+}
+
+// Google Cloud APIs, "Errors" (RESOURCE_EXHAUSTED): a per-day quota in the
+// message is a quota, a per-minute one a rate limit.
+#[test]
+fn google_resource_exhausted() {
+    let day = "HTTP/1.1 429 Too Many Requests\ncontent-type: application/json\n\n{\"error\": {\"code\": 429, \"message\": \"Quota exceeded for quota metric 'Queries' and limit 'Queries per day' of service 'example.googleapis.com'\", \"status\": \"RESOURCE_EXHAUSTED\"}}";
+    assert_eq!(view(day, 0).outcome, OutcomeKind::QuotaExhausted);
+    let minute = day.replace("per day", "per minute");
+    let v = view(&minute, 0);
+    assert_eq!(v.outcome, OutcomeKind::RateLimited);
+    assert!(v.retry);
+}

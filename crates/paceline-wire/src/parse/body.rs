@@ -180,6 +180,23 @@ fn vendor_hints(v: &Value, acc: &mut Acc) {
     {
         acc.body_rate_limited = true;
     }
+    // HubSpot: {"errorType": "RATE_LIMIT", "policyName": "DAILY", ...}
+    if lower_str(v.get("errorType")) == "rate_limit" {
+        acc.body_rate_limited = true;
+        if lower_str(v.get("policyName")).contains("daily") {
+            acc.body_quota = true;
+        }
+    }
+    // Google APIs: {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
+    //   "message": "Quota exceeded for quota metric ... 'Queries per day' ..."}}
+    if let Some(e) = err.filter(|e| e.is_object()) {
+        if lower_str(e.get("status")) == "resource_exhausted" {
+            acc.body_rate_limited = true;
+            if lower_str(e.get("message")).contains("per day") {
+                acc.body_quota = true;
+            }
+        }
+    }
     // GitHub: {"message": "You have exceeded a secondary rate limit...",
     //          "documentation_url": "https://docs.github.com/..."}
     let message = lower_str(v.get("message"));

@@ -35,6 +35,9 @@ pub(crate) const MAX_VALUE_LEN: usize = 4096;
 /// GitHub's documented floor for a secondary rate limit without headers.
 pub(crate) const GITHUB_SECONDARY_FLOOR: Nanos = Nanos::from_secs(60);
 
+/// Index in [`FAMS`] of Etsy's names, which share no prefix.
+const ETSY: usize = 9;
+
 /// A family of headers sharing a prefix.
 struct Fam {
     prefix: &'static str,
@@ -111,6 +114,13 @@ const FAMS: &[Fam] = &[
         bare_is_limit: false,
     },
     Fam {
+        prefix: "\0etsy",
+        dialect: "etsy",
+        default_name: "etsy",
+        prefix_names: false,
+        bare_is_limit: false,
+    },
+    Fam {
         prefix: "x-quota-",
         dialect: "x-quota",
         default_name: "quota",
@@ -132,6 +142,7 @@ enum Field {
     Bucket,
     Scope,
     Name,
+    Kind,
     Global,
 }
 
@@ -189,6 +200,8 @@ fn may_matter(name: &[u8]) -> bool {
                 | [b'h', b'u', ..]
                 | [b'u', b's', ..]
                 | [b'q', b'u', ..]
+                | [b'l', b'i', ..]
+                | [b'r', b'e', ..]
         ),
         _ => false,
     }
@@ -203,7 +216,14 @@ fn classify(name: &str) -> Option<Route<'_>> {
         "ratelimit" => Route::IetfLimit,
         "retry-after" => Route::RetryAfter,
         "retry-after-ms" | "x-ms-retry-after-ms" | "x-amz-retry-after" => Route::MsHint,
-        "x-ratelimit-retry-after" | "x-rate-limit-retry-after" => Route::SecsHint,
+        "x-ratelimit-retry-after"
+        | "x-rate-limit-retry-after"
+        | "x-rate-limit-retry-after-seconds" => Route::SecsHint,
+        // Etsy: per-second and per-day allowances.
+        "x-limit-per-second" => Route::Fam(ETSY, Field::Limit, "second"),
+        "x-remaining-this-second" => Route::Fam(ETSY, Field::Remaining, "second"),
+        "x-limit-per-day" => Route::Fam(ETSY, Field::Limit, "day"),
+        "x-remaining-today" => Route::Fam(ETSY, Field::Remaining, "day"),
         "stripe-should-retry" | "x-should-retry" => Route::ShouldRetry,
         "x-rate-limit" => Route::Fam(1, Field::Limit, ""),
         "x-shopify-shop-api-call-limit" => Route::Shopify,
@@ -248,6 +268,9 @@ const WHOLE: &[(&str, Field)] = &[
     ("bucket", Field::Bucket),
     ("scope", Field::Scope),
     ("name", Field::Name),
+    ("type", Field::Kind),
+    ("total", Field::Limit),
+    ("burst-capacity", Field::Limit),
     ("global", Field::Global),
 ];
 
@@ -566,6 +589,19 @@ impl Acc {
                 Field::Bucket => self.group(fam, qual).bucket = Some(short_token(v)?),
                 Field::Scope => self.group(fam, qual).scope = Some(short_token(v)?),
                 Field::Name => self.group(fam, qual).name = Some(short_token(v)?),
+                // Zoom's `X-RateLimit-Type: QPS | Daily-limit`.
+                Field::Kind => {
+                    let k = v.trim().to_ascii_lowercase();
+                    let w = if k.contains("day") || k.contains("daily") {
+                        Some(86_400)
+                    } else if k == "qps" {
+                        Some(1)
+                    } else {
+                        None
+                    };
+                    let g = self.group(fam, qual);
+                    g.window_s = g.window_s.or(w);
+                }
                 Field::Global => self.global = v.trim().eq_ignore_ascii_case("true"),
             }
             Ok(())
@@ -1046,6 +1082,8 @@ fn window_from_words(q: &str) -> Option<u64> {
         "minute" | "minutely" | "min" | "1m" | "rpm" | "tpm" => Some(60),
         "hour" | "hourly" | "1h" => Some(3_600),
         "day" | "daily" | "24hour" | "24h" | "rpd" | "tpd" => Some(86_400),
+        "month" | "monthly" => Some(30 * 86_400),
+        "year" | "yearly" => Some(365 * 86_400),
         _ => None,
     })
 }
@@ -1111,6 +1149,9 @@ mod tests {
             "x-app-limit-24hour-limit",
             "x-user-limit-24hour-limit",
             "x-quota-limit",
+            "x-limit-per-second",
+            "x-remaining-today",
+            "x-rate-limit-retry-after-seconds",
         ] {
             assert!(classify(n).is_some(), "{n}");
         }
@@ -1124,6 +1165,11 @@ mod tests {
         ] {
             assert!(classify(n).is_none(), "{n}");
         }
+    }
+
+    #[test]
+    fn etsy_index_is_right() {
+        assert_eq!(FAMS[ETSY].dialect, "etsy");
     }
 
     #[test]
