@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::Method;
@@ -110,6 +111,7 @@ impl ClientBuilder {
                 config: self.config,
                 state: Mutex::new(state),
                 hooks: RwLock::new(Vec::new()),
+                calls: AtomicU64::new(0),
             }),
         }
     }
@@ -118,7 +120,6 @@ impl ClientBuilder {
 /// Running totals since the client was built.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Totals {
-    pub(crate) calls: u64,
     pub(crate) requests: u64,
     pub(crate) retries: u64,
     pub(crate) drops: u64,
@@ -140,6 +141,7 @@ struct Inner {
     config: Config,
     state: Mutex<State>,
     hooks: RwLock<Vec<Hook>>,
+    calls: AtomicU64,
 }
 
 /// The SDK's state machine. Cheap to clone; every clone shares the same
@@ -222,13 +224,12 @@ impl Client {
     /// Starts a call: one application request across all its attempts. A
     /// POST gets an `Idempotency-Key` (a UUID v4) unless it has one.
     pub fn call(&self, info: RequestInfo) -> Call {
-        let mut st = self.inner.state.lock();
-        st.totals.calls += 1;
+        self.inner.calls.fetch_add(1, Ordering::Relaxed);
         let key = match &info.idempotency_key {
             Some(k) => Some(k.clone()),
             None if self.inner.config.idempotency_keys && info.method == Method::POST => {
                 let mut b = [0u8; 16];
-                st.rng.fill_bytes(&mut b);
+                self.inner.state.lock().rng.fill_bytes(&mut b);
                 Some(uuid::Builder::from_random_bytes(b).into_uuid().to_string())
             }
             None => None,
@@ -646,7 +647,7 @@ impl Client {
         scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
         Snapshot {
             at_s: now.as_secs_f64(),
-            calls: st.totals.calls,
+            calls: self.inner.calls.load(Ordering::Relaxed),
             requests: st.totals.requests,
             retries: st.totals.retries,
             local_drops: st.totals.drops,

@@ -134,8 +134,12 @@ const ACCOUNT_SCOPES: &[&str] = &[
 impl PolicyObservation {
     /// From a parsed policy.
     pub fn from_view(p: &PolicyView) -> Self {
+        PolicyObservation::build(p.name.clone(), p)
+    }
+
+    fn build(name: String, p: &PolicyView) -> Self {
         PolicyObservation {
-            name: p.name.clone(),
+            name,
             quota: p.quota,
             window_s: p.window_s,
             remaining: p.remaining,
@@ -144,7 +148,7 @@ impl PolicyObservation {
             per_endpoint: p
                 .scope
                 .as_deref()
-                .is_some_and(|s| !ACCOUNT_SCOPES.contains(&s.to_ascii_lowercase().as_str())),
+                .is_some_and(|s| !ACCOUNT_SCOPES.iter().any(|a| a.eq_ignore_ascii_case(s))),
         }
     }
 }
@@ -190,11 +194,33 @@ impl Observation {
         }
     }
 
+    /// From a parsed response, taken by value (no copies of the names).
+    pub fn from_view_owned(mut v: ResponseView) -> Self {
+        let policies = std::mem::take(&mut v.policies);
+        let mut obs = Observation::from_view(&v);
+        obs.policies = policies
+            .into_iter()
+            .map(|mut p| {
+                let name = std::mem::take(&mut p.name);
+                PolicyObservation::build(name, &p)
+            })
+            .collect();
+        if obs.kind == ResponseKind::QuotaExhausted && obs.limit.is_none() {
+            obs.limit = obs
+                .policies
+                .iter()
+                .filter(|p| p.remaining == Some(0))
+                .max_by_key(|p| p.reset_in)
+                .map(|p| p.name.clone());
+        }
+        obs
+    }
+
     /// Parses a response (status, headers, optional body) received at `now`.
     /// The headers of a 429 are kept for diagnostics.
     pub fn parse(status: u16, headers: &HeaderMap, body: Option<&[u8]>, now: Nanos) -> Self {
         let view = paceline_wire::parse_response(status, headers, body, now);
-        let mut obs = Observation::from_view(&view);
+        let mut obs = Observation::from_view_owned(view);
         if obs.retry_after.is_none() {
             obs.retry_after = absurd_retry_after(headers);
         }
