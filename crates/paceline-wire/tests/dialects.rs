@@ -289,9 +289,10 @@ fn ietf_draft03() {
 fn reddit() {
     let raw = "HTTP/1.1 200 OK\nx-ratelimit-used: 2\nx-ratelimit-remaining: 598.0\nx-ratelimit-reset: 372\n\n";
     let v = view(raw, 1_700_000_000);
+    // The limit is what was used plus what is left.
     assert_eq!(
         (v.limit, v.remaining, secs(v.reset_in)),
-        (None, Some(598), Some(372.0))
+        (Some(600), Some(598), Some(372.0))
     );
 }
 

@@ -764,7 +764,7 @@ impl Acc {
         }
         let groups = std::mem::take(&mut self.groups);
         for g in groups {
-            if let Some(p) = group_view(g) {
+            if let Some(p) = group_view(g, self.github) {
                 push_dedup(&mut policies, p);
             }
         }
@@ -880,13 +880,18 @@ fn apply_numbered(groups: &mut [Group], numbered: &[(u64, Option<u64>)]) {
     }
 }
 
-fn group_view(g: Group) -> Option<PolicyView> {
+/// One provider limit as a policy. `used` fills in whichever of limit and
+/// remaining is missing (Reddit sends used and remaining only); on GitHub a
+/// limit without a resource is the hourly `core` one.
+fn group_view(g: Group, github: bool) -> Option<PolicyView> {
     let remaining = g
         .remaining
         .or_else(|| Some(g.limit?.saturating_sub(g.used?)));
-    if g.limit.is_none() && remaining.is_none() {
+    let limit = g.limit.or_else(|| g.remaining?.checked_add(g.used?));
+    if limit.is_none() && remaining.is_none() {
         return None;
     }
+    let github_core = github && g.fam == 0 && g.qual.is_empty() && g.resource.is_none();
     let fam = &FAMS[g.fam];
     let name = match (g.resource.as_ref().or(g.name.as_ref()), g.qual.is_empty()) {
         (Some(r), _) => r.clone(),
@@ -897,11 +902,12 @@ fn group_view(g: Group) -> Option<PolicyView> {
     let window_s = g
         .window_s
         .or_else(|| window_from_words(&g.qual))
-        .or_else(|| g.resource.as_deref().and_then(github_window));
+        .or_else(|| g.resource.as_deref().and_then(github_window))
+        .or(github_core.then_some(3_600));
     Some(PolicyView {
         unit: unit_from_words(&g.qual),
         name,
-        quota: g.limit,
+        quota: limit,
         window_s,
         remaining,
         reset_in: g.reset_after.or(g.reset).or(g.reset_time),
