@@ -619,3 +619,88 @@ fn diagnostics_tell_mode_rates_and_the_last_429() {
     assert_eq!(json["scopes"][0]["mode"], "header_absent");
     assert!(d.request_rate_per_s > 0.0);
 }
+
+/// Two thousand separate SDK instances rejected by the same 503 blip come
+/// back spread over the jitter window, none before Retry-After.
+#[test]
+fn a_herd_of_clients_returns_spread_out() {
+    let clock = ManualClock::new(T0);
+    let ra = Nanos::from_secs(5);
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", "5".parse().unwrap());
+    let mut buckets = [0u32; 50];
+    for seed in 0..2_000u64 {
+        let c = client(&clock, seed);
+        let mut call = c.call(RequestInfo::get(URL));
+        assert_eq!(c.before(&mut call), Before::Go);
+        let wait = match c.after_response(&mut call, 503, &h, None) {
+            After::RetryAfter(w) => w,
+            other => panic!("{other:?}"),
+        };
+        assert!(wait >= ra && wait <= Nanos::from_secs(10), "{wait:?}");
+        buckets[(wait.saturating_sub(ra).as_u64() / 100_000_000).min(49) as usize] += 1;
+    }
+    let mean = 2_000.0 / 50.0;
+    let max = *buckets.iter().max().unwrap();
+    assert!(
+        f64::from(max) <= 2.0 * mean,
+        "max {max} per 100 ms vs mean {mean}"
+    );
+}
+
+/// The same incident with bare 503s (no Retry-After, so no shared pause):
+/// the retry budget alone keeps retries within 10% of a minute's traffic.
+#[test]
+fn incident_without_retry_after_is_held_by_the_budget() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 43);
+    let incident = (
+        T0.saturating_add(Nanos::from_secs(70)),
+        T0.saturating_add(Nanos::from_secs(75)),
+    );
+    let d = Driver {
+        client: &c,
+        clock: &clock,
+        workers: 2_000,
+        jobs: u64::MAX,
+        latency: Nanos::from_millis(20),
+        think: Nanos::from_secs(5),
+        stop: Some(T0.saturating_add(Nanos::from_secs(130))),
+        url: URL,
+        jitter_think: true,
+    };
+    let run = d.run(&mut |t| {
+        let status = if t >= incident.0 && t < incident.1 {
+            503
+        } else {
+            200
+        };
+        (status, HeaderMap::new(), None)
+    });
+    let minute = Nanos::from_secs(60);
+    // the client's normal traffic: first attempts in the minute before
+    let normal = run
+        .arrivals
+        .iter()
+        .filter(|(t, r)| !r && *t >= incident.0.saturating_sub(minute) && *t < incident.0)
+        .count() as f64;
+    let retries = run
+        .arrivals
+        .iter()
+        .filter(|(t, r)| *r && *t >= incident.0 && *t < incident.0.saturating_add(minute))
+        .count() as f64;
+    println!(
+        "normal {normal}/min, retries {retries}/min, 503s {}, gave up {}",
+        run.status(503),
+        run.failed.len()
+    );
+    assert!(run.status(503) > 1_000, "the incident hit many calls");
+    // The budget holds retries to 10% of the first attempts of the sliding
+    // minute before each retry; against the fixed minute before the
+    // incident that reads as 10% plus the traffic that kept arriving during
+    // it (measured: 2,369 retries for 23,462 requests, 10.1%).
+    assert!(
+        retries <= 0.102 * normal,
+        "retries {retries} vs normal {normal}"
+    );
+}
