@@ -4,7 +4,7 @@
 //! runs), a 429 or 503 is retried as the contract says, and a POST carries
 //! the same `Idempotency-Key` on every attempt. Errors the SDK raises come
 //! back as `reqwest_middleware::Error::Middleware` wrapping a
-//! [`ClientError`](crate::ClientError) you can downcast to.
+//! [`ClientError`] you can downcast to.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -6,7 +6,7 @@
 //! send it again, paces each attempt, and retries 429 and 503 as the
 //! contract says. Rejections are classified from their headers (the body
 //! stays untouched for the caller). Errors are boxed: a
-//! [`ClientError`](crate::ClientError) from the SDK, or the inner
+//! [`ClientError`] from the SDK, or the inner
 //! service's error.
 //!
 //! ```no_run
