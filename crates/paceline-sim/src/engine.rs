@@ -21,7 +21,7 @@
 //! ```
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 use paceline_core::{ManualClock, Nanos};
 
@@ -54,6 +54,9 @@ impl Ord for Entry {
 /// first-out.
 pub struct EventQueue<E> {
     heap: BinaryHeap<Entry>,
+    // events scheduled in time order (the common case: a fixed latency
+    // after now) skip the heap and wait here, already sorted
+    run: VecDeque<Entry>,
     slab: Vec<Option<E>>,
     free: Vec<u32>,
     seq: u64,
@@ -71,6 +74,7 @@ impl<E> EventQueue<E> {
     pub fn with_clock(clock: ManualClock) -> Self {
         EventQueue {
             heap: BinaryHeap::new(),
+            run: VecDeque::new(),
             slab: Vec::new(),
             free: Vec::new(),
             seq: 0,
@@ -102,12 +106,16 @@ impl<E> EventQueue<E> {
                 u32::try_from(self.slab.len() - 1).expect("fewer than 2^32 pending events")
             }
         };
-        self.heap.push(Entry {
+        let entry = Entry {
             at,
             seq: self.seq,
             slot,
-        });
+        };
         self.seq += 1;
+        match self.run.back() {
+            Some(last) if last.at > at => self.heap.push(entry),
+            _ => self.run.push_back(entry),
+        }
     }
 
     /// Schedules `event` `delay` after now.
@@ -118,7 +126,16 @@ impl<E> EventQueue<E> {
 
     /// Takes the next event and moves the clock to its instant.
     pub fn pop(&mut self) -> Option<(Nanos, E)> {
-        let e = self.heap.pop()?;
+        let from_run = match (self.run.front(), self.heap.peek()) {
+            (Some(r), Some(h)) => (r.at, r.seq) < (h.at, h.seq),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let e = if from_run {
+            self.run.pop_front()?
+        } else {
+            self.heap.pop()?
+        };
         let event = self.slab[e.slot as usize].take()?;
         self.free.push(e.slot);
         self.clock.set(e.at);
@@ -128,17 +145,22 @@ impl<E> EventQueue<E> {
 
     /// The instant of the next event, if any.
     pub fn peek_time(&self) -> Option<Nanos> {
-        self.heap.peek().map(|e| e.at)
+        let r = self.run.front().map(|e| e.at);
+        let h = self.heap.peek().map(|e| e.at);
+        match (r, h) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Events waiting.
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.heap.len() + self.run.len()
     }
 
     /// Whether no event is waiting.
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.heap.is_empty() && self.run.is_empty()
     }
 
     /// Events popped so far.
@@ -171,6 +193,33 @@ mod tests {
                 n += 1;
             }
             prop_assert_eq!(n, times.len());
+        }
+
+        #[test]
+        fn interleaved_pushes_and_pops_match_a_sorted_model(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..20), 0..300),
+        ) {
+            let mut q = EventQueue::new(Nanos::ZERO);
+            let mut model: Vec<(u64, u64)> = Vec::new(); // (at, id = seq)
+            let mut id = 0u64;
+            for (pop, delay) in ops {
+                if pop {
+                    let want = model
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|(_, e)| **e)
+                        .map(|(i, _)| i)
+                        .map(|i| model.remove(i));
+                    let got = q.pop().map(|(at, e)| (at.as_u64(), e));
+                    prop_assert_eq!(got, want);
+                } else {
+                    let at = q.now().as_u64() + delay;
+                    q.schedule_in(Nanos::new(delay), id);
+                    model.push((at, id));
+                    id += 1;
+                }
+                prop_assert_eq!(q.len(), model.len());
+            }
         }
     }
 
