@@ -170,7 +170,7 @@ fn reads_a_file_and_prints_pretty_and_human_views() {
     let (code, out, _) = run(&["--now", NOW_1840, "--human", f], b"");
     assert_eq!(code, 0);
     assert!(out.contains("outcome      success"), "{out}");
-    assert!(out.contains("60 s before the next request"), "{out}");
+    assert!(out.contains("60 s (1m) before the next request"), "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

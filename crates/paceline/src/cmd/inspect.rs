@@ -100,6 +100,24 @@ fn secs(n: Option<Nanos>) -> String {
     n.map_or_else(|| "-".to_string(), |n| format!("{} s", secs_json(n)))
 }
 
+/// `19200 s (5h 20m)`: seconds, and for a minute or more a rounder reading.
+fn wait(n: Nanos) -> String {
+    let s = n.as_secs_ceil();
+    let (d, h, m, sec) = (s / 86_400, s % 86_400 / 3_600, s % 3_600 / 60, s % 60);
+    let parts: Vec<String> = [(d, "d"), (h, "h"), (m, "m"), (sec, "s")]
+        .iter()
+        .skip_while(|(v, _)| *v == 0)
+        .take(2)
+        .filter(|(v, _)| *v > 0)
+        .map(|(v, u)| format!("{v}{u}"))
+        .collect();
+    if s < 60 {
+        format!("{} s", secs_json(n))
+    } else {
+        format!("{} s ({})", secs_json(n), parts.join(" "))
+    }
+}
+
 /// The table `--human` prints.
 fn human(v: &ResponseView, skipped: &[String]) -> String {
     let mut s = String::new();
@@ -118,7 +136,7 @@ fn human(v: &ResponseView, skipped: &[String]) -> String {
         &mut s,
         "wait",
         match v.retry_after {
-            Some(w) => format!("{} s before the next request", secs_json(w)),
+            Some(w) => format!("{} before the next request", wait(w)),
             None => "none: the next request may go now".to_string(),
         },
     );
@@ -131,7 +149,7 @@ fn human(v: &ResponseView, skipped: &[String]) -> String {
                 p.name,
                 opt(p.remaining),
                 opt(p.quota),
-                secs(p.reset_in)
+                p.reset_in.map_or_else(|| "-".to_string(), wait)
             ),
         );
     }
