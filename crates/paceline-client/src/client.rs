@@ -301,7 +301,8 @@ impl Client {
             events.push(wait_event(&scope.name, wait, reason));
             return Before::Wait(wait);
         }
-        if scope.mode == Mode::Unseeded && !scope.in_flight.is_empty() {
+        let probing = now.saturating_sub(scope.probe_sent_at) < cfg.probe_timeout;
+        if scope.mode == Mode::Unseeded && !scope.in_flight.is_empty() && probing {
             events.push(wait_event(&scope.name, cfg.probe_poll, "probe"));
             return Before::Wait(cfg.probe_poll);
         }
@@ -318,6 +319,9 @@ impl Client {
                 error: error.clone(),
             });
             return Before::Drop(error);
+        }
+        if scope.mode == Mode::Unseeded && scope.in_flight.is_empty() {
+            scope.probe_sent_at = now;
         }
         let seq = scope.spend(now, &call.info.path);
         let retry = call.attempts > 0;

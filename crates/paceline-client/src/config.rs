@@ -32,6 +32,9 @@ pub struct Config {
     /// How often a request waiting for a scope's first answer looks again
     /// (5 ms).
     pub probe_poll: Nanos,
+    /// How long the other requests of an unseeded scope wait for the first
+    /// one's answer before they go anyway (2 s).
+    pub probe_timeout: Nanos,
     /// Spacing a header-absent scope starts from (250 ms, that is 4
     /// requests per second); it shrinks by an eighth after each run of ten
     /// successes and doubles on a 429.
@@ -62,6 +65,7 @@ impl Default for Config {
             throttle_min_requests: 20,
             max_wait: Nanos::from_secs(300),
             probe_poll: Nanos::from_millis(5),
+            probe_timeout: Nanos::from_secs(2),
             absent_gap: Nanos::from_millis(250),
             idempotency_keys: true,
             escalate_after: 2,

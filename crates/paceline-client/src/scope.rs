@@ -25,6 +25,8 @@ pub(crate) struct Scope {
     pub(crate) mirrors: Vec<Mirror>,
     pub(crate) throttle: AdaptiveThrottle,
     pub(crate) in_flight: BTreeSet<u64>,
+    /// When the request that probes an unseeded scope went out.
+    pub(crate) probe_sent_at: Nanos,
     pub(crate) next_seq: u64,
     pub(crate) pause_until: Nanos,
     pub(crate) pause_len: Nanos,
@@ -61,6 +63,7 @@ impl Scope {
             mirrors: Vec::new(),
             throttle,
             in_flight: BTreeSet::new(),
+            probe_sent_at: Nanos::ZERO,
             next_seq: 0,
             pause_until: Nanos::ZERO,
             pause_len: Nanos::ZERO,

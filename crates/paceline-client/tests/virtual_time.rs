@@ -704,3 +704,15 @@ fn incident_without_retry_after_is_held_by_the_budget() {
         "retries {retries} vs normal {normal}"
     );
 }
+
+#[test]
+fn a_slow_first_answer_holds_the_others_only_so_long() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 2);
+    let mut probe = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut probe), Before::Go);
+    let mut next = c.call(RequestInfo::get(URL));
+    assert!(matches!(c.before(&mut next), Before::Wait(_)));
+    clock.advance(c.config().probe_timeout);
+    assert_eq!(c.before(&mut next), Before::Go);
+}
