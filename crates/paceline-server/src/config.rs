@@ -100,6 +100,8 @@ pub(crate) struct LimitsInner {
     pub(crate) names: Vec<(Arc<str>, Vec<Arc<str>>)>,
     /// Per plan: the parts of its responses that never change.
     pub(crate) meta: Vec<crate::respond::PlanMeta>,
+    /// Per plan: its metric keys.
+    pub(crate) metric_keys: Vec<crate::telemetry::PlanKeys>,
     pub(crate) keys: HashMap<String, usize>,
     pub(crate) routes: Vec<(Route, Option<usize>)>,
     pub(crate) key_source: KeySource,
@@ -320,7 +322,7 @@ impl LimitsBuilder {
         self.escalation
             .validate()
             .map_err(|(f, m)| ConfigError::new(f, m))?;
-        let names = self
+        let names: Vec<(Arc<str>, Vec<Arc<str>>)> = self
             .plans
             .iter()
             .map(|p| {
@@ -335,11 +337,16 @@ impl LimitsBuilder {
             .iter()
             .map(|p| crate::respond::PlanMeta::new(p, &self.problem_base))
             .collect();
+        let metric_keys = names
+            .iter()
+            .map(|(plan, policies)| crate::telemetry::PlanKeys::new(plan, policies))
+            .collect();
         Ok(Limits {
             inner: Arc::new(LimitsInner {
                 plans: self.plans,
                 names,
                 meta,
+                metric_keys,
                 keys,
                 routes,
                 key_source: self.key_source,

@@ -22,7 +22,7 @@ use crate::layer::ReleaseGuard;
 use crate::respond;
 use crate::route::RouteInfo;
 use crate::soft::{SoftLimitEvent, SoftLimitHook, SoftLimits, WARNING_HEADER};
-use crate::telemetry::{self, OutcomeLabel};
+use crate::telemetry::{self, OutcomeLabel, PlanKeys};
 
 /// Checks requests against [`Limits`], with a store and a clock. Clones
 /// share everything: the store, the escalation and soft-limit state, and
@@ -282,7 +282,13 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             Some(hold) => {
                 let plan = &lim.plans[who.plan];
                 if hold.fresh {
-                    escalated(&lim.names[who.plan].0, who.hash, hold.level, hold.wait);
+                    escalated(
+                        &lim.names[who.plan].0,
+                        &lim.metric_keys[who.plan],
+                        who.hash,
+                        hold.level,
+                        hold.wait,
+                    );
                 }
                 let policy = hold.policy.min(plan.policies().len() - 1);
                 let denial = Denial {
@@ -303,6 +309,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         let who = p.who.as_ref().expect("the store is asked only for someone");
         let plan = &lim.plans[who.plan];
         let (plan_name, policy_names) = &lim.names[who.plan];
+        let mk = &lim.metric_keys[who.plan];
         let sh = &*self.shared;
         let now = ask.now;
         if p.usage {
@@ -315,7 +322,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                     &lim.dialects,
                 )),
                 Err(e) => {
-                    telemetry::store_error(plan_name);
+                    telemetry::store_error(mk);
                     tracing::warn!(error = %e, "usage: store unavailable");
                     Verdict::Respond(respond::unavailable(&lim.problem_base, false))
                 }
@@ -331,7 +338,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                                 .denied(who.hash, now, den.retry_after, den.policy);
                         den.retry_after = wait;
                         if fresh {
-                            escalated(plan_name, who.hash, Level::Extended, wait);
+                            escalated(plan_name, mk, who.hash, Level::Extended, wait);
                         }
                     }
                 }
@@ -342,8 +349,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         let d = match result {
             Ok(d) => d,
             Err(e) => {
-                telemetry::store_error(plan_name);
-                telemetry::decision(plan_name, None, OutcomeLabel::StoreError, elapsed());
+                telemetry::store_error(mk);
+                telemetry::decision(mk, None, OutcomeLabel::StoreError, elapsed());
                 tracing::warn!(plan = %plan_name, error = %e, "rate-limit store failed");
                 let closed = plan
                     .policies()
@@ -359,13 +366,14 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             // what a shadow policy alone would have refused
             for (i, s) in d.statuses.iter().enumerate() {
                 if s.would_deny && plan.policy(i).is_shadow() {
-                    telemetry::shadow(plan_name, &policy_names[i]);
+                    telemetry::shadow(mk, i);
                 }
             }
         }
         let label = outcome_label(&d);
-        let deciding = d.rejecting_policy().map(|i| &policy_names[i]);
-        telemetry::decision(plan_name, deciding, label, elapsed());
+        let deciding = d.rejecting_policy();
+        telemetry::decision(mk, deciding, label, elapsed());
+        let deciding = deciding.map(|i| &policy_names[i]);
         if d.is_allowed() {
             let warning = match who.publish {
                 true => self.soft_limits(p, who, &d, now),
@@ -427,8 +435,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             field.push_str(&format!("\"{}\";used={used};q={}", pol.name(), pol.quota()));
             let ends = now.saturating_add(s.reset_after);
             if sh.soft.first_in_window(who.hash, i, now, ends) {
-                let (plan_name, names) = &lim.names[who.plan];
-                telemetry::soft_limit(plan_name, &names[i]);
+                let plan_name = &lim.names[who.plan].0;
+                telemetry::soft_limit(&lim.metric_keys[who.plan], i);
                 tracing::info!(plan = %plan_name, policy = pol.name(), key = %who.hash, used, quota = pol.quota(), "soft limit crossed");
                 if let Some(hook) = sh.hook.read().as_ref() {
                     (hook.0)(&SoftLimitEvent {
@@ -481,8 +489,8 @@ impl Admitted {
     }
 }
 
-fn escalated(plan: &Arc<str>, key: KeyHash, level: Level, wait: Nanos) {
-    telemetry::escalation(plan, level.as_str());
+fn escalated(plan: &Arc<str>, keys: &PlanKeys, key: KeyHash, level: Level, wait: Nanos) {
+    telemetry::escalation(keys, level);
     tracing::warn!(plan = %plan, key = %key, level = level.as_str(), wait_s = wait.as_secs_ceil(), "key escalated: it keeps sending inside its Retry-After window");
 }
 

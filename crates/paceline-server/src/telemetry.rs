@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use metrics::{counter, histogram, SharedString};
+use metrics::{Key, Label, Level, Metadata, SharedString};
 
 /// Decisions by plan, policy and outcome.
 pub const DECISIONS: &str = "paceline_decisions_total";
@@ -60,36 +60,128 @@ impl OutcomeLabel {
     }
 }
 
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+static ALLOWED: [Label; 1] = [Label::from_static_parts("outcome", "allowed")];
+static RATE_LIMITED: [Label; 1] = [Label::from_static_parts("outcome", "rate_limited")];
+static QUOTA_EXHAUSTED: [Label; 1] = [Label::from_static_parts("outcome", "quota_exhausted")];
+static COST_EXCEEDS_BURST: [Label; 1] = [Label::from_static_parts("outcome", "cost_exceeds_burst")];
+static STORE_ERROR: [Label; 1] = [Label::from_static_parts("outcome", "store_error")];
+
+/// The histogram keys, one per outcome.
+static SECONDS: [Key; 5] = [
+    Key::from_static_parts(DECISION_SECONDS, &ALLOWED),
+    Key::from_static_parts(DECISION_SECONDS, &RATE_LIMITED),
+    Key::from_static_parts(DECISION_SECONDS, &QUOTA_EXHAUSTED),
+    Key::from_static_parts(DECISION_SECONDS, &COST_EXCEEDS_BURST),
+    Key::from_static_parts(DECISION_SECONDS, &STORE_ERROR),
+];
+
+/// Every metric key of one plan, built once so a decision registers its
+/// series by reference instead of building labels each time (the recorder
+/// is looked up per call, so one installed later still sees everything).
+#[derive(Debug)]
+pub(crate) struct PlanKeys {
+    allowed: Key,
+    store_error: Key,
+    /// Per policy: rate_limited, quota_exhausted, cost_exceeds_burst.
+    rejected: Vec<[Key; 3]>,
+    shadow: Vec<Key>,
+    soft: Vec<Key>,
+    escalation: [Key; 2],
+    store_errors: Key,
+}
+
 fn shared(s: &Arc<str>) -> SharedString {
     SharedString::from(s.clone())
 }
 
+fn key(name: &'static str, labels: Vec<Label>) -> Key {
+    Key::from_parts(name, labels)
+}
+
+impl PlanKeys {
+    pub(crate) fn new(plan: &Arc<str>, policies: &[Arc<str>]) -> PlanKeys {
+        let pl = || Label::new("plan", shared(plan));
+        let decision = |policy: SharedString, outcome: &'static str| {
+            key(
+                DECISIONS,
+                vec![
+                    pl(),
+                    Label::new("policy", policy),
+                    Label::new("outcome", outcome),
+                ],
+            )
+        };
+        let none = || SharedString::const_str("none");
+        let per = |name: &'static str, p: &Arc<str>| {
+            key(name, vec![pl(), Label::new("policy", shared(p))])
+        };
+        PlanKeys {
+            allowed: decision(none(), "allowed"),
+            store_error: decision(none(), "store_error"),
+            rejected: policies
+                .iter()
+                .map(|p| {
+                    [
+                        decision(shared(p), "rate_limited"),
+                        decision(shared(p), "quota_exhausted"),
+                        decision(shared(p), "cost_exceeds_burst"),
+                    ]
+                })
+                .collect(),
+            shadow: policies.iter().map(|p| per(SHADOW_REJECTIONS, p)).collect(),
+            soft: policies.iter().map(|p| per(SOFT_LIMITS, p)).collect(),
+            escalation: [
+                key(ESCALATIONS, vec![pl(), Label::new("level", "extended")]),
+                key(ESCALATIONS, vec![pl(), Label::new("level", "blocked")]),
+            ],
+            store_errors: key(STORE_ERRORS, vec![pl()]),
+        }
+    }
+}
+
+fn count(key: &Key) {
+    metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+}
+
 pub(crate) fn decision(
-    plan: &Arc<str>,
-    policy: Option<&Arc<str>>,
+    keys: &PlanKeys,
+    policy: Option<usize>,
     outcome: OutcomeLabel,
     seconds: f64,
 ) {
-    let policy = policy
-        .map(shared)
-        .unwrap_or(SharedString::const_str("none"));
-    counter!(DECISIONS, "plan" => shared(plan), "policy" => policy, "outcome" => outcome.as_str())
-        .increment(1);
-    histogram!(DECISION_SECONDS, "outcome" => outcome.as_str()).record(seconds);
+    let (counter, slot) = match (outcome, policy) {
+        (OutcomeLabel::Allowed, _) => (&keys.allowed, 0),
+        (OutcomeLabel::RateLimited, Some(i)) => (&keys.rejected[i][0], 1),
+        (OutcomeLabel::QuotaExhausted, Some(i)) => (&keys.rejected[i][1], 2),
+        (OutcomeLabel::CostExceedsBurst, Some(i)) => (&keys.rejected[i][2], 3),
+        _ => (&keys.store_error, 4),
+    };
+    count(counter);
+    metrics::with_recorder(|r| {
+        r.register_histogram(&SECONDS[slot], &METADATA)
+            .record(seconds)
+    });
 }
 
-pub(crate) fn shadow(plan: &Arc<str>, policy: &Arc<str>) {
-    counter!(SHADOW_REJECTIONS, "plan" => shared(plan), "policy" => shared(policy)).increment(1);
+pub(crate) fn shadow(keys: &PlanKeys, policy: usize) {
+    count(&keys.shadow[policy]);
 }
 
-pub(crate) fn store_error(plan: &Arc<str>) {
-    counter!(STORE_ERRORS, "plan" => shared(plan)).increment(1);
+pub(crate) fn store_error(keys: &PlanKeys) {
+    count(&keys.store_errors);
 }
 
-pub(crate) fn escalation(plan: &Arc<str>, level: &'static str) {
-    counter!(ESCALATIONS, "plan" => shared(plan), "level" => level).increment(1);
+pub(crate) fn escalation(keys: &PlanKeys, level: crate::escalation::Level) {
+    let i = match level {
+        crate::escalation::Level::Extended => 0,
+        crate::escalation::Level::Blocked => 1,
+    };
+    count(&keys.escalation[i]);
 }
 
-pub(crate) fn soft_limit(plan: &Arc<str>, policy: &Arc<str>) {
-    counter!(SOFT_LIMITS, "plan" => shared(plan), "policy" => shared(policy)).increment(1);
+pub(crate) fn soft_limit(keys: &PlanKeys, policy: usize) {
+    count(&keys.soft[policy]);
 }
