@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use common::{client, Driver, Publish, Server, T0};
 use http::HeaderMap;
 use paceline_client::{After, Before, Client, ClientError, Event, Mode, RequestInfo};
-use paceline_core::{ManualClock, Nanos, Plan, Policy};
+use paceline_core::{Clock, ManualClock, Nanos, Plan, Policy};
 
 const URL: &str = "http://api.test/v1/labels";
 
@@ -452,7 +452,8 @@ fn network_errors_retry_only_when_resending_is_safe() {
 fn vendor_retry_hints_are_read() {
     let clock = ManualClock::new(T0);
     let c = client(&clock, 8);
-    let cases: [(&str, &str, u16, Option<Nanos>); 3] = [
+    let cases: [(&str, &str, u16, Option<Nanos>); 4] = [
+        ("stripe-should-retry", "true", 500, Some(Nanos::ZERO)),
         (
             "retry-after-ms",
             "1500",
@@ -476,7 +477,9 @@ fn vendor_retry_hints_are_read() {
         match floor {
             Some(f) => match a {
                 After::RetryAfter(w) => {
-                    let j = paceline_client::jitter::jitter_span(f);
+                    // a scope without headers backs off 1 s ± 10% when there is no hint
+                    let j = paceline_client::jitter::jitter_span(f)
+                        .saturating_add(Nanos::from_millis(100));
                     assert!(w >= f && w <= f.saturating_add(j), "{name}: {w:?}");
                 }
                 other => panic!("{name}: {other:?}"),
@@ -715,4 +718,32 @@ fn a_slow_first_answer_holds_the_others_only_so_long() {
     assert!(matches!(c.before(&mut next), Before::Wait(_)));
     clock.advance(c.config().probe_timeout);
     assert_eq!(c.before(&mut next), Before::Go);
+}
+
+#[test]
+fn every_attempt_is_paced_retries_included() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 6);
+    // one unit per 2 s, none left
+    let empty =
+        paceline_client::Observation::bare(503).with_policy("slow", 1, 2, 0, Nanos::from_secs(2));
+    let mut call = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut call), Before::Go);
+    let wait = match c.after(&mut call, &empty) {
+        After::RetryAfter(w) => w,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        wait <= Nanos::SECOND,
+        "full jitter after one attempt: {wait:?}"
+    );
+    clock.advance(wait);
+    // the retry's own wait is over, but the mirror says the unit is 2 s away
+    match c.before(&mut call) {
+        Before::Wait(d) => assert_eq!(
+            clock.now().saturating_add(d),
+            T0.saturating_add(Nanos::from_secs(2))
+        ),
+        other => panic!("{other:?}"),
+    }
 }
