@@ -274,35 +274,36 @@ impl<C: FleetClient> AnyFleet for Fleet<C> {
         let Some(ticket) = worker.ticket.take() else {
             return;
         };
-        let (fleet, wk) = (ctx.fleet, w);
-        match self.client.after(w, ticket, &answer, ctx.gateway, now) {
+        let again = match self.client.after(w, ticket, &answer, ctx.gateway, now) {
             After::Done => {
                 worker.job = false;
                 self.report.jobs_done += 1;
-                if self.settled() {
-                    self.done_at = Some(now);
-                }
-                ctx.queue
-                    .schedule_in(Nanos::ZERO, Ev::Ready { fleet, worker: wk });
+                Nanos::ZERO
             }
             After::Retry(d) => {
                 worker.attempt += 1;
-                ctx.queue.schedule_in(d, Ev::Ready { fleet, worker: wk });
+                d
             }
             After::Requeue(d) => {
                 worker.job = false;
                 self.queued += 1;
-                ctx.queue.schedule_in(d, Ev::Ready { fleet, worker: wk });
+                d
             }
             After::Abandon => {
                 worker.job = false;
                 self.report.jobs_failed += 1;
-                if self.settled() {
-                    self.done_at = Some(now);
-                }
-                ctx.queue
-                    .schedule_in(Nanos::ZERO, Ev::Ready { fleet, worker: wk });
+                Nanos::ZERO
             }
+        };
+        if self.done_at.is_none() && self.settled() {
+            self.done_at = Some(now);
+        }
+        if again == Nanos::ZERO {
+            // the worker moves on at once: no need for a trip through the queue
+            self.on_ready(w, ctx);
+        } else {
+            let (fleet, worker) = (ctx.fleet, w);
+            ctx.queue.schedule_in(again, Ev::Ready { fleet, worker });
         }
     }
 
