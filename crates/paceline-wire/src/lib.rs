@@ -13,6 +13,8 @@
 //! - [`problem`]: RFC 9457 problem bodies for each rejection.
 //! - [`parse`]: every common dialect, `Retry-After` in all its forms, vendor
 //!   retry hints and the problem body, into a [`parse::ResponseView`].
+//! - [`raw`]: a raw HTTP/1.x response as text (`curl -i`, `curl -v`, a
+//!   capture) split into status, headers and body.
 //!
 //! ```
 //! use paceline_core::{Limiter, ManualClock, MemoryStore, Nanos, Plan, Policy};
