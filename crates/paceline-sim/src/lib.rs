@@ -12,10 +12,12 @@
 //! can be tests.
 //!
 //! The pieces: [`engine`] (timed events on integer nanoseconds, ties broken
-//! by insertion order), [`gateway`] (edge capacity, injected faults, the
-//! real limiter), [`fleet`] (workers doing jobs through a client), the
-//! [`scenario`]s behind `paceline sim`, their [`report`]s, and plain-text
-//! [`table`]s and [`svg`] plots to show them.
+//! by insertion order), [`rng`] (seeded ChaCha8 streams), [`edge`]
+//! (per-second capacity shared fairly between keys), [`gateway`] (the
+//! edge, injected faults, the real limiter and emitter), [`sdk`] (the real
+//! client in the loop), [`fleet`] (workers doing jobs through a client),
+//! the [`scenario`]s behind `paceline sim`, their [`report`]s, and
+//! plain-text [`table`]s and [`svg`] plots to show them.
 //!
 //! ```
 //! use paceline_sim::scenario::race::{self, RaceParams};

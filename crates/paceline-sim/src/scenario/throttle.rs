@@ -7,9 +7,8 @@
 //! per second with ten seconds of depth, run by the real limiter) and,
 //! publishing nothing, sheds the rest with a bare 503; at a share of zero
 //! every request meets a 503. The server is healthy for the first window
-//! (a client whose backend degrades, not one starting cold: near K = 1 a
-//! cold start takes minutes to climb out of its early drops), degraded for
-//! a second window of warm-up, and then the run measures the share of
+//! (so the run follows a client whose backend degrades), degraded for a
+//! second window of warm-up, and then the run measures the share of
 //! asked-for requests the client dropped, and the accept ratio the client
 //! itself counted (accepts over requests).
 //!
