@@ -138,16 +138,13 @@ fn push_int(out: &mut String, n: u64) {
             break;
         }
     }
-    for &b in &digits[i..] {
-        out.push(char::from(b));
-    }
+    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or("0"));
 }
 
 fn problem_response(json: String, status: u16, close: bool) -> Response<Bytes> {
     let mut r = Response::new(Bytes::from(json));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let h = r.headers_mut();
-    h.reserve(8);
     h.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
     h.insert(CACHE_CONTROL, NO_STORE);
     if close {
@@ -162,7 +159,8 @@ fn denial_json(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish
     let prefix = &meta.problems[den.policy][usize::from(!publish)];
     let mut body = String::with_capacity(prefix.len() + 64);
     body.push_str(prefix);
-    let _ = write!(body, ",\"retry_after_s\":{}", den.retry_after_secs());
+    body.push_str(",\"retry_after_s\":");
+    push_int(&mut body, den.retry_after_secs());
     body.push_str(",\"violated-policies\":[\"");
     // policy names are token-safe: no escaping needed
     body.push_str(plan.policy(den.policy).name());
