@@ -24,13 +24,7 @@ fn cpu_seconds() -> Option<f64> {
 #[test]
 #[ignore = "a timing measurement: run it in release"]
 fn a_million_requests_in_under_two_seconds() {
-    let params = LoadParams {
-        quota: std::env::var("SIM_QUOTA")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20),
-        ..LoadParams::default()
-    };
+    let params = LoadParams::default();
     let cpu0 = cpu_seconds();
     let t = Instant::now();
     let r = load::run(&params, 1);
