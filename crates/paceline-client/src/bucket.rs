@@ -10,8 +10,8 @@
 //!   spread evenly over the time to the reset instead of spent at once.
 //!
 //! Corrections from the server only ever make the mirror more careful,
-//! except when no other request is in flight, when the server's word is
-//! taken as it is.
+//! except when no other request is in flight and no answer to a later
+//! request came back first, when the server's word is taken as it is.
 
 use paceline_core::Nanos;
 
@@ -167,7 +167,8 @@ impl Mirror {
 
     /// Folds what the server published into the mirror. `later` counts
     /// requests sent after the one this response answers and still in
-    /// flight; `alone` says no other request is in flight at all.
+    /// flight; `alone` says no other request is in flight and this is the
+    /// answer to the latest request sent.
     pub(crate) fn observe(&mut self, now: Nanos, p: &PolicyObservation, later: u64, alone: bool) {
         self.shape(p);
         let now = now.as_u64();
@@ -183,13 +184,15 @@ impl Mirror {
                 let q = quota.unwrap_or(1);
                 let debt = q.saturating_sub(r.min(q));
                 let observed = now + debt.saturating_mul(*emission).min(*span);
-                // The server rounds `r` down, so its debt is within one
-                // emission below `observed`: keep the local value (and its
-                // fraction) unless the two disagree by a whole unit.
+                // `observed` is never earlier than the server's own state
+                // (`r` is rounded down and was computed before now), so
+                // taking the later of the two never lets the mirror run
+                // ahead of the server, whatever the latency did. When no
+                // other request is in flight the server's word is taken
+                // even if it is a whole unit more generous.
                 let local = (*tat).max(now);
-                let ahead = observed >= local.saturating_add(*emission);
                 let behind = alone && observed.saturating_add(*emission) <= local;
-                if ahead || behind {
+                if observed > local || behind {
                     *tat = observed;
                 }
             }

@@ -25,6 +25,8 @@ pub(crate) struct Scope {
     pub(crate) mirrors: Vec<Mirror>,
     pub(crate) throttle: AdaptiveThrottle,
     pub(crate) in_flight: BTreeSet<u64>,
+    /// The latest request (by sequence) whose answer came back.
+    pub(crate) landed: Option<u64>,
     /// When the request that probes an unseeded scope went out.
     pub(crate) probe_sent_at: Nanos,
     pub(crate) next_seq: u64,
@@ -63,6 +65,7 @@ impl Scope {
             mirrors: Vec::new(),
             throttle,
             in_flight: BTreeSet::new(),
+            landed: None,
             probe_sent_at: Nanos::ZERO,
             next_seq: 0,
             pause_until: Nanos::ZERO,
@@ -151,11 +154,17 @@ impl Scope {
     }
 
     /// Removes an attempt from the in-flight set; returns (sent later and
-    /// still in flight, nothing else in flight).
+    /// still in flight, whether its answer may be trusted as the latest
+    /// word: nothing else in flight, and no answer to a later request
+    /// already in).
     pub(crate) fn land(&mut self, seq: u64) -> (u64, bool) {
         self.in_flight.remove(&seq);
         let later = self.in_flight.range(seq + 1..).count() as u64;
-        (later, self.in_flight.is_empty())
+        let newest = self.landed.is_none_or(|l| seq > l);
+        if newest {
+            self.landed = Some(seq);
+        }
+        (later, newest && self.in_flight.is_empty())
     }
 
     pub(crate) fn set_mode(&mut self, to: Mode, min_gap: Nanos, events: &mut Vec<Event>) {

@@ -1,4 +1,4 @@
-//! The adapters over real loopback sockets against a small server that
+//! The reqwest middleware over real loopback sockets against a small server that
 //! uses the real limiter and header emitter.
 
 #[path = "../examples/support/server.rs"]
@@ -8,17 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::Client as Hyper;
-use hyper_util::rt::TokioExecutor;
 use paceline_client::adapter::reqwest::PacelineMiddleware;
-use paceline_client::adapter::tower::PacelineLayer;
 use paceline_client::adapter::TokioClock;
 use paceline_client::{Client, ClientError};
 use paceline_core::{Plan, Policy, SystemClock};
 use server::Publish;
-use tower::{Layer, ServiceExt};
 
 type Queue = Arc<tokio::sync::Mutex<Vec<usize>>>;
 
@@ -61,53 +55,29 @@ async fn run_reqwest(
 /// The one real-time test: 50 jobs, 10 workers, a bucket of 8 at 4/s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reqwest_finishes_at_the_floor_in_real_time() {
-    let (addr, seen) = server::spawn(server::race_plan(), Publish::Full, SystemClock::new()).await;
-    let sdk = Client::new();
+    // one clock for both ends: two independently calibrated TSC clocks on a
+    // loaded machine can run a fraction of a percent apart, which is more
+    // than the distance between two paced requests and the server's refill
+    let clock = SystemClock::new();
+    let (addr, seen) = server::spawn(server::race_plan(), Publish::Full, clock.clone()).await;
+    let sdk = Client::builder().clock(clock).build();
     let started = Instant::now();
     let (ok, failed) = run_reqwest(&sdk, addr, 10, 50).await;
     let elapsed = started.elapsed().as_secs_f64();
     println!(
-        "real time: {elapsed:.3} s, server saw {} requests",
-        seen.requests.load(Ordering::Relaxed)
+        "real time: {elapsed:.3} s, server saw {} requests, {} rejected; {}",
+        seen.requests.load(Ordering::Relaxed),
+        seen.rejected.load(Ordering::Relaxed),
+        serde_json::to_string(&sdk.diagnostics()).unwrap()
     );
     assert_eq!((ok, failed), (50, 0));
-    assert_eq!(seen.requests.load(Ordering::Relaxed), 50);
-    assert_eq!(seen.rejected.load(Ordering::Relaxed), 0);
-    assert!((elapsed - 10.5).abs() <= 10.5 * 0.03, "{elapsed} s");
-}
-
-/// The same race through the tower layer, on tokio's paused clock: the
-/// server's limiter and the client both read tokio time.
-#[tokio::test(start_paused = true)]
-async fn tower_finishes_at_the_floor_on_paused_time() {
-    let clock = TokioClock::new();
-    let (addr, seen) = server::spawn(server::race_plan(), Publish::Full, clock.clone()).await;
-    let sdk = Client::builder().clock(clock).seed(4).build();
-    let hyper: Hyper<_, Full<Bytes>> = Hyper::builder(TokioExecutor::new()).build_http();
-    let svc = PacelineLayer::new(sdk.clone()).layer(hyper);
-    let queue: Queue = Arc::new(tokio::sync::Mutex::new((0..50).collect()));
-    let started = tokio::time::Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..10 {
-        let (svc, queue) = (svc.clone(), queue.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let Some(i) = queue.lock().await.pop() else {
-                    break;
-                };
-                let req = http::Request::get(format!("http://{addr}/v1/jobs/{i}"))
-                    .body(Full::new(Bytes::new()))
-                    .unwrap();
-                let resp = svc.clone().oneshot(req).await.unwrap();
-                assert_eq!(resp.status(), 200);
-            }
-        }));
+    if seen.rejected.load(Ordering::Relaxed) > 0 {
+        let log = seen.log.lock().unwrap();
+        let t0 = log[0].0;
+        for (t, s, h) in log.iter() {
+            println!("{:.4} {s} {h}", t - t0);
+        }
     }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    println!("paused time: {elapsed:.3} s");
     assert_eq!(seen.requests.load(Ordering::Relaxed), 50);
     assert_eq!(seen.rejected.load(Ordering::Relaxed), 0);
     assert!((elapsed - 10.5).abs() <= 10.5 * 0.03, "{elapsed} s");
@@ -219,25 +189,4 @@ async fn without_headers_the_job_completes_over_http() {
         assert_eq!((ok, failed), (50, 0));
         assert!(rejected <= 6, "{rejected}");
     }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_body_over_the_replay_cap_fails_clearly() {
-    let clock = TokioClock::new();
-    let (addr, _) = server::spawn(server::race_plan(), Publish::Full, clock.clone()).await;
-    let cfg = paceline_client::Config {
-        replay_buffer_cap: 16,
-        ..Default::default()
-    };
-    let sdk = Client::builder().clock(clock).config(cfg).build();
-    let hyper: Hyper<_, Full<Bytes>> = Hyper::builder(TokioExecutor::new()).build_http();
-    let svc = PacelineLayer::new(sdk).layer(hyper);
-    let req = http::Request::post(format!("http://{addr}/v1/labels"))
-        .body(Full::new(Bytes::from(vec![b'x'; 64])))
-        .unwrap();
-    let err = svc.oneshot(req).await.unwrap_err();
-    assert_eq!(
-        err.downcast_ref::<ClientError>(),
-        Some(&ClientError::BodyNotReplayable { cap: 16 })
-    );
 }

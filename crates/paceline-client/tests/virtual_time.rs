@@ -747,3 +747,29 @@ fn every_attempt_is_paced_retries_included() {
         other => panic!("{other:?}"),
     }
 }
+
+/// An answer that comes back after the answer to a later request is old
+/// news: it must not make the mirror more generous.
+#[test]
+fn a_late_stale_answer_does_not_loosen_the_mirror() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 2);
+    let obs = |r| {
+        paceline_client::Observation::bare(200).with_policy("burst", 8, 2, r, Nanos::from_secs(2))
+    };
+    let mut probe = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut probe), Before::Go);
+    c.after(&mut probe, &obs(2)); // two left
+    let mut a = c.call(RequestInfo::get(URL));
+    let mut b = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut a), Before::Go);
+    assert_eq!(c.before(&mut b), Before::Go);
+    // the server charged a, then b; b's answer (0 left) arrives first
+    c.after(&mut b, &obs(0));
+    c.after(&mut a, &obs(1));
+    let mut next = c.call(RequestInfo::get(URL));
+    assert!(
+        matches!(c.before(&mut next), Before::Wait(_)),
+        "the bucket is empty"
+    );
+}

@@ -30,6 +30,9 @@ pub struct Seen {
     pub requests: AtomicU64,
     pub ok: AtomicU64,
     pub rejected: AtomicU64,
+    /// Every rate-limited request: when (seconds on the server's clock) and
+    /// the status it got.
+    pub log: std::sync::Mutex<Vec<(f64, u16, String)>>,
 }
 
 struct App<C: Clock> {

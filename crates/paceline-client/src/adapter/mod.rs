@@ -64,6 +64,3 @@ pub(crate) async fn sleep(d: Nanos) {
 }
 
 pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
-
-/// The most body bytes read from a 429 or 503 to classify it.
-pub(crate) const PROBLEM_BODY_CAP: usize = 64 * 1024;

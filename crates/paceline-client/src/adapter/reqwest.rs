@@ -31,8 +31,11 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next, Result};
 use tokio::sync::OnceCell;
 
-use super::{sleep, Guard, IDEMPOTENCY_KEY, PROBLEM_BODY_CAP};
+use super::{sleep, Guard, IDEMPOTENCY_KEY};
 use crate::{After, Before, Client, ClientError, Mode, RequestInfo};
+
+/// The most body bytes read from a 429 or 503 to classify it.
+const PROBLEM_BODY_CAP: usize = 64 * 1024;
 
 /// Paces and retries every request through a shared [`Client`].
 #[derive(Clone, Debug)]
