@@ -45,7 +45,7 @@ use paceline_wire::emit::Dialects;
 use serde::Deserialize;
 
 use crate::escalation::EscalationConfig;
-use crate::identity::{KeySource, TrustedProxies};
+use crate::identity::{KeyHash, KeySource, TrustedProxies};
 use crate::route::{Criticality, Route};
 
 /// The default path of the usage endpoint.
@@ -102,7 +102,10 @@ pub(crate) struct LimitsInner {
     pub(crate) meta: Vec<crate::respond::PlanMeta>,
     /// Per plan: its metric keys.
     pub(crate) metric_keys: Vec<crate::telemetry::PlanKeys>,
+    /// Configured keys, each to its entry in `key_entries`.
     pub(crate) keys: HashMap<String, usize>,
+    /// Per configured key: its plan, and the key as the store sees it.
+    pub(crate) key_entries: Vec<KeyEntry>,
     pub(crate) routes: Vec<(Route, Option<usize>)>,
     pub(crate) key_source: KeySource,
     pub(crate) default_plan: Option<usize>,
@@ -113,6 +116,37 @@ pub(crate) struct LimitsInner {
     pub(crate) usage_path: Option<String>,
     pub(crate) problem_base: String,
     pub(crate) escalation: EscalationConfig,
+}
+
+/// A configured key, prepared so that a request carrying it needs neither
+/// an allocation nor a hash to be told apart.
+#[derive(Debug)]
+pub(crate) struct KeyEntry {
+    pub(crate) plan: usize,
+    /// The key with its source's prefix, as the store sees it.
+    pub(crate) stored: Box<str>,
+    pub(crate) hash: KeyHash,
+}
+
+impl KeyEntry {
+    fn new(prefix: &str, key: &str, plan: usize) -> KeyEntry {
+        let stored: Box<str> = format!("{prefix}{key}").into();
+        KeyEntry {
+            plan,
+            hash: KeyHash::of(&stored),
+            stored,
+        }
+    }
+}
+
+/// What the store key of a request starts with, by where the key came from.
+pub(crate) fn key_prefix(source: &KeySource) -> &'static str {
+    match source {
+        KeySource::ApiKey => "k:",
+        KeySource::ClientIp => "ip:",
+        KeySource::Route => "r:",
+        KeySource::Header(_) => "h:",
+    }
 }
 
 impl Limits {
@@ -134,7 +168,7 @@ impl Limits {
             .inner
             .keys
             .get(key)
-            .copied()
+            .map(|&i| self.inner.key_entries[i].plan)
             .or(self.inner.default_plan)?;
         Some(&self.inner.plans[i])
     }
@@ -277,11 +311,21 @@ impl LimitsBuilder {
             })
         };
         let mut keys = HashMap::with_capacity(self.keys.len());
+        let mut key_entries = Vec::with_capacity(self.keys.len());
+        let prefix = key_prefix(&self.key_source);
         for (k, p) in &self.keys {
             if k.is_empty() {
                 return Err(ConfigError::new("keys", "a key may not be empty"));
             }
-            keys.insert(k.clone(), find(&format!("keys.{k}"), p)?);
+            let entry = KeyEntry::new(prefix, k, find(&format!("keys.{k}"), p)?);
+            match keys.get(k.as_str()) {
+                // a key given twice: the later plan wins
+                Some(&i) => key_entries[i] = entry,
+                None => {
+                    keys.insert(k.clone(), key_entries.len());
+                    key_entries.push(entry);
+                }
+            }
         }
         let default_plan = self
             .default_plan
@@ -335,7 +379,7 @@ impl LimitsBuilder {
         let meta = self
             .plans
             .iter()
-            .map(|p| crate::respond::PlanMeta::new(p, &self.problem_base))
+            .map(|p| crate::respond::PlanMeta::new(p, &self.problem_base, &self.dialects))
             .collect();
         let metric_keys = names
             .iter()
@@ -348,6 +392,7 @@ impl LimitsBuilder {
                 meta,
                 metric_keys,
                 keys,
+                key_entries,
                 routes,
                 key_source: self.key_source,
                 default_plan,

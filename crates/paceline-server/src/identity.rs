@@ -230,8 +230,10 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
 /// The token of an `Authorization: Bearer` header.
 pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = v.split_once(' ')?;
-    let token = token.trim();
+    // the scheme is what comes before the first space
+    let (scheme, token) = (v.get(..6)?, v.get(6..)?.strip_prefix(' ')?);
+    // a visible-ASCII value holds no other whitespace than spaces and tabs
+    let token = token.trim_ascii();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 

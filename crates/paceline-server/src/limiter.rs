@@ -15,7 +15,7 @@ use paceline_core::{
 use parking_lot::RwLock;
 use tracing::Instrument;
 
-use crate::config::Limits;
+use crate::config::{key_prefix, Limits, LimitsInner};
 use crate::escalation::{Escalator, Level};
 use crate::identity::{bearer_token, client_ip, peer_ip, KeyHash, KeySource};
 use crate::layer::ReleaseGuard;
@@ -69,10 +69,44 @@ struct Shared<S, C> {
 
 /// Who a request is, for limiting.
 struct Who {
-    key: String,
+    key: StoreKey,
     hash: KeyHash,
     plan: usize,
     publish: bool,
+}
+
+/// The key a request is counted under.
+enum StoreKey {
+    /// A configured key: its entry in the limits, prepared at build time.
+    Configured(usize),
+    /// Any other key (default plan, client addresses), built per request.
+    Owned(String),
+}
+
+impl Who {
+    fn configured(lim: &LimitsInner, entry: usize) -> Who {
+        let e = &lim.key_entries[entry];
+        Who {
+            key: StoreKey::Configured(entry),
+            hash: e.hash,
+            plan: e.plan,
+            publish: true,
+        }
+    }
+    fn owned(key: String, plan: usize, publish: bool) -> Who {
+        Who {
+            hash: KeyHash::of(&key),
+            key: StoreKey::Owned(key),
+            plan,
+            publish,
+        }
+    }
+    fn key<'a>(&'a self, lim: &'a LimitsInner) -> &'a str {
+        match &self.key {
+            StoreKey::Configured(i) => &lim.key_entries[*i].stored,
+            StoreKey::Owned(k) => k,
+        }
+    }
 }
 
 /// What was read from the request head, owned (so no borrow of the request
@@ -82,7 +116,6 @@ pub(crate) struct Prepared {
     pub(crate) route: RouteInfo,
     usage: bool,
     who: Option<Who>,
-    close: bool,
 }
 
 /// What to do with a request.
@@ -93,6 +126,9 @@ pub(crate) enum Verdict {
     Admit(Admitted),
     /// Answer without calling the inner service.
     Respond(Response<Bytes>),
+    /// Refuse without calling the inner service (and without reading the
+    /// request body).
+    Reject(Response<Bytes>),
 }
 
 /// Where a decision stands before the store is asked.
@@ -118,7 +154,7 @@ impl Ask {
         &p.limits.inner.plans[self.plan]
     }
     fn key<'a>(&self, p: &'a Prepared) -> &'a str {
-        p.who.as_ref().map_or("", |w| w.key.as_str())
+        p.who.as_ref().map_or("", |w| w.key(&p.limits.inner))
     }
 }
 
@@ -199,13 +235,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             matched.map(|(r, anon)| (r.is_anonymous(), *anon)),
             &route,
         );
-        let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
         Prepared {
             limits,
             route,
             usage,
             who,
-            close,
         }
     }
 
@@ -324,7 +358,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 Err(e) => {
                     telemetry::store_error(mk);
                     tracing::warn!(error = %e, "usage: store unavailable");
-                    Verdict::Respond(respond::unavailable(&lim.problem_base, false))
+                    Verdict::Respond(respond::unavailable(&lim.problem_base))
                 }
             };
         }
@@ -357,7 +391,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                     .iter()
                     .any(|q| !q.is_shadow() && q.fail_mode() == FailMode::Closed);
                 return match closed {
-                    true => Verdict::Respond(respond::unavailable(&lim.problem_base, p.close)),
+                    true => Verdict::Reject(respond::unavailable(&lim.problem_base)),
                     false => Verdict::Pass,
                 };
             }
@@ -381,7 +415,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             };
             let release = plan
                 .has_concurrency()
-                .then(|| (who.key.clone(), p.route.cost));
+                .then(|| (who.key(lim).to_string(), p.route.cost));
             return Verdict::Admit(Admitted {
                 limits: p.limits.clone(),
                 plan: who.plan,
@@ -400,14 +434,13 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             retry_after_s = retry_after,
             "request rejected"
         );
-        Verdict::Respond(respond::rejection(
+        Verdict::Reject(respond::rejection(
             plan,
             &lim.meta[who.plan],
             &d,
             &lim.dialects,
             who.publish,
             &lim.problem_base,
-            p.close,
         ))
     }
 
@@ -503,6 +536,12 @@ fn outcome_label(d: &Decision) -> OutcomeLabel {
     }
 }
 
+/// Whether a request sent a body that a rejection leaves unread, so the
+/// connection must not be reused (HTTP/2 resets the stream instead).
+pub(crate) fn leaves_body_unread<B>(req: &Request<B>) -> bool {
+    req.version() <= Version::HTTP_11 && has_body(req.headers())
+}
+
 fn has_body(h: &HeaderMap) -> bool {
     h.contains_key(TRANSFER_ENCODING)
         || h.get(CONTENT_LENGTH)
@@ -516,60 +555,43 @@ fn who<B>(
     route: Option<(bool, Option<usize>)>,
     info: &RouteInfo,
 ) -> Option<Who> {
-    let lim = &limits.inner;
+    let lim = &*limits.inner;
     let headers = req.headers();
     let ip_key = || {
         let ip = client_ip(headers, peer_ip(req.extensions()), &lim.trusted);
         ip.map_or_else(|| "ip:unknown".to_string(), |ip| format!("ip:{ip}"))
     };
-    let anonymous = |plan: usize| {
-        let key = ip_key();
-        Some(Who {
-            hash: KeyHash::of(&key),
-            key,
-            plan,
-            publish: false,
-        })
-    };
+    let anonymous = |plan: usize| Some(Who::owned(ip_key(), plan, false));
     if let Some((true, plan)) = route {
         return anonymous(plan.or(lim.anonymous_plan)?);
     }
-    let route_pattern = info.pattern.as_deref();
-    let (prefix, lookup): (&str, Option<&str>) = match &lim.key_source {
-        KeySource::ApiKey => ("k:", bearer_token(headers)),
+    let lookup = match &lim.key_source {
+        KeySource::ApiKey => bearer_token(headers),
         KeySource::ClientIp => {
             let k = ip_key();
-            let plan = lim.keys.get(&k[3..]).copied().or(lim.default_plan);
-            return match plan {
-                Some(plan) => Some(Who {
-                    hash: KeyHash::of(&k),
-                    key: k,
-                    plan,
-                    publish: true,
-                }),
+            if let Some(&i) = lim.keys.get(&k[3..]) {
+                return Some(Who::configured(lim, i));
+            }
+            return match lim.default_plan {
+                Some(plan) => Some(Who::owned(k, plan, true)),
                 None => anonymous(lim.anonymous_plan?),
             };
         }
-        KeySource::Route => ("r:", route_pattern),
-        KeySource::Header(name) => ("h:", headers.get(name).and_then(|v| v.to_str().ok())),
+        KeySource::Route => info.pattern.as_deref(),
+        KeySource::Header(name) => headers.get(name).and_then(|v| v.to_str().ok()),
     };
-    let plan = lookup.and_then(|l| lim.keys.get(l).copied().or(lim.default_plan));
-    let key = match (plan, lookup) {
-        (Some(_), Some(l)) => {
+    // a configured key was prepared at build time: no allocation, no hash
+    if let Some(&i) = lookup.and_then(|l| lim.keys.get(l)) {
+        return Some(Who::configured(lim, i));
+    }
+    match (lookup, lim.default_plan) {
+        (Some(l), Some(plan)) => {
+            let prefix = key_prefix(&lim.key_source);
             let mut k = String::with_capacity(prefix.len() + l.len());
             k.push_str(prefix);
             k.push_str(l);
-            k
+            Some(Who::owned(k, plan, true))
         }
-        _ => String::new(),
-    };
-    match plan {
-        Some(plan) => Some(Who {
-            hash: KeyHash::of(&key),
-            key,
-            plan,
-            publish: true,
-        }),
-        None => anonymous(lim.anonymous_plan?),
+        _ => anonymous(lim.anonymous_plan?),
     }
 }

@@ -1,7 +1,5 @@
 //! The responses the layer writes itself: rejections and the usage document.
 
-use std::fmt::Write as _;
-
 use bytes::Bytes;
 use http::header::{
     HeaderName, HeaderValue, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
@@ -20,57 +18,117 @@ const RATELIMIT_POLICY: HeaderName = HeaderName::from_static(emit::RATELIMIT_POL
 const RATELIMIT: HeaderName = HeaderName::from_static(emit::RATELIMIT);
 const ANONYMOUS_DETAIL: &str = "Too many requests from this client; retry later.";
 
-/// What never changes for a plan, prepared once so a rejection costs a few
-/// string copies: the `RateLimit-Policy` value and, per policy, the
-/// problem body up to its per-request members.
+/// What never changes for a plan, prepared once so that a rejection only
+/// splices its numbers into ready parts: the `RateLimit-Policy` value, the
+/// head of a 429 and, per policy, the problem body around its numbers.
 #[derive(Debug)]
 pub(crate) struct PlanMeta {
     policy_field: Option<HeaderValue>,
-    /// Per policy: [published, anonymous] problem JSON without its closing
-    /// brace, `retry_after_s` and `violated-policies`.
-    problems: Vec<[String; 2]>,
+    /// Per policy: the fixed parts of its problem body.
+    problems: Vec<ProblemParts>,
+    /// The head of a 429: [published, anonymous].
+    heads: [Head; 2],
 }
 
-impl PlanMeta {
-    pub(crate) fn new(plan: &Plan, base: &str) -> PlanMeta {
-        let policy_field = HeaderValue::try_from(emit::policy_field(plan)).ok();
-        let problems = (0..plan.policies().len())
-            .map(|i| {
-                let mut d = Decision {
-                    outcome: Outcome::Denied(Denial {
-                        policy: i,
-                        kind: plan.policy(i).kind(),
-                        retry_after: Nanos::SECOND,
-                    }),
-                    statuses: Default::default(),
-                };
-                for j in 0..plan.policies().len() {
-                    d.statuses.push(PolicyStatus {
-                        remaining: 0,
-                        reset_after: Nanos::ZERO,
-                        would_deny: i == j,
-                    });
-                }
-                let mut p = Problem::from_decision(plan, &d, base)
-                    .unwrap_or_else(|| Problem::new(ProblemKind::RateLimited, base, ""));
-                p.retry_after_s = None;
-                p.violated_policies.clear();
-                let published = open_json(p.to_json());
-                p.detail = ANONYMOUS_DETAIL.to_string();
-                [published, open_json(p.to_json())]
-            })
-            .collect();
-        PlanMeta {
-            policy_field,
-            problems,
+/// A policy's problem body without its per-request members.
+#[derive(Debug)]
+struct ProblemParts {
+    /// [published, anonymous]: the JSON up to the value of `retry_after_s`.
+    open: [String; 2],
+    /// `,"violated-policies":["<policy>"`: the deciding policy first.
+    violated: String,
+}
+
+/// The header fields of a 429 in a fixed order, with placeholders where the
+/// per-request values go: cloning it and overwriting two values is cheaper
+/// than hashing every name into a new map.
+#[derive(Debug)]
+struct Head {
+    fields: HeaderMap,
+    /// The position of `RateLimit`, when counters are published.
+    ratelimit: Option<usize>,
+    /// The position of `Retry-After`.
+    retry_after: usize,
+}
+
+impl Head {
+    fn new(policy_field: Option<&HeaderValue>, ietf: bool) -> Head {
+        let mut fields = HeaderMap::with_capacity(6);
+        fields.append(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
+        fields.append(CACHE_CONTROL, NO_STORE);
+        let mut ratelimit = None;
+        if ietf {
+            if let Some(v) = policy_field {
+                fields.append(RATELIMIT_POLICY, v.clone());
+            }
+            ratelimit = Some(fields.len());
+            fields.append(RATELIMIT, HeaderValue::from_static(""));
+        }
+        let retry_after = fields.len();
+        fields.append(RETRY_AFTER, HeaderValue::from_static("1"));
+        Head {
+            fields,
+            ratelimit,
+            retry_after,
         }
     }
 }
 
+impl PlanMeta {
+    pub(crate) fn new(plan: &Plan, base: &str, dialects: &Dialects) -> PlanMeta {
+        let policy_field = HeaderValue::try_from(emit::policy_field(plan)).ok();
+        let problems = (0..plan.policies().len())
+            .map(|i| ProblemParts::new(plan, i, base))
+            .collect();
+        let heads = [
+            Head::new(policy_field.as_ref(), dialects.ietf),
+            Head::new(None, false),
+        ];
+        PlanMeta {
+            policy_field,
+            problems,
+            heads,
+        }
+    }
+}
+
+impl ProblemParts {
+    fn new(plan: &Plan, i: usize, base: &str) -> ProblemParts {
+        let mut d = Decision {
+            outcome: Outcome::Denied(Denial {
+                policy: i,
+                kind: plan.policy(i).kind(),
+                retry_after: Nanos::SECOND,
+            }),
+            statuses: Default::default(),
+        };
+        for j in 0..plan.policies().len() {
+            d.statuses.push(PolicyStatus {
+                remaining: 0,
+                reset_after: Nanos::ZERO,
+                would_deny: i == j,
+            });
+        }
+        let mut p = Problem::from_decision(plan, &d, base)
+            .unwrap_or_else(|| Problem::new(ProblemKind::RateLimited, base, ""));
+        p.retry_after_s = None;
+        p.violated_policies.clear();
+        let published = open_json(p.to_json());
+        p.detail = ANONYMOUS_DETAIL.to_string();
+        // policy names are token-safe (core validates them): no escaping
+        ProblemParts {
+            open: [published, open_json(p.to_json())],
+            violated: format!(",\"violated-policies\":[\"{}\"", plan.policy(i).name()),
+        }
+    }
+}
+
+/// The JSON object without its closing brace, ready for `retry_after_s`.
 fn open_json(mut s: String) -> String {
     if s.ends_with('}') {
         s.pop();
     }
+    s.push_str(",\"retry_after_s\":");
     s
 }
 
@@ -86,7 +144,7 @@ pub(crate) fn write_fields(
 ) {
     if !publish {
         if let Some(s) = emit::retry_after_secs(d) {
-            h.insert(RETRY_AFTER, HeaderValue::from(s));
+            h.insert(RETRY_AFTER, seconds_value(s));
         }
         return;
     }
@@ -94,88 +152,223 @@ pub(crate) fn write_fields(
         if let Some(v) = &meta.policy_field {
             h.insert(RATELIMIT_POLICY, v.clone());
         }
-        if let Ok(v) = HeaderValue::try_from(ratelimit_field(plan, d)) {
+        if let Some(v) = ratelimit_value(plan, d) {
             h.insert(RATELIMIT, v);
         }
     }
-    // the older dialects, and Retry-After with no-store on a denial
+    older_dialects(plan, d, dialects, h);
+}
+
+/// The older dialects (and, on a denial, `Retry-After` with no-store),
+/// when the deployment asks for them.
+fn older_dialects(plan: &Plan, d: &Decision, dialects: &Dialects, h: &mut HeaderMap) {
     let rest = Dialects {
         ietf: false,
         ..*dialects
     };
-    emit::write_headers(plan, d, &rest, h);
+    if rest.x_ratelimit || rest.draft03 || d.denial().is_some() {
+        emit::write_headers(plan, d, &rest, h);
+    }
 }
 
-/// The IETF `RateLimit` field, as `paceline_wire::emit::ratelimit_field`
-/// writes it, without a general serializer: policy names are token-safe
-/// (core validates them), so the items need no escaping.
-fn ratelimit_field(plan: &Plan, d: &Decision) -> String {
-    let mut out = String::with_capacity(32 * d.statuses.len());
+/// A short buffer on the stack for a header value.
+struct FieldBuf {
+    buf: [u8; 192],
+    len: usize,
+}
+
+impl FieldBuf {
+    fn new() -> Self {
+        FieldBuf {
+            buf: [0; 192],
+            len: 0,
+        }
+    }
+    /// Appends `s`; false when it does not fit.
+    fn push(&mut self, s: &[u8]) -> bool {
+        let end = self.len + s.len();
+        match self.buf.get_mut(self.len..end) {
+            Some(dst) => {
+                dst.copy_from_slice(s);
+                self.len = end;
+                true
+            }
+            None => false,
+        }
+    }
+    fn push_int(&mut self, n: u64) -> bool {
+        self.push(itoa::Buffer::new().format(sf_int(n)).as_bytes())
+    }
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// A structured-field integer: at most 15 digits, so larger values clamp.
+fn sf_int(n: u64) -> u64 {
+    n.min(999_999_999_999_999)
+}
+
+/// The IETF `RateLimit` field as `paceline_wire::emit::ratelimit_field`
+/// writes it, without a general serializer or a heap buffer: policy names
+/// are token-safe (core validates them), so the items need no escaping.
+fn ratelimit_value(plan: &Plan, d: &Decision) -> Option<HeaderValue> {
+    let mut out = FieldBuf::new();
+    let mut fits = true;
     for (i, (p, s)) in plan.policies().iter().zip(&d.statuses).enumerate() {
         if i > 0 {
-            out.push_str(", ");
+            fits &= out.push(b", ");
         }
-        out.push('"');
-        out.push_str(p.name());
-        out.push_str("\";r=");
-        push_int(&mut out, s.remaining);
-        out.push_str(";t=");
-        push_int(&mut out, s.reset_secs());
+        fits &= out.push(b"\"")
+            && out.push(p.name().as_bytes())
+            && out.push(b"\";r=")
+            && out.push_int(s.remaining)
+            && out.push(b";t=")
+            && out.push_int(s.reset_secs());
+    }
+    match fits {
+        true => HeaderValue::from_bytes(out.as_bytes()).ok(),
+        false => HeaderValue::try_from(emit::ratelimit_field(plan, d)).ok(),
+    }
+}
+
+/// Every number below 10,000 written out one after another
+/// (`0123456789101112…9999`), so that most `Retry-After` values are a
+/// static slice instead of an allocation.
+static NUMBERS: [u8; NUMBERS_LEN] = numbers();
+const NUMBERS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
+
+const fn numbers() -> [u8; NUMBERS_LEN] {
+    let mut out = [0u8; NUMBERS_LEN];
+    let (mut n, mut at) = (0usize, 0usize);
+    while n < 10_000 {
+        let width = digits(n);
+        let mut rest = n;
+        let mut k = width;
+        while k > 0 {
+            k -= 1;
+            out[at + k] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        at += width;
+        n += 1;
     }
     out
 }
 
-/// Appends a structured-field integer (at most 15 digits, clamped).
-fn push_int(out: &mut String, n: u64) {
-    let mut n = n.min(999_999_999_999_999);
-    let mut digits = [0u8; 15];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+const fn digits(n: usize) -> usize {
+    match n {
+        0..=9 => 1,
+        10..=99 => 2,
+        100..=999 => 3,
+        _ => 4,
     }
-    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or("0"));
 }
 
-fn problem_response(json: String, status: u16, close: bool) -> Response<Bytes> {
+/// `n` as a header value; without allocating below 10,000.
+fn seconds_value(n: u64) -> HeaderValue {
+    let small = usize::try_from(n).ok().filter(|&n| n < 10_000);
+    let Some(n) = small else {
+        return HeaderValue::from(n);
+    };
+    let start = match digits(n) {
+        1 => n,
+        2 => 10 + 2 * (n - 10),
+        3 => 190 + 3 * (n - 100),
+        _ => 2_890 + 4 * (n - 1_000),
+    };
+    match std::str::from_utf8(&NUMBERS[start..start + digits(n)]) {
+        Ok(s) => HeaderValue::from_static(s),
+        Err(_) => HeaderValue::from(n as u64),
+    }
+}
+
+fn problem_response(json: String, status: u16) -> Response<Bytes> {
     let mut r = Response::new(Bytes::from(json));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let h = r.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
     h.insert(CACHE_CONTROL, NO_STORE);
-    if close {
-        // the request body was never read: do not reuse the connection
-        h.insert(CONNECTION, HeaderValue::from_static("close"));
-    }
     r
 }
 
-/// The problem body of a denial, from the prepared prefix.
-fn denial_json(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) -> String {
-    let prefix = &meta.problems[den.policy][usize::from(!publish)];
-    let mut body = String::with_capacity(prefix.len() + 64);
-    body.push_str(prefix);
-    body.push_str(",\"retry_after_s\":");
-    push_int(&mut body, den.retry_after_secs());
-    body.push_str(",\"violated-policies\":[\"");
-    // policy names are token-safe: no escaping needed
-    body.push_str(plan.policy(den.policy).name());
-    body.push('"');
-    for (i, s) in d.statuses.iter().enumerate() {
-        let p = plan.policy(i);
-        if i != den.policy && s.would_deny && !p.is_shadow() {
-            let _ = write!(body, ",\"{}\"", p.name());
-        }
-    }
-    body.push_str("]}");
-    body
+/// Marks a response that answers a request whose body was never read: the
+/// connection is not reused.
+pub(crate) fn close_connection<B>(r: &mut Response<B>) {
+    r.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
 }
 
-/// The response for a rejected decision (429 or 400).
+/// The problem body of a denial: the prepared parts with the numbers and
+/// any further violated policies spliced in, in one exact allocation.
+fn denial_body(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) -> Bytes {
+    let parts = &meta.problems[den.policy];
+    let open = &parts.open[usize::from(!publish)];
+    let mut secs = itoa::Buffer::new();
+    let secs = secs.format(den.retry_after_secs());
+    let also = |(i, s): (usize, &PolicyStatus)| {
+        let p = plan.policy(i);
+        (i != den.policy && s.would_deny && !p.is_shadow()).then(|| p.name())
+    };
+    let extra: usize = d
+        .statuses
+        .iter()
+        .enumerate()
+        .filter_map(also)
+        .map(|n| n.len() + 3)
+        .sum();
+    let len = open.len() + secs.len() + parts.violated.len() + extra + 2;
+    let mut body = Vec::with_capacity(len);
+    body.extend_from_slice(open.as_bytes());
+    body.extend_from_slice(secs.as_bytes());
+    body.extend_from_slice(parts.violated.as_bytes());
+    for name in d.statuses.iter().enumerate().filter_map(also) {
+        body.extend_from_slice(b",\"");
+        body.extend_from_slice(name.as_bytes());
+        body.push(b'"');
+    }
+    body.extend_from_slice(b"]}");
+    // capacity equal to length: the bytes are handed over without a copy
+    Bytes::from(body)
+}
+
+/// The 429 of a denial, from the plan's prepared head and body parts.
+fn denial_response(
+    plan: &Plan,
+    meta: &PlanMeta,
+    d: &Decision,
+    den: &Denial,
+    dialects: &Dialects,
+    publish: bool,
+) -> Response<Bytes> {
+    let head = &meta.heads[usize::from(!publish)];
+    let mut fields = head.fields.clone();
+    let mut ratelimit = head.ratelimit.and_then(|_| ratelimit_value(plan, d));
+    let missing = head.ratelimit.is_some() && ratelimit.is_none();
+    for (i, v) in fields.values_mut().enumerate() {
+        if i == head.retry_after {
+            *v = seconds_value(den.retry_after_secs());
+        } else if Some(i) == head.ratelimit {
+            if let Some(r) = ratelimit.take() {
+                *v = r;
+            }
+        }
+    }
+    if missing {
+        fields.remove(RATELIMIT);
+    }
+    if publish && (dialects.x_ratelimit || dialects.draft03) {
+        older_dialects(plan, d, dialects, &mut fields);
+    }
+    let mut r = Response::new(denial_body(plan, meta, d, den, publish));
+    *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    *r.headers_mut() = fields;
+    r
+}
+
+/// The response for a rejected decision (429 or 400). A rejection never
+/// reads the request body: the layer closes the connection when one was
+/// sent.
 pub(crate) fn rejection(
     plan: &Plan,
     meta: &PlanMeta,
@@ -183,34 +376,29 @@ pub(crate) fn rejection(
     dialects: &Dialects,
     publish: bool,
     base: &str,
-    close: bool,
 ) -> Response<Bytes> {
-    let (json, status) = match &d.outcome {
-        Outcome::Denied(den) => (denial_json(plan, meta, d, den, publish), 429),
-        _ => {
-            let mut p = Problem::from_decision(plan, d, base).unwrap_or_else(|| {
-                Problem::new(ProblemKind::RateLimited, base, "Too many requests.")
-            });
-            if !publish {
-                p.detail = ANONYMOUS_DETAIL.to_string();
-            }
-            (p.to_json(), p.status)
-        }
-    };
-    let mut r = problem_response(json, status, close);
+    if let Outcome::Denied(den) = &d.outcome {
+        return denial_response(plan, meta, d, den, dialects, publish);
+    }
+    let mut p = Problem::from_decision(plan, d, base)
+        .unwrap_or_else(|| Problem::new(ProblemKind::RateLimited, base, "Too many requests."));
+    if !publish {
+        p.detail = ANONYMOUS_DETAIL.to_string();
+    }
+    let mut r = problem_response(p.to_json(), p.status);
     write_fields(plan, meta, d, dialects, publish, r.headers_mut());
     r
 }
 
 /// 503 when the store is down and a policy fails closed.
-pub(crate) fn unavailable(base: &str, close: bool) -> Response<Bytes> {
+pub(crate) fn unavailable(base: &str) -> Response<Bytes> {
     let mut p = Problem::new(
         ProblemKind::Overloaded,
         base,
         "The rate limiter cannot reach its store; retry shortly.",
     );
     p.retry_after_s = Some(1);
-    let mut r = problem_response(p.to_json(), p.status, close);
+    let mut r = problem_response(p.to_json(), p.status);
     r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u64));
     r
 }
@@ -296,34 +484,61 @@ mod tests {
     use paceline_core::{MemoryStore, Policy};
     use proptest::prelude::*;
 
+    fn statuses(plan_len: usize, items: &[(u64, u64)]) -> Decision {
+        let mut d = Decision {
+            outcome: Outcome::Allowed,
+            statuses: Default::default(),
+        };
+        for &(r, t) in &items[..plan_len] {
+            d.statuses.push(PolicyStatus {
+                remaining: r,
+                reset_after: Nanos::new(t),
+                would_deny: false,
+            });
+        }
+        d
+    }
+
     proptest! {
         #[test]
-        fn ratelimit_field_matches_the_wire_crate(
+        fn ratelimit_value_matches_the_wire_crate(
             items in prop::collection::vec((any::<u64>(), any::<u64>()), 1..5),
+            long in any::<bool>(),
         ) {
+            // long names overflow the stack buffer and take the slow path
+            let stem = if long { "p".repeat(55) } else { "p".to_string() };
             let policies = (0..items.len())
-                .map(|i| Policy::token_bucket(&format!("p-{i}.x_y"), 10, 1).unwrap())
+                .map(|i| Policy::token_bucket(&format!("{stem}-{i}.x_y"), 10, 1).unwrap())
                 .collect();
             let plan = Plan::new("p", policies).unwrap();
-            let mut d = Decision { outcome: Outcome::Allowed, statuses: Default::default() };
-            for (r, t) in items {
-                d.statuses.push(PolicyStatus { remaining: r, reset_after: Nanos::new(t), would_deny: false });
-            }
-            prop_assert_eq!(ratelimit_field(&plan, &d), emit::ratelimit_field(&plan, &d));
+            let d = statuses(items.len(), &items);
+            let theirs = HeaderValue::try_from(emit::ratelimit_field(&plan, &d)).unwrap();
+            prop_assert_eq!(ratelimit_value(&plan, &d), Some(theirs));
         }
     }
 
     #[test]
-    fn prepared_problem_matches_the_wire_problem() {
-        let plan = Plan::new(
+    fn seconds_values_are_the_numbers() {
+        for n in (0..10_050).chain([99_999, u64::MAX]) {
+            assert_eq!(seconds_value(n), HeaderValue::from(n), "{n}");
+        }
+    }
+
+    fn free_plan() -> Plan {
+        Plan::new(
             "free",
             vec![
                 Policy::token_bucket("burst", 20, 2).unwrap(),
                 Policy::daily("daily", 5).unwrap(),
             ],
         )
-        .unwrap();
-        let meta = PlanMeta::new(&plan, "https://errors.invalid/");
+        .unwrap()
+    }
+
+    #[test]
+    fn prepared_problem_matches_the_wire_problem() {
+        let plan = free_plan();
+        let meta = PlanMeta::new(&plan, "https://errors.invalid/", &Dialects::default());
         let store = MemoryStore::new();
         let now = Nanos::from_secs(1_790_793_600);
         for _ in 0..5 {
@@ -332,14 +547,54 @@ mod tests {
         for _ in 0..20 {
             let d = store.check_sync(&plan, "k", 1, now).unwrap();
             let den = d.denial().unwrap();
-            let ours = denial_json(&plan, &meta, &d, den, true);
+            let ours = denial_body(&plan, &meta, &d, den, true);
             let theirs = Problem::from_decision(&plan, &d, "https://errors.invalid/")
                 .unwrap()
                 .to_json();
-            let a: serde_json::Value = serde_json::from_str(&ours).unwrap();
+            let a: serde_json::Value = serde_json::from_slice(&ours).unwrap();
             let b: serde_json::Value = serde_json::from_str(&theirs).unwrap();
             assert_eq!(a, b);
             assert_eq!(a["retry_after_s"], 19_200);
         }
+    }
+
+    #[test]
+    fn a_denial_names_every_policy_it_broke_deciding_one_first() {
+        let plan = free_plan();
+        let meta = PlanMeta::new(&plan, "https://errors.invalid/", &Dialects::default());
+        let mut d = statuses(2, &[(0, 1), (0, 1)]);
+        for s in &mut d.statuses {
+            s.would_deny = true;
+        }
+        let den = Denial {
+            policy: 1,
+            kind: PolicyKind::Quota,
+            retry_after: Nanos::from_secs(7),
+        };
+        d.outcome = Outcome::Denied(den);
+        for publish in [true, false] {
+            let body = denial_body(&plan, &meta, &d, &den, publish);
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                v["violated-policies"],
+                serde_json::json!(["daily", "burst"])
+            );
+            assert_eq!(v["retry_after_s"], 7);
+            assert_eq!(v["limit"], "daily");
+            assert_eq!(v["status"], 429);
+            assert_eq!(v["detail"] == ANONYMOUS_DETAIL, !publish);
+        }
+        let r = rejection(&plan, &meta, &d, &Dialects::default(), true, "x:");
+        let h = r.headers();
+        assert_eq!(r.status(), 429);
+        assert_eq!(h["retry-after"], "7");
+        assert_eq!(h["cache-control"], "no-store");
+        assert_eq!(h["content-type"], PROBLEM_CONTENT_TYPE);
+        assert_eq!(h["ratelimit"], r#""burst";r=0;t=1, "daily";r=0;t=1"#);
+        assert_eq!(h["ratelimit-policy"], emit::policy_field(&plan).as_str());
+        assert_eq!(h.len(), 5);
+        let anon = rejection(&plan, &meta, &d, &Dialects::default(), false, "x:");
+        let names: Vec<_> = anon.headers().keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["content-type", "cache-control", "retry-after"]);
     }
 }

@@ -159,10 +159,10 @@ pub(crate) fn decision(
         (OutcomeLabel::CostExceedsBurst, Some(i)) => (&keys.rejected[i][2], 3),
         _ => (&keys.store_error, 4),
     };
-    count(counter);
     metrics::with_recorder(|r| {
+        r.register_counter(counter, &METADATA).increment(1);
         r.register_histogram(&SECONDS[slot], &METADATA)
-            .record(seconds)
+            .record(seconds);
     });
 }
 

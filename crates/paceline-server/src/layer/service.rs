@@ -8,7 +8,8 @@ use paceline_core::{Clock, Store};
 use tower_service::Service;
 
 use super::RateLimitBody;
-use crate::limiter::Verdict;
+use crate::limiter::{leaves_body_unread, Verdict};
+use crate::respond::close_connection;
 use crate::RateLimiter;
 
 type Boxed<B, E> =
@@ -116,11 +117,19 @@ where
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let prepared = self.limiter.prepare(&req);
         let now = self.limiter.decide_now(&prepared);
-        if let Some(Verdict::Respond(r)) = now {
+        match now {
             // answered without the inner service; the request and its
             // unread body are dropped here, the inner readiness is kept
-            return ResponseFuture::ready(r.map(RateLimitBody::full));
+            Some(Verdict::Respond(r)) => return ResponseFuture::ready(r.map(RateLimitBody::full)),
+            Some(Verdict::Reject(mut r)) => {
+                if leaves_body_unread(&req) {
+                    close_connection(&mut r);
+                }
+                return ResponseFuture::ready(r.map(RateLimitBody::full));
+            }
+            _ => {}
         }
+        let close = now.is_none() && leaves_body_unread(&req);
         // the clone stays for the next call; the ready one serves this one
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -136,6 +145,12 @@ where
                     Ok(inner.call(req).await?.map(RateLimitBody::inner))
                 }
                 Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
+                Verdict::Reject(mut r) => {
+                    if close {
+                        close_connection(&mut r);
+                    }
+                    Ok(r.map(RateLimitBody::full))
+                }
                 Verdict::Admit(admitted) => {
                     // held units go back when the response body is done,
                     // or here if the call fails or is cancelled
