@@ -34,6 +34,10 @@ fn race(publish: Publish, seed: u64) -> common::Run {
 fn finishes_at_the_floor_with_no_429_and_exactly_50_requests() {
     for seed in [1, 2, 3] {
         let run = race(Publish::Full, seed);
+        println!(
+            "seed {seed}: finished at {:.3} s, {} requests",
+            run.finished_s, run.requests
+        );
         assert_eq!(run.done, 50, "{run:?}");
         assert_eq!(run.requests, 50);
         assert_eq!(run.status(429), 0);
