@@ -29,6 +29,7 @@ enum Command {
 }
 
 fn main() {
+    quiet_broken_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
@@ -44,4 +45,22 @@ fn main() {
             std::process::exit(2);
         }
     }
+}
+
+/// `paceline sim herd --json | head` closes our stdout early: end quietly
+/// with the conventional status instead of a panic message.
+fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
