@@ -45,7 +45,9 @@ pub fn parse_raw_response(input: &[u8]) -> Result<RawResponse, String> {
         let mut lines = head_lines(head);
         let first = lines.next().ok_or("empty input: no status line")?;
         let status = status_line(&first)?;
-        if (100..200).contains(&status) && status != 101 && !body.is_empty() {
+        // Interim 1xx heads, a proxy's `200 Connection established` and the
+        // earlier hops of `curl -iL` come before the response that counts.
+        if !body.is_empty() && (is_interim(status) || starts_response(body)) {
             rest = skip_leading_blank(body);
             continue;
         }
@@ -59,16 +61,15 @@ pub fn parse_raw_response(input: &[u8]) -> Result<RawResponse, String> {
     }
 }
 
-/// Where `< HTTP/` starts a line (the response part of `curl -v`).
+/// Where the last `< HTTP/` line starts (the final response of `curl -v`,
+/// after any interim or redirected ones).
 fn find_curl_verbose(input: &[u8]) -> Option<usize> {
     let pat = b"< HTTP/";
-    if input.starts_with(pat) {
-        return Some(0);
-    }
-    input
+    let later = input
         .windows(pat.len() + 1)
-        .position(|w| w[0] == b'\n' && &w[1..] == pat)
-        .map(|i| i + 1)
+        .rposition(|w| w[0] == b'\n' && &w[1..] == pat)
+        .map(|i| i + 1);
+    later.or(input.starts_with(pat).then_some(0))
 }
 
 /// `curl -v`: the head is every line starting with `<`; the body follows
@@ -209,6 +210,17 @@ fn head_lines(head: &[u8]) -> impl Iterator<Item = String> + '_ {
     })
 }
 
+fn is_interim(status: u16) -> bool {
+    (100..200).contains(&status) && status != 101
+}
+
+/// Whether `body` is really another response head.
+fn starts_response(body: &[u8]) -> bool {
+    let b = skip_leading_blank(body);
+    let end = b.iter().position(|c| *c == b'\n').unwrap_or(b.len());
+    b.starts_with(b"HTTP/") && status_line(&String::from_utf8_lossy(&b[..end])).is_ok()
+}
+
 fn status_line(line: &str) -> Result<u16, String> {
     let mut parts = line.split_whitespace();
     let version = parts.next().unwrap_or("");
@@ -242,6 +254,21 @@ mod tests {
     }
 
     #[test]
+    fn the_last_response_of_a_chain_counts() {
+        let r = parse_raw_response(
+            b"HTTP/1.1 301 Moved Permanently\r\nLocation: /b\r\n\r\nHTTP/2 429\r\nretry-after: 4\r\n\r\n{}",
+        )
+        .unwrap();
+        assert_eq!(r.status, 429);
+        assert_eq!(r.body, b"{}");
+        let r = parse_raw_response(
+            b"HTTP/1.1 200 Connection established\r\n\r\nHTTP/1.1 503 Service Unavailable\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.status, 503);
+    }
+
+    #[test]
     fn curl_verbose_and_junk() {
         let r = parse_raw_response(b"< HTTP/1.1 503 Service Unavailable\n< Retry-After: 7\n<\n")
             .unwrap();
@@ -255,6 +282,15 @@ mod tests {
         assert_eq!(r.status, 429);
         assert_eq!(r.headers["retry-after"], "65");
         assert_eq!(r.body, b"{\"global\": false}\n");
+        // curl -vL: the last response counts.
+        let r = parse_raw_response(
+            b"< HTTP/1.1 302 Found\n< Location: /x\n<\n* Issue another request\n> GET /x HTTP/1.1\n>\n< HTTP/1.1 429 Too Many Requests\n< Retry-After: 9\n<\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (r.status, r.headers["retry-after"].to_str().unwrap()),
+            (429, "9")
+        );
         let r =
             parse_raw_response(b"HTTP/1.1 200 OK\nnot a header\nBad Name: x\nok: 1\n\n").unwrap();
         assert_eq!(r.skipped.len(), 2);
