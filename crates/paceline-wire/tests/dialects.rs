@@ -527,3 +527,57 @@ fn google_resource_exhausted() {
     assert_eq!(v.outcome, OutcomeKind::RateLimited);
     assert!(v.retry);
 }
+
+// Twilio docs, error 20429 "Too Many Requests": no rate-limit headers, only
+// the status; the client backs off on its own.
+#[test]
+fn twilio_bare_429() {
+    let raw = "HTTP/1.1 429 Too Many Requests\ncontent-type: application/json\n\n{\"code\": 20429, \"message\": \"Too Many Requests\", \"more_info\": \"https://www.twilio.com/docs/errors/20429\", \"status\": 429}";
+    let v = view(raw, 0);
+    assert_eq!(v.outcome, OutcomeKind::RateLimited);
+    assert!(v.retry);
+    assert!(v.retry_after.is_none());
+    assert!(v.dialects.is_empty());
+}
+
+// SendGrid v3 docs, "Rate Limits": X-RateLimit-Reset in epoch seconds.
+#[test]
+fn sendgrid() {
+    let raw = "HTTP/1.1 429 TOO MANY REQUESTS\nX-RateLimit-Limit: 150\nX-RateLimit-Remaining: 0\nX-RateLimit-Reset: 1392815263\n\n{\"errors\": [{\"field\": null, \"message\": \"too many requests\"}]}";
+    let v = view(raw, 1_392_815_263 - 20);
+    assert_eq!(secs(v.retry_after), Some(20.0));
+    assert_eq!(v.outcome, OutcomeKind::RateLimited);
+}
+
+// Linear API docs, "Rate limiting": request and complexity budgets with
+// resets in epoch milliseconds.
+#[test]
+fn linear() {
+    let raw = "HTTP/1.1 200 OK\nX-RateLimit-Requests-Limit: 1500\nX-RateLimit-Requests-Remaining: 1499\nX-RateLimit-Requests-Reset: 1700003600000\nX-RateLimit-Complexity-Limit: 250000\nX-RateLimit-Complexity-Remaining: 249000\nX-RateLimit-Complexity-Reset: 1700003600000\n\n";
+    let v = view(raw, 1_700_000_000);
+    assert_eq!((v.limit, v.remaining), (Some(1500), Some(1499)));
+    assert_eq!(secs(v.reset_in), Some(3_600.0));
+    assert!(matches!(
+        v.policy("complexity").unwrap().unit,
+        Unit::Other(_)
+    ));
+}
+
+// Fastly API docs, "Rate limiting": Fastly-RateLimit-Remaining and
+// Fastly-RateLimit-Reset (epoch seconds).
+#[test]
+fn fastly() {
+    let raw =
+        "HTTP/1.1 200 OK\nFastly-RateLimit-Remaining: 999\nFastly-RateLimit-Reset: 1700000300\n\n";
+    let v = view(raw, 1_700_000_000);
+    assert_eq!((v.remaining, secs(v.reset_in)), (Some(999), Some(300.0)));
+}
+
+// Mastodon API docs, "Rate limits": X-RateLimit-Reset as an ISO 8601
+// timestamp with milliseconds.
+#[test]
+fn mastodon() {
+    let raw = "HTTP/1.1 200 OK\nX-RateLimit-Limit: 300\nX-RateLimit-Remaining: 299\nX-RateLimit-Reset: 2023-11-14T22:15:00.000Z\n\n";
+    let v = view(raw, 1_700_000_000);
+    assert_eq!(secs(v.reset_in), Some(100.0));
+}
