@@ -10,9 +10,11 @@
 //! The rules, in brief (see [`parse_response`]):
 //!
 //! - `retry_after`: a valid `Retry-After` (delay-seconds, an HTTP-date minus
-//!   now, leniently a plain decimal) wins, then a vendor millisecond hint
-//!   (`retry-after-ms`, `x-ms-retry-after-ms`, `x-amz-retry-after`); an
-//!   invalid one is ignored, not clamped. Otherwise the wait lasts until
+//!   now, leniently a plain decimal) wins, then a vendor hint
+//!   (`retry-after-ms`, `x-ms-retry-after-ms`, `x-amz-retry-after` in
+//!   milliseconds, `x-ratelimit-retry-after` in seconds); an invalid one
+//!   (negative, exponent, text, several different values) is ignored, not
+//!   clamped. Otherwise the wait lasts until
 //!   every exhausted window (remaining 0, any unit) has reset. Otherwise a
 //!   retry hint in the body, then a provider's documented floor (GitHub's
 //!   secondary limit without headers: 60 s). A zero wait is `None`.
@@ -22,10 +24,15 @@
 //!   ignored whole; rate-limit fields on a response with `Age` > 0 are
 //!   ignored; reset values follow the rule in [`time`] (delay, epoch
 //!   seconds, epoch milliseconds when ≥ 10^12, or a date).
-//! - `outcome`: 429 (and a 403 that carries rate-limit evidence) is
-//!   `quota_exhausted` when the binding limit has a window of an hour or
-//!   more, or the body says so; otherwise `rate_limited`. 503 is
-//!   `overloaded`; other 4xx/5xx are `error`.
+//! - `outcome`: 429, 420, and a 403 with rate-limit evidence (a body that
+//!   says so, a request window at 0, a `Retry-After`) are
+//!   `quota_exhausted` when the binding limit (the one the body names, else
+//!   the exhausted one resetting last) has a window of an hour or more (or,
+//!   window unknown, resets an hour or more away), or when the body says
+//!   so; otherwise `rate_limited`, and always for concurrency caps. 503 is
+//!   `overloaded`; other 4xx/5xx are `error`. `retry` is true for
+//!   `rate_limited` and `overloaded` unless `Stripe-Should-Retry` /
+//!   `x-should-retry` says false.
 //!
 //! ```
 //! use http::HeaderMap;
