@@ -103,7 +103,7 @@ pub(crate) struct LimitsInner {
     /// Per plan: its metric keys.
     pub(crate) metric_keys: Vec<crate::telemetry::PlanKeys>,
     /// Configured keys, each to its entry in `key_entries`.
-    pub(crate) keys: HashMap<String, usize>,
+    pub(crate) keys: HashMap<String, usize, ahash::RandomState>,
     /// Per configured key: its plan, and the key as the store sees it.
     pub(crate) key_entries: Vec<KeyEntry>,
     pub(crate) routes: Vec<(Route, Option<usize>)>,
@@ -310,7 +310,7 @@ impl LimitsBuilder {
                 )
             })
         };
-        let mut keys = HashMap::with_capacity(self.keys.len());
+        let mut keys = HashMap::with_capacity_and_hasher(self.keys.len(), Default::default());
         let mut key_entries = Vec::with_capacity(self.keys.len());
         let prefix = key_prefix(&self.key_source);
         for (k, p) in &self.keys {

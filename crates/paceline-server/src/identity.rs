@@ -24,7 +24,7 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use http::header::{HeaderName, AUTHORIZATION};
+use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use http::{Extensions, HeaderMap};
 
 /// The socket peer of a request, for servers that are not axum: insert it
@@ -229,7 +229,12 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
 
 /// The token of an `Authorization: Bearer` header.
 pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    bearer(headers.get(AUTHORIZATION)?)
+}
+
+/// The token of one `Authorization` value, if its scheme is `Bearer`.
+pub(crate) fn bearer(v: &HeaderValue) -> Option<&str> {
+    let v = v.to_str().ok()?;
     // the scheme is what comes before the first space
     let (scheme, token) = (v.get(..6)?, v.get(6..)?.strip_prefix(' ')?);
     // a visible-ASCII value holds no other whitespace than spaces and tabs

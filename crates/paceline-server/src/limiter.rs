@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, Version};
 use paceline_core::{
     Clock, Decision, Denial, FailMode, MemoryStore, Nanos, Outcome, PolicyKind, Store, StoreError,
@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use crate::config::{key_prefix, Limits, LimitsInner};
 use crate::escalation::{Escalator, Level};
-use crate::identity::{bearer_token, client_ip, peer_ip, KeyHash, KeySource};
+use crate::identity::{bearer, client_ip, peer_ip, KeyHash, KeySource};
 use crate::layer::ReleaseGuard;
 use crate::respond;
 use crate::route::RouteInfo;
@@ -116,6 +116,8 @@ pub(crate) struct Prepared {
     pub(crate) route: RouteInfo,
     usage: bool,
     who: Option<Who>,
+    /// A rejection leaves a request body unread: close the connection.
+    pub(crate) close: bool,
 }
 
 /// What to do with a request.
@@ -229,17 +231,21 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             .find(|(r, _)| r.matches(req.method(), path));
         let route = RouteInfo::of(matched.map(|(r, _)| r));
         let usage = req.method() == Method::GET && lim.usage_path.as_deref() == Some(path);
+        let fields = HeadFields::of(req.headers());
         let who = who(
             &limits,
             req,
+            &fields,
             matched.map(|(r, anon)| (r.is_anonymous(), *anon)),
             &route,
         );
+        let close = req.version() <= Version::HTTP_11 && fields.has_body();
         Prepared {
             limits,
             route,
             usage,
             who,
+            close,
         }
     }
 
@@ -536,22 +542,49 @@ fn outcome_label(d: &Decision) -> OutcomeLabel {
     }
 }
 
-/// Whether a request sent a body that a rejection leaves unread, so the
-/// connection must not be reused (HTTP/2 resets the stream instead).
-pub(crate) fn leaves_body_unread<B>(req: &Request<B>) -> bool {
-    req.version() <= Version::HTTP_11 && has_body(req.headers())
+/// The header fields the layer reads, found in one pass over the head
+/// (cheaper than hashing each name when a request carries a few dozen).
+struct HeadFields<'a> {
+    /// The first `Authorization` value.
+    authorization: Option<&'a HeaderValue>,
+    transfer_encoding: bool,
+    /// The first `Content-Length` value.
+    content_length: Option<&'a HeaderValue>,
 }
 
-fn has_body(h: &HeaderMap) -> bool {
-    h.contains_key(TRANSFER_ENCODING)
-        || h.get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim() != "0")
+impl<'a> HeadFields<'a> {
+    fn of(h: &'a HeaderMap) -> Self {
+        let mut f = HeadFields {
+            authorization: None,
+            transfer_encoding: false,
+            content_length: None,
+        };
+        for (name, value) in h {
+            if name == AUTHORIZATION {
+                f.authorization.get_or_insert(value);
+            } else if name == TRANSFER_ENCODING {
+                f.transfer_encoding = true;
+            } else if name == CONTENT_LENGTH {
+                f.content_length.get_or_insert(value);
+            }
+        }
+        f
+    }
+
+    /// Whether the request sends a body (which a rejection leaves unread).
+    fn has_body(&self) -> bool {
+        self.transfer_encoding
+            || self
+                .content_length
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim() != "0")
+    }
 }
 
 fn who<B>(
     limits: &Limits,
     req: &Request<B>,
+    fields: &HeadFields<'_>,
     route: Option<(bool, Option<usize>)>,
     info: &RouteInfo,
 ) -> Option<Who> {
@@ -566,7 +599,7 @@ fn who<B>(
         return anonymous(plan.or(lim.anonymous_plan)?);
     }
     let lookup = match &lim.key_source {
-        KeySource::ApiKey => bearer_token(headers),
+        KeySource::ApiKey => fields.authorization.and_then(bearer),
         KeySource::ClientIp => {
             let k = ip_key();
             if let Some(&i) = lim.keys.get(&k[3..]) {

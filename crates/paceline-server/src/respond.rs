@@ -24,6 +24,8 @@ const ANONYMOUS_DETAIL: &str = "Too many requests from this client; retry later.
 #[derive(Debug)]
 pub(crate) struct PlanMeta {
     policy_field: Option<HeaderValue>,
+    /// Per policy: its `RateLimit` item up to `r`'s value (`, "name";r=`).
+    items: Vec<Box<[u8]>>,
     /// Per policy: the fixed parts of its problem body.
     problems: Vec<ProblemParts>,
     /// The head of a 429: [published, anonymous].
@@ -84,8 +86,19 @@ impl PlanMeta {
             Head::new(policy_field.as_ref(), dialects.ietf),
             Head::new(None, false),
         ];
+        // policy names are token-safe (core validates them): no escaping
+        let items = plan
+            .policies()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let sep = if i > 0 { ", " } else { "" };
+                format!("{sep}\"{}\";r=", p.name()).into_bytes().into()
+            })
+            .collect();
         PlanMeta {
             policy_field,
+            items,
             problems,
             heads,
         }
@@ -152,7 +165,7 @@ pub(crate) fn write_fields(
         if let Some(v) = &meta.policy_field {
             h.insert(RATELIMIT_POLICY, v.clone());
         }
-        if let Some(v) = ratelimit_value(plan, d) {
+        if let Some(v) = ratelimit_value(plan, meta, d) {
             h.insert(RATELIMIT, v);
         }
     }
@@ -210,21 +223,13 @@ fn sf_int(n: u64) -> u64 {
 }
 
 /// The IETF `RateLimit` field as `paceline_wire::emit::ratelimit_field`
-/// writes it, without a general serializer or a heap buffer: policy names
-/// are token-safe (core validates them), so the items need no escaping.
-fn ratelimit_value(plan: &Plan, d: &Decision) -> Option<HeaderValue> {
+/// writes it, from the plan's prepared items and without a heap buffer.
+fn ratelimit_value(plan: &Plan, meta: &PlanMeta, d: &Decision) -> Option<HeaderValue> {
     let mut out = FieldBuf::new();
     let mut fits = true;
-    for (i, (p, s)) in plan.policies().iter().zip(&d.statuses).enumerate() {
-        if i > 0 {
-            fits &= out.push(b", ");
-        }
-        fits &= out.push(b"\"")
-            && out.push(p.name().as_bytes())
-            && out.push(b"\";r=")
-            && out.push_int(s.remaining)
-            && out.push(b";t=")
-            && out.push_int(s.reset_secs());
+    for (item, s) in meta.items.iter().zip(&d.statuses) {
+        fits &= out.push(item) && out.push_int(s.remaining);
+        fits &= out.push(b";t=") && out.push_int(s.reset_secs());
     }
     match fits {
         true => HeaderValue::from_bytes(out.as_bytes()).ok(),
@@ -277,10 +282,8 @@ fn seconds_value(n: u64) -> HeaderValue {
         3 => 190 + 3 * (n - 100),
         _ => 2_890 + 4 * (n - 1_000),
     };
-    match std::str::from_utf8(&NUMBERS[start..start + digits(n)]) {
-        Ok(s) => HeaderValue::from_static(s),
-        Err(_) => HeaderValue::from(n as u64),
-    }
+    let digits = Bytes::from_static(&NUMBERS[start..start + digits(n)]);
+    HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n as u64))
 }
 
 fn problem_response(json: String, status: u16) -> Response<Bytes> {
@@ -343,7 +346,7 @@ fn denial_response(
 ) -> Response<Bytes> {
     let head = &meta.heads[usize::from(!publish)];
     let mut fields = head.fields.clone();
-    let mut ratelimit = head.ratelimit.and_then(|_| ratelimit_value(plan, d));
+    let mut ratelimit = head.ratelimit.and_then(|_| ratelimit_value(plan, meta, d));
     let missing = head.ratelimit.is_some() && ratelimit.is_none();
     for (i, v) in fields.values_mut().enumerate() {
         if i == head.retry_after {
@@ -512,8 +515,9 @@ mod tests {
                 .collect();
             let plan = Plan::new("p", policies).unwrap();
             let d = statuses(items.len(), &items);
+            let meta = PlanMeta::new(&plan, "x:", &Dialects::default());
             let theirs = HeaderValue::try_from(emit::ratelimit_field(&plan, &d)).unwrap();
-            prop_assert_eq!(ratelimit_value(&plan, &d), Some(theirs));
+            prop_assert_eq!(ratelimit_value(&plan, &meta, &d), Some(theirs));
         }
     }
 

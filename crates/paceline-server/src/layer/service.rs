@@ -8,7 +8,7 @@ use paceline_core::{Clock, Store};
 use tower_service::Service;
 
 use super::RateLimitBody;
-use crate::limiter::{leaves_body_unread, Verdict};
+use crate::limiter::Verdict;
 use crate::respond::close_connection;
 use crate::RateLimiter;
 
@@ -122,14 +122,13 @@ where
             // unread body are dropped here, the inner readiness is kept
             Some(Verdict::Respond(r)) => return ResponseFuture::ready(r.map(RateLimitBody::full)),
             Some(Verdict::Reject(mut r)) => {
-                if leaves_body_unread(&req) {
+                if prepared.close {
                     close_connection(&mut r);
                 }
                 return ResponseFuture::ready(r.map(RateLimitBody::full));
             }
             _ => {}
         }
-        let close = now.is_none() && leaves_body_unread(&req);
         // the clone stays for the next call; the ready one serves this one
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -146,7 +145,7 @@ where
                 }
                 Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
                 Verdict::Reject(mut r) => {
-                    if close {
+                    if prepared.close {
                         close_connection(&mut r);
                     }
                     Ok(r.map(RateLimitBody::full))
