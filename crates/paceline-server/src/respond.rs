@@ -1,5 +1,8 @@
 //! The responses the layer writes itself: rejections and the usage document.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use bytes::Bytes;
 use http::header::{
     HeaderName, HeaderValue, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
@@ -23,6 +26,9 @@ const ANONYMOUS_DETAIL: &str = "Too many requests from this client; retry later.
 /// head of a 429 and, per policy, the problem body around its numbers.
 #[derive(Debug)]
 pub(crate) struct PlanMeta {
+    /// Tells this plan's prepared parts apart from any other's, for the
+    /// per-thread memo of the last denial.
+    id: u64,
     policy_field: Option<HeaderValue>,
     /// Per policy: its `RateLimit` item up to `r`'s value (`, "name";r=`).
     items: Vec<Box<[u8]>>,
@@ -96,7 +102,9 @@ impl PlanMeta {
                 format!("{sep}\"{}\";r=", p.name()).into_bytes().into()
             })
             .collect();
+        static IDS: AtomicU64 = AtomicU64::new(0);
         PlanMeta {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
             policy_field,
             items,
             problems,
@@ -335,6 +343,87 @@ fn denial_body(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish
     Bytes::from(body)
 }
 
+/// The last denial answered on this thread: its inputs and the two values
+/// made from them. A client that keeps sending inside its wait is refused
+/// with the same numbers again and again (until the next second), so the
+/// body and the `RateLimit` value are shared instead of written anew.
+struct LastDenial {
+    meta: u64,
+    publish: bool,
+    policy: usize,
+    retry_after_s: u64,
+    /// Per policy: remaining, seconds to reset, would deny.
+    statuses: Vec<(u64, u64, bool)>,
+    body: Bytes,
+    ratelimit: Option<HeaderValue>,
+}
+
+impl LastDenial {
+    fn matches(&self, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) -> bool {
+        self.meta == meta.id
+            && self.publish == publish
+            && self.policy == den.policy
+            && self.retry_after_s == den.retry_after_secs()
+            && self.statuses.len() == d.statuses.len()
+            && self
+                .statuses
+                .iter()
+                .zip(&d.statuses)
+                .all(|(&a, s)| a == (s.remaining, s.reset_secs(), s.would_deny))
+    }
+
+    fn remember(&mut self, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) {
+        self.meta = meta.id;
+        self.publish = publish;
+        self.policy = den.policy;
+        self.retry_after_s = den.retry_after_secs();
+        self.statuses.clear();
+        let numbers = d.statuses.iter();
+        let numbers = numbers.map(|s| (s.remaining, s.reset_secs(), s.would_deny));
+        self.statuses.extend(numbers);
+    }
+}
+
+thread_local! {
+    static LAST_DENIAL: RefCell<Option<LastDenial>> = const { RefCell::new(None) };
+}
+
+/// The body and the `RateLimit` value of a denial: the memo's when the
+/// last denial on this thread had the same inputs, else written and kept.
+fn denial_parts(
+    plan: &Plan,
+    meta: &PlanMeta,
+    d: &Decision,
+    den: &Denial,
+    publish: bool,
+) -> (Bytes, Option<HeaderValue>) {
+    let head = &meta.heads[usize::from(!publish)];
+    let hit = LAST_DENIAL.with_borrow(|last| match last {
+        Some(l) if l.matches(meta, d, den, publish) => Some((l.body.clone(), l.ratelimit.clone())),
+        _ => None,
+    });
+    if let Some(parts) = hit {
+        return parts;
+    }
+    let body = denial_body(plan, meta, d, den, publish);
+    let ratelimit = head.ratelimit.and_then(|_| ratelimit_value(plan, meta, d));
+    LAST_DENIAL.with_borrow_mut(|last| {
+        let l = last.get_or_insert_with(|| LastDenial {
+            meta: meta.id,
+            publish,
+            policy: den.policy,
+            retry_after_s: 0,
+            statuses: Vec::with_capacity(d.statuses.len()),
+            body: Bytes::new(),
+            ratelimit: None,
+        });
+        l.remember(meta, d, den, publish);
+        l.body = body.clone();
+        l.ratelimit = ratelimit.clone();
+    });
+    (body, ratelimit)
+}
+
 /// The 429 of a denial, from the plan's prepared head and body parts.
 fn denial_response(
     plan: &Plan,
@@ -346,7 +435,7 @@ fn denial_response(
 ) -> Response<Bytes> {
     let head = &meta.heads[usize::from(!publish)];
     let mut fields = head.fields.clone();
-    let mut ratelimit = head.ratelimit.and_then(|_| ratelimit_value(plan, meta, d));
+    let (body, mut ratelimit) = denial_parts(plan, meta, d, den, publish);
     let missing = head.ratelimit.is_some() && ratelimit.is_none();
     for (i, v) in fields.values_mut().enumerate() {
         if i == head.retry_after {
@@ -363,7 +452,7 @@ fn denial_response(
     if publish && (dialects.x_ratelimit || dialects.draft03) {
         older_dialects(plan, d, dialects, &mut fields);
     }
-    let mut r = Response::new(denial_body(plan, meta, d, den, publish));
+    let mut r = Response::new(body);
     *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
     *r.headers_mut() = fields;
     r
@@ -600,5 +689,49 @@ mod tests {
         let anon = rejection(&plan, &meta, &d, &Dialects::default(), false, "x:");
         let names: Vec<_> = anon.headers().keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["content-type", "cache-control", "retry-after"]);
+    }
+
+    #[test]
+    fn the_last_denial_memo_never_mixes_plans_identities_or_numbers() {
+        let plan = |name: &str| {
+            Plan::new(name, vec![Policy::token_bucket("burst", 20, 2).unwrap()]).unwrap()
+        };
+        let (free, pro) = (plan("free"), plan("pro"));
+        let meta_free = PlanMeta::new(&free, "x:", &Dialects::default());
+        let meta_pro = PlanMeta::new(&pro, "x:", &Dialects::default());
+        let denied = |secs: u64| {
+            let mut d = statuses(1, &[(0, secs * 1_000_000_000)]);
+            d.statuses[0].would_deny = true;
+            d.outcome = Outcome::Denied(Denial {
+                policy: 0,
+                kind: PolicyKind::Burst,
+                retry_after: Nanos::from_secs(secs),
+            });
+            d
+        };
+        let answer = |plan: &Plan, meta: &PlanMeta, d: &Decision, publish: bool| {
+            let r = rejection(plan, meta, d, &Dialects::default(), publish, "x:");
+            let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+            let rl = r.headers().get("ratelimit").cloned();
+            (
+                v["detail"].as_str().unwrap().to_string(),
+                rl,
+                r.headers()["retry-after"].clone(),
+            )
+        };
+        let (d1, d2) = (denied(1), denied(2));
+        for _ in 0..2 {
+            let (detail, rl, ra) = answer(&free, &meta_free, &d1, true);
+            assert!(detail.contains("free plan"), "{detail}");
+            assert_eq!(rl.unwrap(), r#""burst";r=0;t=1"#);
+            assert_eq!(ra, "1");
+            let (detail, _, _) = answer(&pro, &meta_pro, &d1, true);
+            assert!(detail.contains("pro plan"), "{detail}");
+            let (detail, rl, _) = answer(&pro, &meta_pro, &d1, false);
+            assert_eq!((detail.as_str(), rl), (ANONYMOUS_DETAIL, None));
+            let (_, rl, ra) = answer(&pro, &meta_pro, &d2, true);
+            assert_eq!(rl.unwrap(), r#""burst";r=0;t=2"#);
+            assert_eq!(ra, "2");
+        }
     }
 }
