@@ -1,9 +1,10 @@
 //! The layer's own cost per request, in process (in-memory store, no
 //! sockets): a trivial handler alone, the same handler behind the layer
-//! (admitted), and a rejection (plain, and while the key is blocked by
-//! escalation). Each iteration builds its request and drops the response,
-//! in every variant alike, so the difference to the bare handler is the
-//! layer's cost.
+//! (admitted), and a rejection (plain, while the key is blocked by
+//! escalation, and alternating between two plans so that the per-thread
+//! memo of the last denial never helps). Each iteration builds its request
+//! and drops the response, in every variant alike, so the difference to
+//! the bare handler is the layer's cost.
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
@@ -66,11 +67,14 @@ fn limiter(escalation: bool) -> RateLimiter<MemoryStore, ManualClock> {
         ],
     )
     .unwrap();
+    let other = Plan::new("other", tiny.policies().to_vec()).unwrap();
     let limits = Limits::builder()
         .plan(roomy)
         .plan(tiny)
+        .plan(other)
         .key("sk_admit", "roomy")
         .key("sk_reject", "tiny")
+        .key("sk_other", "other")
         .escalation(EscalationConfig {
             enabled: escalation,
             ..Default::default()
@@ -116,6 +120,15 @@ fn bench(c: &mut Criterion) {
     });
     let _ = run(svc.call(request("sk_reject")));
     assert_eq!(run(svc.call(request("sk_reject"))).unwrap().status(), 429);
+    let _ = run(svc.call(request("sk_other")));
+    let mut flip = false;
+    g.bench_function("rejected_two_plans", |b| {
+        b.iter(|| {
+            flip = !flip;
+            let req = request(if flip { "sk_reject" } else { "sk_other" });
+            black_box(run(svc.call(req)).unwrap())
+        })
+    });
 
     let mut esc = limiter(true).layer().layer(handler());
     for _ in 0..100 {
@@ -151,13 +164,18 @@ fn count(variant: &str, n: u64) {
     let mut esc = limiter(true).layer().layer(handler());
     for _ in 0..100 {
         let _ = run(plain.call(request("sk_reject")));
+        let _ = run(plain.call(request("sk_other")));
         let _ = run(esc.call(request("sk_reject")));
     }
-    for _ in 0..n {
+    for i in 0..n {
         let status = match variant {
             "bare" => run(bare.call(request("sk_admit"))).unwrap().status(),
             "admitted" => run(plain.call(request("sk_admit"))).unwrap().status(),
             "rejected" => run(plain.call(request("sk_reject"))).unwrap().status(),
+            "two_plans" => {
+                let key = if i % 2 == 0 { "sk_reject" } else { "sk_other" };
+                run(plain.call(request(key))).unwrap().status()
+            }
             "blocked" => run(esc.call(request("sk_reject"))).unwrap().status(),
             other => panic!("unknown variant {other}"),
         };

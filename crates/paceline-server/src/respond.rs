@@ -343,10 +343,12 @@ fn denial_body(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish
     Bytes::from(body)
 }
 
-/// The last denial answered on this thread: its inputs and the two values
-/// made from them. A client that keeps sending inside its wait is refused
-/// with the same numbers again and again (until the next second), so the
-/// body and the `RateLimit` value are shared instead of written anew.
+/// The last denial answered on this thread: its inputs and, once they
+/// came twice in a row, the two values made from them. A client that keeps
+/// sending inside its wait is refused with the same numbers again and again
+/// (until the next second), so its body and `RateLimit` value are shared
+/// instead of written anew; traffic that never repeats only pays for the
+/// comparison.
 struct LastDenial {
     meta: u64,
     publish: bool,
@@ -354,9 +356,11 @@ struct LastDenial {
     retry_after_s: u64,
     /// Per policy: remaining, seconds to reset, would deny.
     statuses: Vec<(u64, u64, bool)>,
-    body: Bytes,
-    ratelimit: Option<HeaderValue>,
+    parts: Option<Parts>,
 }
+
+/// A denial's body and `RateLimit` value.
+type Parts = (Bytes, Option<HeaderValue>);
 
 impl LastDenial {
     fn matches(&self, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) -> bool {
@@ -381,6 +385,7 @@ impl LastDenial {
         let numbers = d.statuses.iter();
         let numbers = numbers.map(|s| (s.remaining, s.reset_secs(), s.would_deny));
         self.statuses.extend(numbers);
+        self.parts = None;
     }
 }
 
@@ -388,40 +393,40 @@ thread_local! {
     static LAST_DENIAL: RefCell<Option<LastDenial>> = const { RefCell::new(None) };
 }
 
-/// The body and the `RateLimit` value of a denial: the memo's when the
-/// last denial on this thread had the same inputs, else written and kept.
-fn denial_parts(
-    plan: &Plan,
-    meta: &PlanMeta,
-    d: &Decision,
-    den: &Denial,
-    publish: bool,
-) -> (Bytes, Option<HeaderValue>) {
-    let head = &meta.heads[usize::from(!publish)];
-    let hit = LAST_DENIAL.with_borrow(|last| match last {
-        Some(l) if l.matches(meta, d, den, publish) => Some((l.body.clone(), l.ratelimit.clone())),
+/// The body and the `RateLimit` value of a denial, shared with the last
+/// denial on this thread when its inputs were the same.
+fn denial_parts(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) -> Parts {
+    // None: new inputs; Some(None): seen once; Some(Some(_)): kept
+    let seen = LAST_DENIAL.with_borrow(|last| match last {
+        Some(l) if l.matches(meta, d, den, publish) => Some(l.parts.clone()),
         _ => None,
     });
-    if let Some(parts) = hit {
+    if let Some(Some(parts)) = seen {
         return parts;
     }
-    let body = denial_body(plan, meta, d, den, publish);
-    let ratelimit = head.ratelimit.and_then(|_| ratelimit_value(plan, meta, d));
-    LAST_DENIAL.with_borrow_mut(|last| {
-        let l = last.get_or_insert_with(|| LastDenial {
-            meta: meta.id,
-            publish,
-            policy: den.policy,
-            retry_after_s: 0,
-            statuses: Vec::with_capacity(d.statuses.len()),
-            body: Bytes::new(),
-            ratelimit: None,
-        });
-        l.remember(meta, d, den, publish);
-        l.body = body.clone();
-        l.ratelimit = ratelimit.clone();
+    let head = &meta.heads[usize::from(!publish)];
+    let parts = (
+        denial_body(plan, meta, d, den, publish),
+        head.ratelimit.and_then(|_| ratelimit_value(plan, meta, d)),
+    );
+    LAST_DENIAL.with_borrow_mut(|last| match (seen, last) {
+        // the second time in a row: keep them for the next ones
+        (Some(None), Some(l)) => l.parts = Some(parts.clone()),
+        (_, Some(l)) => l.remember(meta, d, den, publish),
+        (_, last) => {
+            let mut l = LastDenial {
+                meta: meta.id,
+                publish,
+                policy: den.policy,
+                retry_after_s: 0,
+                statuses: Vec::with_capacity(d.statuses.len()),
+                parts: None,
+            };
+            l.remember(meta, d, den, publish);
+            *last = Some(l);
+        }
     });
-    (body, ratelimit)
+    parts
 }
 
 /// The 429 of a denial, from the plan's prepared head and body parts.
@@ -720,18 +725,27 @@ mod tests {
             )
         };
         let (d1, d2) = (denied(1), denied(2));
-        for _ in 0..2 {
-            let (detail, rl, ra) = answer(&free, &meta_free, &d1, true);
-            assert!(detail.contains("free plan"), "{detail}");
-            assert_eq!(rl.unwrap(), r#""burst";r=0;t=1"#);
-            assert_eq!(ra, "1");
-            let (detail, _, _) = answer(&pro, &meta_pro, &d1, true);
-            assert!(detail.contains("pro plan"), "{detail}");
-            let (detail, rl, _) = answer(&pro, &meta_pro, &d1, false);
-            assert_eq!((detail.as_str(), rl), (ANONYMOUS_DETAIL, None));
-            let (_, rl, ra) = answer(&pro, &meta_pro, &d2, true);
-            assert_eq!(rl.unwrap(), r#""burst";r=0;t=2"#);
-            assert_eq!(ra, "2");
+        // three in a row: new inputs, seen once, kept; then the next case
+        for round in 0..2 {
+            for _ in 0..3 {
+                let (detail, rl, ra) = answer(&free, &meta_free, &d1, true);
+                assert!(detail.contains("free plan"), "{round}: {detail}");
+                assert_eq!(rl.unwrap(), r#""burst";r=0;t=1"#);
+                assert_eq!(ra, "1");
+            }
+            for _ in 0..3 {
+                let (detail, _, _) = answer(&pro, &meta_pro, &d1, true);
+                assert!(detail.contains("pro plan"), "{round}: {detail}");
+            }
+            for _ in 0..3 {
+                let (detail, rl, _) = answer(&pro, &meta_pro, &d1, false);
+                assert_eq!((detail.as_str(), rl), (ANONYMOUS_DETAIL, None));
+            }
+            for _ in 0..3 {
+                let (_, rl, ra) = answer(&pro, &meta_pro, &d2, true);
+                assert_eq!(rl.unwrap(), r#""burst";r=0;t=2"#);
+                assert_eq!(ra, "2");
+            }
         }
     }
 }
