@@ -13,6 +13,10 @@
 #   admitted path: the same servers with a limit nobody reaches, every
 #                  request proxied to the demo API; compared with calling
 #                  the demo API directly, with and without a service time.
+# The limit is per client IP for all three (HAProxy's is a request rate
+# over the burst window, the closest it has to a token bucket); the
+# gateway's escalation is off, as the peers have none. Pinned to one core,
+# the gateway runs a single-threaded runtime.
 # Needs: wrk, nginx, haproxy (Debian packages), taskset, a release build.
 set -euo pipefail
 
