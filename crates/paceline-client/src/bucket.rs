@@ -9,9 +9,22 @@
 //!   units until the reset; when fewer than 10% of `q` are left the rest is
 //!   spread evenly over the time to the reset instead of spent at once.
 //!
-//! Corrections from the server only ever make the mirror more careful,
-//! except when no other request is in flight and no answer to a later
-//! request came back first, when the server's word is taken as it is.
+//! How answers correct a rate mirror: every request remembers what the
+//! mirror expected of it when it went out (its [`Mark`]). The server's `r`
+//! agrees with that expectation when it is what the mirror predicted for
+//! some moment between send and receipt, give or take the requests sent
+//! after it (the server may have served them first); then the mirror,
+//! which knows the refill phase better than a rounded-down `r` can tell,
+//! stays as it is. Only when the server reports clearly less (another
+//! client on the key, a restarted server) is the mirror moved, by whole
+//! units, so the phase is kept. Two floors keep it safe: the server
+//! charged the request no later than its answer came back, and a 429
+//! means even that was too early.
+//!
+//! Answers without a mark (the first response of a scope, a usage seed)
+//! only ever make the mirror more careful, except when no other request is
+//! in flight and no answer to a later request came back first, when the
+//! server's word is taken as it is.
 
 use paceline_core::Nanos;
 
@@ -26,6 +39,9 @@ pub(crate) enum Model {
         emission: u64,
         span: u64,
         tat: u64,
+        /// How far answers have moved `tat` since the model was made:
+        /// a mark's expectation is its base plus this.
+        shifted: u64,
     },
     Window {
         remaining: Option<u64>,
@@ -42,6 +58,45 @@ pub(crate) struct Mirror {
     pub(crate) quota: Option<u64>,
     pub(crate) window: Option<Nanos>,
     pub(crate) model: Model,
+    /// Bumped whenever a new rate model is made, so marks taken under an
+    /// older one are not read against it.
+    generation: u32,
+}
+
+/// What a rate mirror expected of one request when it went out: its
+/// theoretical arrival time after the charge, less the shifts made so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Mark {
+    /// The mirror's generation (0: no expectation).
+    generation: u32,
+    base: u64,
+}
+
+/// How an answer relates to the request it answers and to the others.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Seen {
+    /// When the answered request went out (`None`: not a request's answer,
+    /// for example a usage seed).
+    pub(crate) sent_at: Option<Nanos>,
+    /// Requests sent after it and still in flight.
+    pub(crate) later: u64,
+    /// Requests sent after it, landed or not: the server may have served
+    /// any of them first.
+    pub(crate) sent_after: u64,
+    /// Nothing else in flight and no answer to a later request came first.
+    pub(crate) alone: bool,
+    /// The server rejected it (429): it charged nothing.
+    pub(crate) rejected: bool,
+}
+
+impl Seen {
+    /// Not an answer to a request of this client.
+    pub(crate) fn unsent(alone: bool) -> Self {
+        Seen {
+            alone,
+            ..Seen::default()
+        }
+    }
 }
 
 impl Mirror {
@@ -56,6 +111,7 @@ impl Mirror {
                 reset_at: 0,
                 next_at: 0,
             },
+            generation: 0,
         };
         m.shape(p);
         m
@@ -88,10 +144,12 @@ impl Mirror {
         match (rate, &self.model) {
             (Some((q, w)), Model::Rate { emission, .. }) if *emission == w.as_u64() / q => {}
             (Some((q, w)), _) => {
+                self.generation = self.generation.wrapping_add(1).max(1);
                 self.model = Model::Rate {
                     emission: (w.as_u64() / q).max(1),
                     span: w.as_u64(),
                     tat: 0,
+                    shifted: 0,
                 }
             }
             (None, Model::Window { .. }) => {}
@@ -113,6 +171,7 @@ impl Mirror {
                 emission,
                 span,
                 tat,
+                ..
             } => (tat + emission).saturating_sub(span),
             Model::Window {
                 remaining,
@@ -131,13 +190,26 @@ impl Mirror {
         Nanos::new(at.max(now))
     }
 
-    /// Spends one unit at `now`.
-    pub(crate) fn spend(&mut self, now: Nanos) {
+    /// Spends one unit at `now`; returns what the mirror now expects of
+    /// the request.
+    pub(crate) fn spend(&mut self, now: Nanos) -> Mark {
         let now = now.as_u64();
         let quota = self.quota;
         let window = self.window.map(Nanos::as_u64);
+        let generation = self.generation;
         match &mut self.model {
-            Model::Rate { emission, tat, .. } => *tat = (*tat).max(now) + *emission,
+            Model::Rate {
+                emission,
+                tat,
+                shifted,
+                ..
+            } => {
+                *tat = (*tat).max(now) + *emission;
+                Mark {
+                    generation,
+                    base: tat.wrapping_sub(*shifted),
+                }
+            }
             Model::Window {
                 remaining,
                 reset_at,
@@ -161,40 +233,43 @@ impl Mirror {
                         }
                     }
                 }
+                Mark::default()
             }
         }
     }
 
-    /// Folds what the server published into the mirror. `later` counts
-    /// requests sent after the one this response answers and still in
-    /// flight; `alone` says no other request is in flight and this is the
-    /// answer to the latest request sent.
-    pub(crate) fn observe(&mut self, now: Nanos, p: &PolicyObservation, later: u64, alone: bool) {
+    /// Folds what the server published into the mirror; `mark` is what
+    /// the mirror expected of the answered request when it went out.
+    pub(crate) fn observe(&mut self, now: Nanos, p: &PolicyObservation, seen: &Seen, mark: Mark) {
         self.shape(p);
         let now = now.as_u64();
         let Some(r) = p.remaining else { return };
-        let r = r.saturating_sub(later);
         let quota = self.quota;
+        let generation = self.generation;
         match &mut self.model {
             Model::Rate {
                 emission,
                 span,
                 tat,
+                shifted,
             } => {
-                let q = quota.unwrap_or(1);
-                let debt = q.saturating_sub(r.min(q));
-                let observed = now + debt.saturating_mul(*emission).min(*span);
-                // `observed` is never earlier than the server's own state
-                // (`r` is rounded down and was computed before now), so
-                // taking the later of the two never lets the mirror run
-                // ahead of the server, whatever the latency did. When no
-                // other request is in flight the server's word is taken
-                // even if it is a whole unit more generous.
-                let local = (*tat).max(now);
-                let behind = alone && observed.saturating_add(*emission) <= local;
-                if observed > local || behind {
-                    *tat = observed;
-                }
+                let rate = Rate {
+                    emission: *emission,
+                    span: *span,
+                    quota: quota.unwrap_or(1),
+                };
+                let valid = mark.generation != 0 && mark.generation == generation;
+                let to = match seen.sent_at {
+                    Some(sent) if valid => {
+                        let expected = mark.base.wrapping_add(*shifted);
+                        let at = rate.reconcile(expected, sent.as_u64(), now, r, seen);
+                        tat.saturating_add(at.saturating_sub(expected))
+                    }
+                    _ => rate.unmarked(*tat, now, r, seen),
+                };
+                // in-flight marks move with the mirror
+                *shifted = shifted.wrapping_add(to.wrapping_sub(*tat));
+                *tat = to;
             }
             Model::Window {
                 remaining,
@@ -206,8 +281,9 @@ impl Mirror {
                 } else if *reset_at <= now {
                     *reset_at = now.saturating_add(self.window.map(Nanos::as_u64).unwrap_or(0));
                 }
+                let r = r.saturating_sub(seen.later);
                 *remaining = Some(match *remaining {
-                    Some(local) if !alone => local.min(r),
+                    Some(local) if !seen.alone => local.min(r),
                     _ => r,
                 });
                 if let (Some(q), Some(left)) = (quota, *remaining) {
@@ -227,6 +303,7 @@ impl Mirror {
                 emission,
                 span,
                 tat,
+                ..
             } => Some(span.saturating_sub(tat.saturating_sub(now)) / emission),
             Model::Window {
                 remaining,
@@ -239,6 +316,68 @@ impl Mirror {
                     remaining
                 }
             }
+        }
+    }
+}
+
+/// A rate mirror's constants, for reading one answer.
+#[derive(Clone, Copy, Debug)]
+struct Rate {
+    emission: u64,
+    span: u64,
+    quota: u64,
+}
+
+impl Rate {
+    /// Whole units left at `at` if the theoretical arrival time is `tat`,
+    /// the way the server's bucket counts them.
+    fn remaining(&self, tat: u64, at: u64) -> u64 {
+        self.span.saturating_sub(tat.saturating_sub(at)) / self.emission
+    }
+
+    /// The latest the server's theoretical arrival time can be, given that
+    /// it had `r` whole units left at some moment no later than `now`.
+    fn latest(&self, now: u64, r: u64) -> u64 {
+        let debt = self.quota.saturating_sub(r.min(self.quota));
+        now + debt.saturating_mul(self.emission).min(self.span)
+    }
+
+    /// The theoretical arrival time after a marked request, given that the
+    /// mirror expected `expected`, the request went out at `sent` and the
+    /// server answered `r` units left, received at `now`.
+    fn reconcile(&self, expected: u64, sent: u64, now: u64, r: u64, seen: &Seen) -> u64 {
+        if seen.rejected {
+            // the server held more than the mirror did, by at least the
+            // unit it refused: assume its count was read at `now`
+            return expected.max(self.latest(now, r));
+        }
+        // the fewest units the mirror can have expected at the server
+        let least = self.remaining(expected, sent);
+        let mut at = expected;
+        if r.saturating_add(seen.sent_after) < least {
+            // clearly fewer: whole units spent elsewhere, same phase
+            let missing = least - seen.sent_after - r;
+            at = at.saturating_add(missing.saturating_mul(self.emission));
+        }
+        // the server charged this request before its answer came back
+        at.max(now + self.emission)
+    }
+
+    /// Where an answer without a mark (the mirror expected nothing of it)
+    /// puts `tat`: at the latest state the server can be in when that is
+    /// later, or back to it when nothing else is in flight and the server
+    /// is a whole unit more generous.
+    fn unmarked(&self, tat: u64, now: u64, r: u64, seen: &Seen) -> u64 {
+        // `latest` is never earlier than the server's own state (`r` is
+        // rounded down and was computed before now), so taking the later of
+        // the two never lets the mirror run ahead of the server.
+        let observed = self.latest(now, r.saturating_sub(seen.later));
+        let local = tat.max(now);
+        let behind = seen.alone && observed.saturating_add(self.emission) <= local;
+        if observed > local || behind {
+            observed
+        } else {
+            tat
         }
     }
 }
@@ -263,7 +402,7 @@ mod tests {
     fn rate_mirror_spends_seven_then_one_per_quarter_second() {
         let t0 = Nanos::from_secs(1_000);
         let mut m = Mirror::new(&pol(8, 2, 7, 1), None);
-        m.observe(t0, &pol(8, 2, 7, 1), 0, true);
+        m.observe(t0, &pol(8, 2, 7, 1), &Seen::unsent(true), Mark::default());
         for _ in 0..7 {
             assert_eq!(m.earliest(t0), t0);
             m.spend(t0);
@@ -284,7 +423,7 @@ mod tests {
             per_endpoint: false,
         };
         let mut m = Mirror::new(&p, None);
-        m.observe(t0, &p, 0, true);
+        m.observe(t0, &p, &Seen::unsent(true), Mark::default());
         assert!(m.is_quota());
         m.spend(t0);
         // 49 left over 5,000 s: about one every 102 s
@@ -299,7 +438,7 @@ mod tests {
         p.window_s = None;
         p.quota = None;
         let mut m = Mirror::new(&p, None);
-        m.observe(t0, &p, 0, true);
+        m.observe(t0, &p, &Seen::unsent(true), Mark::default());
         assert_eq!(m.earliest(t0), t0.saturating_add(Nanos::from_secs(30)));
     }
 }

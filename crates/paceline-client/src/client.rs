@@ -12,6 +12,7 @@ use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
+use crate::bucket::Seen;
 use crate::budget::RetryBudget;
 use crate::config::Config;
 use crate::diag::{ScopeSnapshot, Snapshot};
@@ -323,7 +324,7 @@ impl Client {
         if scope.mode == Mode::Unseeded && scope.in_flight.is_empty() {
             scope.probe_sent_at = now;
         }
-        let seq = scope.spend(now, &call.info.path);
+        let (seq, marks) = scope.spend(now, &call.info.path);
         let retry = call.attempts > 0;
         if retry {
             scope.retries += 1;
@@ -333,6 +334,8 @@ impl Client {
         call.flight = Some(Flight {
             seq,
             mode: scope.mode,
+            sent_at: now,
+            marks,
         });
         call.attempts += 1;
         st.totals.requests += 1;
@@ -378,7 +381,7 @@ impl Client {
     pub fn cancel(&self, call: &mut Call) {
         if let Some(f) = call.flight.take() {
             if let Some(scope) = self.inner.state.lock().scopes.get_mut(&call.info.scope) {
-                scope.land(f.seq);
+                scope.land(f.seq, f.sent_at);
             }
         }
     }
@@ -398,8 +401,8 @@ impl Client {
                         .with_min_requests(cfg.throttle_min_requests),
                 )
             });
-            let alone = s.in_flight.is_empty();
-            s.observe(now, "/", policies, 0, alone);
+            let seen = Seen::unsent(s.in_flight.is_empty());
+            s.observe(now, "/", policies, &seen, &[]);
             if policies
                 .iter()
                 .any(|p| p.counts_requests && p.remaining.is_some())
@@ -436,10 +439,11 @@ impl Client {
         let Some(scope) = st.scopes.get_mut(&call.info.scope) else {
             return After::Done;
         };
-        let (later, alone) = scope.land(flight.seq);
+        let mut seen = scope.land(flight.seq, flight.sent_at);
+        seen.rejected = obs.status == 429;
         if obs.has_limits() {
             scope.headerless = 0;
-            scope.observe(now, &call.info.path, &obs.policies, later, alone);
+            scope.observe(now, &call.info.path, &obs.policies, &seen, &flight.marks);
             scope.set_mode(Mode::Paced, cfg.absent_gap, events);
         } else {
             scope.headerless += 1;
@@ -557,7 +561,7 @@ impl Client {
         let Some(scope) = st.scopes.get_mut(&call.info.scope) else {
             return After::Done;
         };
-        scope.land(flight.seq);
+        scope.land(flight.seq, flight.sent_at);
         scope.throttle.record_request(now);
         let absent = scope.mode == Mode::HeaderAbsent;
         let name = scope.name.clone();
@@ -713,5 +717,5 @@ fn mark_exhausted(scope: &mut Scope, policy: &str, now: Nanos, reset_at: Nanos) 
         window_s: keep_window.map(|w| w.as_secs_floor()).or(p.window_s),
         ..p
     };
-    scope.observe(now, "/", std::slice::from_ref(&p), 0, true);
+    scope.observe(now, "/", std::slice::from_ref(&p), &Seen::unsent(true), &[]);
 }

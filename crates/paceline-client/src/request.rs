@@ -5,6 +5,7 @@ use http::Method;
 use paceline_core::Nanos;
 
 use crate::event::Mode;
+use crate::scope::Marks;
 
 /// The parts of a request that pacing and retrying depend on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +93,9 @@ fn strip_query(s: &str) -> &str {
 pub(crate) struct Flight {
     pub(crate) seq: u64,
     pub(crate) mode: Mode,
+    pub(crate) sent_at: Nanos,
+    /// What the scope's mirrors expected of it.
+    pub(crate) marks: Marks,
 }
 
 /// One application request, across all its attempts. Made by

@@ -4,11 +4,15 @@
 use std::collections::BTreeSet;
 
 use paceline_core::Nanos;
+use smallvec::SmallVec;
 
-use crate::bucket::Mirror;
+use crate::bucket::{Mark, Mirror, Seen};
 use crate::event::{Event, Mode};
 use crate::observe::PolicyObservation;
 use crate::throttle::AdaptiveThrottle;
+
+/// What each mirror of a scope expected of one request, in mirror order.
+pub(crate) type Marks = SmallVec<[Mark; 2]>;
 
 /// Why a request has to wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,12 +139,16 @@ impl Scope {
         Nanos::new(base.as_u64().saturating_mul(u64::from(self.factor)))
     }
 
-    /// Charges one request sent at `now` to `path`; returns its sequence.
-    pub(crate) fn spend(&mut self, now: Nanos, path: &str) -> u64 {
+    /// Charges one request sent at `now` to `path`; returns its sequence
+    /// and what each mirror expects of it.
+    pub(crate) fn spend(&mut self, now: Nanos, path: &str) -> (u64, Marks) {
+        let mut marks = Marks::new();
         for m in self.mirrors.iter_mut() {
-            if Self::applies(m, path) {
-                m.spend(now);
-            }
+            marks.push(if Self::applies(m, path) {
+                m.spend(now)
+            } else {
+                Mark::default()
+            });
         }
         let gap = self.effective_gap();
         if gap > Nanos::ZERO {
@@ -150,21 +158,28 @@ impl Scope {
         self.next_seq += 1;
         self.in_flight.insert(seq);
         self.requests += 1;
-        seq
+        (seq, marks)
     }
 
-    /// Removes an attempt from the in-flight set; returns (sent later and
-    /// still in flight, whether its answer may be trusted as the latest
-    /// word: nothing else in flight, and no answer to a later request
-    /// already in).
-    pub(crate) fn land(&mut self, seq: u64) -> (u64, bool) {
+    /// Removes an attempt sent at `sent_at` from the in-flight set; says
+    /// how its answer relates to the other requests: how many were sent
+    /// after it (still in flight, and in all), and whether it may be
+    /// trusted as the latest word (nothing else in flight, and no answer
+    /// to a later request already in).
+    pub(crate) fn land(&mut self, seq: u64, sent_at: Nanos) -> Seen {
         self.in_flight.remove(&seq);
         let later = self.in_flight.range(seq + 1..).count() as u64;
         let newest = self.landed.is_none_or(|l| seq > l);
         if newest {
             self.landed = Some(seq);
         }
-        (later, newest && self.in_flight.is_empty())
+        Seen {
+            sent_at: Some(sent_at),
+            later,
+            sent_after: self.next_seq.saturating_sub(seq + 1),
+            alone: newest && self.in_flight.is_empty(),
+            rejected: false,
+        }
     }
 
     pub(crate) fn set_mode(&mut self, to: Mode, min_gap: Nanos, events: &mut Vec<Event>) {
@@ -183,14 +198,15 @@ impl Scope {
         }
     }
 
-    /// Folds the published policies into the mirrors.
+    /// Folds the published policies into the mirrors; `marks` are what
+    /// the mirrors expected of the answered request (empty: nothing).
     pub(crate) fn observe(
         &mut self,
         now: Nanos,
         path: &str,
         policies: &[PolicyObservation],
-        later: u64,
-        alone: bool,
+        seen: &Seen,
+        marks: &[Mark],
     ) {
         for p in policies.iter().filter(|p| p.counts_requests) {
             let endpoint = p.per_endpoint.then(|| path.to_string());
@@ -205,7 +221,8 @@ impl Scope {
                     self.mirrors.len() - 1
                 }
             };
-            self.mirrors[i].observe(now, p, later, alone);
+            let mark = marks.get(i).copied().unwrap_or_default();
+            self.mirrors[i].observe(now, p, seen, mark);
             if let Some(w) = self.mirrors[i].window {
                 if !self.mirrors[i].is_quota() {
                     self.reset_window = self.reset_window.max(w);
