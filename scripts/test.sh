@@ -19,6 +19,6 @@ cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test"
-cargo test --workspace --all-features 2>&1 | tee target/test-output.txt
+cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.txt
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
