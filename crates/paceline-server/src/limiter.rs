@@ -431,13 +431,13 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 release,
             });
         }
-        let retry_after = paceline_wire::emit::retry_after_secs(&d);
+        // the fields are evaluated only when a subscriber listens
         tracing::info!(
             plan = %plan_name,
             policy = %deciding.map_or("", |s| s),
             key = %who.hash,
             outcome = label.as_str(),
-            retry_after_s = retry_after,
+            retry_after_s = paceline_wire::emit::retry_after_secs(&d),
             "request rejected"
         );
         Verdict::Reject(respond::rejection(
