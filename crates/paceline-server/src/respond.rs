@@ -748,4 +748,29 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_denial_carries_every_chosen_dialect_as_the_wire_crate_writes_it() {
+        let plan = free_plan();
+        let store = MemoryStore::new();
+        let now = Nanos::from_secs(1_790_793_600);
+        let mut d = store.check_sync(&plan, "k", 1, now).unwrap();
+        while d.is_allowed() {
+            d = store.check_sync(&plan, "k", 1, now).unwrap();
+        }
+        for dialects in [Dialects::all(), Dialects::default()] {
+            let meta = PlanMeta::new(&plan, "x:", &dialects);
+            // three times: the memo must give the same answer as a fresh one
+            for _ in 0..3 {
+                let ours = rejection(&plan, &meta, &d, &dialects, true, "x:");
+                let mut theirs = HeaderMap::new();
+                theirs.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
+                emit::write_headers(&plan, &d, &dialects, &mut theirs);
+                assert_eq!(ours.headers().len(), theirs.len());
+                for (name, value) in &theirs {
+                    assert_eq!(ours.headers().get(name), Some(value), "{name}");
+                }
+            }
+        }
+    }
 }
