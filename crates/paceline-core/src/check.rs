@@ -31,17 +31,23 @@ use crate::plan::Plan;
 /// assert_eq!(d.statuses[0].remaining, 19);
 /// assert_eq!(d.statuses[1].remaining, 9_999);
 /// ```
-pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (Decision, Nanos) {
+pub fn check_words(
+    plan: &Plan,
+    words: &mut [u64],
+    now: Nanos,
+    cost: impl Into<Cost>,
+) -> (Decision, Nanos) {
     let now_ns = now.as_u64();
+    let cost = cost.into();
     let policies = plan.policies();
     if let [p] = policies {
-        return check_single(p, words, now_ns, cost, plan);
+        return check_single(p, words, now_ns, cost.of(p), plan);
     }
     if let Some(i) = policies
         .iter()
-        .position(|p| cost > p.quota() && !p.is_shadow())
+        .position(|p| cost.of(p) > p.quota() && !p.is_shadow())
     {
-        return cost_exceeds(plan, words, now_ns, i, cost);
+        return cost_exceeds(plan, words, now_ns, i, cost.of(plan.policy(i)));
     }
     let spans = plan.spans();
     let mut statuses: SmallVec<[PolicyStatus; 2]> = SmallVec::new();
@@ -49,6 +55,7 @@ pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (De
     let mut denial: Option<Denial> = None;
     for (i, (p, &(a, b))) in policies.iter().zip(spans).enumerate() {
         let slice = &words[a..b];
+        let cost = cost.of(p);
         let pk = if cost > p.quota() {
             // a shadow policy that could never fit: report it, charge nothing
             Peek {
@@ -91,7 +98,7 @@ pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (De
             for (i, ((p, &(a, b)), st)) in policies.iter().zip(spans).zip(&statuses).enumerate() {
                 let slice = &mut words[a..b];
                 if admitted & (1 << i) != 0 {
-                    algorithm::commit(p, slice, now_ns, cost);
+                    algorithm::commit(p, slice, now_ns, cost.of(p));
                 }
                 rest_at = rest_at.max(rest_instant(p, slice, now_ns, st));
             }
@@ -99,6 +106,57 @@ pub fn check_words(plan: &Plan, words: &mut [u64], now: Nanos, cost: u64) -> (De
         }
     };
     (Decision { outcome, statuses }, Nanos::new(rest_at))
+}
+
+/// What a request costs, per unit a policy may count in.
+///
+/// Policies counting requests (and concurrency caps) are charged
+/// `requests`; policies counting content bytes are charged `bytes`. A plain
+/// number converts to a cost of that many requests and no bytes.
+///
+/// ```
+/// use paceline_core::{Cost, Policy, Unit};
+///
+/// let bytes = Policy::token_bucket("upload", 1_000_000, 60).unwrap()
+///     .with_unit(Unit::ContentBytes).unwrap();
+/// let cost = Cost::requests(1).with_bytes(4_096);
+/// assert_eq!(cost.of(&bytes), 4_096);
+/// assert_eq!(Cost::from(10).requests, 10);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cost {
+    /// Units charged to request-counting policies (the route's cost).
+    pub requests: u64,
+    /// Units charged to content-bytes policies (the body's length).
+    pub bytes: u64,
+}
+
+impl Cost {
+    /// A cost of `n` requests and no bytes.
+    pub const fn requests(n: u64) -> Cost {
+        Cost {
+            requests: n,
+            bytes: 0,
+        }
+    }
+    /// The same cost, with `bytes` of content.
+    pub const fn with_bytes(self, bytes: u64) -> Cost {
+        Cost { bytes, ..self }
+    }
+    /// What `policy` is charged.
+    #[inline]
+    pub fn of(&self, policy: &crate::Policy) -> u64 {
+        match policy.unit() {
+            crate::Unit::ContentBytes => self.bytes,
+            _ => self.requests,
+        }
+    }
+}
+
+impl From<u64> for Cost {
+    fn from(n: u64) -> Cost {
+        Cost::requests(n)
+    }
 }
 
 /// The common case, a plan of one policy, without the bookkeeping of many.

@@ -45,7 +45,7 @@ mod plan;
 pub mod policy;
 mod store;
 
-pub use check::check_words;
+pub use check::{check_words, Cost};
 pub use clock::{Clock, ManualClock, Nanos, SystemClock};
 pub use decision::{Decision, Denial, Outcome, PolicyStatus};
 pub use limiter::{Lease, Limiter};

@@ -60,7 +60,12 @@ impl<S: Store, C: Clock> Limiter<S, C> {
 impl<C: Clock + Clone> Limiter<MemoryStore, C> {
     /// The synchronous check on the embedded store.
     #[inline]
-    pub fn check_sync(&self, plan: &Plan, key: &str, cost: u64) -> Result<Decision, StoreError> {
+    pub fn check_sync(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: impl Into<crate::Cost>,
+    ) -> Result<Decision, StoreError> {
         self.store.check_sync(plan, key, cost, self.clock.now())
     }
 

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::algorithm;
-use crate::check::check_words;
+use crate::check::{check_words, Cost};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::plan::Plan;
@@ -55,6 +55,20 @@ pub trait Store: Send + Sync + 'static {
         cost: u64,
         now: Nanos,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Like [`Store::check`], with a cost per unit: content-bytes policies
+    /// are charged `cost.bytes`, the others `cost.requests`. The default
+    /// charges every policy `cost.requests`; stores that count bytes
+    /// override it.
+    fn check_cost(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.check(plan, key, cost.requests, now)
+    }
 
     /// Gives back `amount` units of every concurrency policy of `plan`.
     fn release(
@@ -298,9 +312,10 @@ impl MemoryStore {
         &self,
         plan: &Plan,
         key: &str,
-        cost: u64,
+        cost: impl Into<Cost>,
         now: Nanos,
     ) -> Result<Decision, StoreError> {
+        let cost = cost.into();
         let h = self.hash(plan, key);
         let shard = self.shard(h);
         let one_word = plan.state_words() == 1;
@@ -358,7 +373,7 @@ fn check_in<S: Slot>(
     table: &mut Table<S>,
     h: u128,
     plan: &Plan,
-    cost: u64,
+    cost: Cost,
     now: Nanos,
     sweep_at: &mut usize,
     max: usize,
@@ -394,7 +409,7 @@ fn check_in<S: Slot>(
 /// The lock-free step for one-word plans: decide on a snapshot, publish
 /// with a compare-and-swap, retry if another thread got there first.
 #[inline]
-fn cas_one(slot: &[AtomicU64; 2], plan: &Plan, cost: u64, now: Nanos) -> Decision {
+fn cas_one(slot: &[AtomicU64; 2], plan: &Plan, cost: Cost, now: Nanos) -> Decision {
     let now_ns = now.as_u64();
     loop {
         let rest = slot[0].load(Ordering::Acquire);
@@ -421,7 +436,7 @@ fn check_one(
     g: &mut ShardInner,
     h: u128,
     plan: &Plan,
-    cost: u64,
+    cost: Cost,
     now: Nanos,
     max: usize,
 ) -> Result<Decision, StoreError> {
@@ -493,6 +508,16 @@ fn rest_after_release(plan: &Plan, words: &[u64], now: Nanos) -> u64 {
 }
 
 impl Store for MemoryStore {
+    fn check_cost(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(self.check_sync(plan, key, cost, now))
+    }
+
     fn check(
         &self,
         plan: &Plan,

@@ -205,3 +205,40 @@ fn quota_change_keeps_counters() {
     let d = lim.check_sync(&new, "k", 1).unwrap();
     assert_eq!(d.statuses[0].remaining, 9);
 }
+
+/// Content-bytes policies are charged the body's length, the others the
+/// request cost.
+#[test]
+fn bytes_and_requests_are_charged_separately() {
+    use paceline_core::{Cost, Unit};
+    let (lim, _) = limiter_at(1_800_000_000);
+    let p = plan(vec![
+        Policy::token_bucket("burst", 10, 1).unwrap(),
+        Policy::fixed_window("upload", 10_000, 60)
+            .unwrap()
+            .with_unit(Unit::ContentBytes)
+            .unwrap(),
+    ]);
+    let d = lim
+        .check_sync(&p, "k", Cost::requests(1).with_bytes(6_000))
+        .unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.statuses[0].remaining, 9);
+    assert_eq!(d.statuses[1].remaining, 4_000);
+    // the next upload does not fit the byte window: denied by "upload"
+    let d = lim
+        .check_sync(&p, "k", Cost::requests(1).with_bytes(6_000))
+        .unwrap();
+    assert_eq!(p.policy(d.denial().unwrap().policy).name(), "upload");
+    // a body larger than the byte quota can never fit
+    let d = lim
+        .check_sync(&p, "k", Cost::requests(1).with_bytes(20_000))
+        .unwrap();
+    assert_eq!(
+        d.outcome,
+        Outcome::CostExceedsBurst {
+            policy: 1,
+            cost: 20_000
+        }
+    );
+}
