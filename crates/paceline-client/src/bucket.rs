@@ -441,4 +441,122 @@ mod tests {
         m.observe(t0, &p, &Seen::unsent(true), Mark::default());
         assert_eq!(m.earliest(t0), t0.saturating_add(Nanos::from_secs(30)));
     }
+
+    const MS: u64 = 1_000_000;
+
+    /// 8 per 2 s: one unit every 250 ms.
+    fn race_rate() -> Rate {
+        Rate {
+            emission: 250 * MS,
+            span: 2_000 * MS,
+            quota: 8,
+        }
+    }
+
+    fn sent(after: u64) -> Seen {
+        Seen {
+            sent_at: Some(Nanos::ZERO),
+            sent_after: after,
+            ..Seen::default()
+        }
+    }
+
+    #[test]
+    fn an_answer_the_mirror_expected_leaves_it_where_it_is() {
+        let rate = race_rate();
+        let t0 = 1_000_000 * MS;
+        // in debt: the request went out at the earliest instant, the bucket
+        // empty after it; the server saw it 10 ms later and said r=0
+        let expected = t0 + rate.span;
+        assert_eq!(
+            rate.reconcile(expected, t0, t0 + 20 * MS, 0, &sent(0)),
+            expected
+        );
+        // a rounded-down r one below what the mirror expects at the send
+        // instant is still consistent when a later request may have been
+        // served first
+        assert_eq!(
+            rate.reconcile(expected - 250 * MS, t0, t0 + 20 * MS, 0, &sent(1)),
+            expected - 250 * MS
+        );
+    }
+
+    #[test]
+    fn units_spent_elsewhere_move_the_mirror_by_whole_units_in_phase() {
+        let rate = race_rate();
+        let t0 = 1_000_000 * MS;
+        // the mirror expects 5 left (3 spent, 7 ms into a refill); the
+        // server says 2: someone else spent 3
+        let expected = t0 + 3 * 250 * MS + 7 * MS;
+        assert_eq!(rate.remaining(expected, t0), 4);
+        let at = rate.reconcile(expected, t0, t0 + 30 * MS, 1, &sent(0));
+        assert_eq!(at - expected, 3 * 250 * MS);
+        assert_eq!((at - t0) % (250 * MS), 7 * MS, "the refill phase is kept");
+    }
+
+    #[test]
+    fn the_first_of_a_burst_moves_the_phase_to_its_answer() {
+        let rate = race_rate();
+        let t0 = 1_000_000 * MS;
+        // a full bucket: the server started its refill when the request
+        // arrived, somewhere before the answer came back 40 ms later
+        let at = rate.reconcile(t0 + 250 * MS, t0, t0 + 40 * MS, 7, &sent(7));
+        assert_eq!(at, t0 + 290 * MS);
+    }
+
+    #[test]
+    fn a_429_puts_the_mirror_a_whole_window_past_the_answer() {
+        let rate = race_rate();
+        let t0 = 1_000_000 * MS;
+        let seen = Seen {
+            rejected: true,
+            ..sent(0)
+        };
+        let at = rate.reconcile(t0 + rate.span, t0, t0 + 20 * MS, 0, &seen);
+        assert_eq!(at, t0 + 20 * MS + rate.span);
+    }
+
+    #[test]
+    fn marks_from_an_older_model_are_not_read() {
+        let t0 = Nanos::from_secs(1_000);
+        let mut m = Mirror::new(&pol(8, 2, 8, 0), None);
+        m.observe(t0, &pol(8, 2, 8, 0), &Seen::unsent(true), Mark::default());
+        let mark = m.spend(t0);
+        // the server changes its policy: a new model, the mark is stale
+        m.observe(t0, &pol(10, 2, 10, 0), &Seen::unsent(true), Mark::default());
+        let before = m.earliest(t0);
+        let seen = Seen {
+            sent_at: Some(t0),
+            ..Seen::default()
+        };
+        m.observe(t0, &pol(10, 2, 10, 0), &seen, mark);
+        assert_eq!(m.earliest(t0), before);
+    }
+
+    proptest::proptest! {
+        /// Whatever the server answers, reading it never makes a rate
+        /// mirror more generous than it expected, and never leaves it
+        /// earlier than the answer's own charge.
+        #[test]
+        fn reconciling_only_tightens(q in 1u64..50, w in 1u64..10, debt in 0u64..50,
+                                     rtt_ms in 0u64..500, r in 0u64..60, after in 0u64..10,
+                                     rejected in proptest::bool::ANY) {
+            let rate = Rate { emission: w * 1_000 * MS / q, span: w * 1_000 * MS, quota: q };
+            let t0 = 1_000_000 * MS;
+            let expected = t0 + debt.min(q) * rate.emission;
+            let now = t0 + rtt_ms * MS;
+            let seen = Seen { rejected, ..sent(after) };
+            let at = rate.reconcile(expected, t0, now, r, &seen);
+            proptest::prop_assert!(at >= expected);
+            // charged no later than answered (a rejection charged nothing,
+            // but leaves the mirror no earlier than the server's count)
+            let floor = if rejected { rate.latest(now, r) } else { now + rate.emission };
+            proptest::prop_assert!(at >= floor);
+            // an answer that agrees with the expectation moves nothing
+            // but the phase floor
+            if !rejected && r + after >= rate.remaining(expected, t0) {
+                proptest::prop_assert_eq!(at, expected.max(now + rate.emission));
+            }
+        }
+    }
 }

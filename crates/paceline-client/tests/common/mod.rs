@@ -115,6 +115,11 @@ pub struct Driver<'a> {
     pub url: &'a str,
     /// Spread start times and think times uniformly over `[0, 2·think]`.
     pub jitter_think: bool,
+    /// Each way of each attempt takes `latency / 2` plus a uniform draw
+    /// from `[0, spread]`, so attempts overtake one another.
+    pub spread: Nanos,
+    /// Seeds the latency draws.
+    pub latency_seed: u64,
 }
 
 impl Driver<'_> {
@@ -152,6 +157,17 @@ impl Driver<'_> {
             push(&mut heap, at, w, Ev::Wake);
         }
         let half = Nanos::new(self.latency.as_u64() / 2);
+        let spread = self.spread.as_u64();
+        let mut lcg_way = 0x2545_f491_4f6c_dd1du64 ^ self.latency_seed;
+        let mut way = move || {
+            if spread == 0 {
+                return half;
+            }
+            lcg_way = lcg_way
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            half.saturating_add(Nanos::new((lcg_way >> 11) % (spread + 1)))
+        };
         let mut last_end = start;
         while let Some(Reverse((t, _, w, ev))) = heap.pop() {
             if self.stop.is_some_and(|s| t > s) {
@@ -175,8 +191,9 @@ impl Driver<'_> {
                             if retry {
                                 run.retries += 1;
                             }
-                            run.arrivals.push((t.saturating_add(half), retry));
-                            push(&mut heap, t.saturating_add(half), w, Ev::Arrive);
+                            let at = t.saturating_add(way());
+                            run.arrivals.push((at, retry));
+                            push(&mut heap, at, w, Ev::Arrive);
                         }
                         Before::Wait(d) => push(
                             &mut heap,
@@ -201,7 +218,7 @@ impl Driver<'_> {
                         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
                         .map(Nanos::from_secs);
                     answers[w] = Some(resp);
-                    push(&mut heap, t.saturating_add(half), w, Ev::Answer);
+                    push(&mut heap, t.saturating_add(way()), w, Ev::Answer);
                 }
                 Ev::Answer => {
                     let (status, headers, body) = answers[w].take().unwrap();
