@@ -397,10 +397,14 @@ thread_local! {
 /// denial on this thread when its inputs were the same.
 fn denial_parts(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) -> Parts {
     // None: new inputs; Some(None): seen once; Some(Some(_)): kept
-    let seen = LAST_DENIAL.with_borrow(|last| match last {
-        Some(l) if l.matches(meta, d, den, publish) => Some(l.parts.clone()),
-        _ => None,
-    });
+    // (a thread tearing down its locals just goes without the memo)
+    let seen = LAST_DENIAL
+        .try_with(|last| match &*last.borrow() {
+            Some(l) if l.matches(meta, d, den, publish) => Some(l.parts.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten();
     if let Some(Some(parts)) = seen {
         return parts;
     }
@@ -409,7 +413,7 @@ fn denial_parts(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publis
         denial_body(plan, meta, d, den, publish),
         head.ratelimit.and_then(|_| ratelimit_value(plan, meta, d)),
     );
-    LAST_DENIAL.with_borrow_mut(|last| match (seen, last) {
+    let _ = LAST_DENIAL.try_with(|last| match (seen, &mut *last.borrow_mut()) {
         // the second time in a row: keep them for the next ones
         (Some(None), Some(l)) => l.parts = Some(parts.clone()),
         (_, Some(l)) => l.remember(meta, d, den, publish),
