@@ -190,18 +190,23 @@ impl Problem {
     }
 }
 
+/// The policies that denied: the one that sets the wait first, then the
+/// others in plan order. Shadow policies only observe, so they are never
+/// named as violated.
 fn violated(plan: &Plan, d: &Decision, binding: usize) -> Vec<String> {
-    let mut names: Vec<String> = d
-        .statuses
-        .iter()
-        .enumerate()
-        .filter(|(i, s)| s.would_deny && *i < plan.policies().len())
-        .map(|(i, _)| plan.policy(i).name().to_string())
-        .collect();
-    let name = plan.policy(binding).name();
-    if !names.iter().any(|n| n == name) {
-        names.insert(0, name.to_string());
-    }
+    let mut names = vec![plan.policy(binding).name().to_string()];
+    names.extend(
+        d.statuses
+            .iter()
+            .enumerate()
+            .filter(|&(i, s)| {
+                s.would_deny
+                    && i != binding
+                    && i < plan.policies().len()
+                    && !plan.policy(i).is_shadow()
+            })
+            .map(|(i, _)| plan.policy(i).name().to_string()),
+    );
     names
 }
 
@@ -286,6 +291,29 @@ mod tests {
             });
         }
         d
+    }
+
+    #[test]
+    fn violated_names_the_binding_policy_first_and_never_a_shadow() {
+        use paceline_core::{check_words, Nanos, Policy};
+        let plan = Plan::new(
+            "p",
+            vec![
+                Policy::token_bucket("shadowed", 1, 1)
+                    .unwrap()
+                    .with_shadow(true),
+                Policy::token_bucket("burst", 1, 1).unwrap(),
+                Policy::fixed_window("minute", 1, 60).unwrap(),
+            ],
+        )
+        .unwrap();
+        let mut w = vec![0; plan.state_words()];
+        let now = Nanos::from_secs(1_000_030);
+        assert!(check_words(&plan, &mut w, now, 1).0.is_allowed());
+        let (d, _) = check_words(&plan, &mut w, now, 1);
+        let p = Problem::from_decision(&plan, &d, "https://e.x/").unwrap();
+        assert_eq!(p.limit.as_deref(), Some("minute"));
+        assert_eq!(p.violated_policies, vec!["minute", "burst"]);
     }
 
     #[test]
