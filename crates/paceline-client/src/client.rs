@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::Method;
@@ -102,7 +102,7 @@ impl ClientBuilder {
         let state = State {
             rng,
             budget: RetryBudget::new(c.budget_window, c.budget_percent, c.budget_min_retries),
-            scopes: HashMap::new(),
+            scopes: Scopes::default(),
             totals: Totals::default(),
             rates: SlotWindow::new(Nanos::from_secs(60), Nanos::SECOND),
         };
@@ -112,6 +112,7 @@ impl ClientBuilder {
                 config: self.config,
                 state: Mutex::new(state),
                 hooks: RwLock::new(Vec::new()),
+                hooked: AtomicBool::new(false),
                 calls: AtomicU64::new(0),
             }),
         }
@@ -132,7 +133,7 @@ pub(crate) struct Totals {
 pub(crate) struct State {
     rng: Box<dyn RngCore + Send>,
     pub(crate) budget: RetryBudget,
-    pub(crate) scopes: HashMap<String, Scope>,
+    pub(crate) scopes: Scopes,
     pub(crate) totals: Totals,
     pub(crate) rates: SlotWindow,
 }
@@ -142,6 +143,8 @@ struct Inner {
     config: Config,
     state: Mutex<State>,
     hooks: RwLock<Vec<Hook>>,
+    /// Whether any hook is subscribed (read without the lock).
+    hooked: AtomicBool,
     calls: AtomicU64,
 }
 
@@ -207,6 +210,14 @@ impl Client {
     /// Calls `hook` for every event from now on.
     pub fn subscribe(&self, hook: impl Fn(&Event) + Send + Sync + 'static) {
         self.inner.hooks.write().push(Arc::new(hook));
+        self.inner.hooked.store(true, Ordering::Release);
+    }
+
+    /// Whether anyone hears about waits: a hook, or a tracing subscriber
+    /// that wants them. Waits are the common answer, so their events are
+    /// only built when they have an audience.
+    fn waits_heard(&self) -> bool {
+        self.inner.hooked.load(Ordering::Acquire) || crate::event::waits_traced()
     }
 
     fn emit(&self, events: Vec<Event>) {
@@ -242,34 +253,33 @@ impl Client {
     pub fn before(&self, call: &mut Call) -> Before {
         let now = self.now();
         let mut events = Vec::new();
-        let b = self.before_at(call, now, &mut events);
+        let heard = self.waits_heard();
+        let b = self.before_at(call, now, heard, &mut events);
         self.emit(events);
         b
     }
 
-    fn before_at(&self, call: &mut Call, now: Nanos, events: &mut Vec<Event>) -> Before {
+    fn before_at(
+        &self,
+        call: &mut Call,
+        now: Nanos,
+        heard: bool,
+        events: &mut Vec<Event>,
+    ) -> Before {
         let cfg = &self.inner.config;
         if call.flight.is_some() {
             return Before::Go;
         }
         if call.not_before > now {
             let wait = call.not_before.saturating_sub(now);
-            events.push(wait_event(&call.info.scope, wait, "retry"));
+            if heard {
+                events.push(wait_event(&call.info.scope, wait, "retry"));
+            }
             return Before::Wait(wait);
         }
         let mut guard = self.inner.state.lock();
         let st = &mut *guard;
-        if !st.scopes.contains_key(&call.info.scope) {
-            let throttle = AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k)
-                .with_min_requests(cfg.throttle_min_requests);
-            st.scopes.insert(
-                call.info.scope.clone(),
-                Scope::new(&call.info.scope, throttle),
-            );
-        }
-        let Some(scope) = st.scopes.get_mut(&call.info.scope) else {
-            return Before::Go;
-        };
+        let scope = st.scopes.get_or_make(call, cfg);
         let (until, hold) = scope.earliest(now, &call.info.path);
         if until > now {
             let wait = until.saturating_sub(now);
@@ -299,12 +309,16 @@ impl Client {
                 Some(Hold::Pause) => (wait, "pause"),
                 _ => (wait, "pacing"),
             };
-            events.push(wait_event(&scope.name, wait, reason));
+            if heard {
+                events.push(wait_event(&scope.name, wait, reason));
+            }
             return Before::Wait(wait);
         }
         let probing = now.saturating_sub(scope.probe_sent_at) < cfg.probe_timeout;
         if scope.mode == Mode::Unseeded && !scope.in_flight.is_empty() && probing {
-            events.push(wait_event(&scope.name, cfg.probe_poll, "probe"));
+            if heard {
+                events.push(wait_event(&scope.name, cfg.probe_poll, "probe"));
+            }
             return Before::Wait(cfg.probe_poll);
         }
         if scope.throttle.should_drop(now, &mut st.rng) {
@@ -380,7 +394,7 @@ impl Client {
     /// cancelled). The call may start a new attempt with `before`.
     pub fn cancel(&self, call: &mut Call) {
         if let Some(f) = call.flight.take() {
-            if let Some(scope) = self.inner.state.lock().scopes.get_mut(&call.info.scope) {
+            if let Some(scope) = self.inner.state.lock().scopes.get_mut(call) {
                 scope.land(f.seq, f.sent_at);
             }
         }
@@ -394,13 +408,7 @@ impl Client {
         let mut events = Vec::new();
         {
             let mut st = self.inner.state.lock();
-            let s = st.scopes.entry(scope.to_string()).or_insert_with(|| {
-                Scope::new(
-                    scope,
-                    AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k)
-                        .with_min_requests(cfg.throttle_min_requests),
-                )
-            });
+            let s = st.scopes.named_or_make(scope, cfg);
             let seen = Seen::unsent(s.in_flight.is_empty());
             s.observe(now, "/", policies, &seen, &[]);
             if policies
@@ -436,7 +444,7 @@ impl Client {
         let mut guard = self.inner.state.lock();
         let st = &mut *guard;
         *st.totals.by_status.entry(obs.status).or_insert(0) += 1;
-        let Some(scope) = st.scopes.get_mut(&call.info.scope) else {
+        let Some(scope) = st.scopes.get_mut(call) else {
             return After::Done;
         };
         let mut seen = scope.land(flight.seq, flight.sent_at);
@@ -558,7 +566,7 @@ impl Client {
         let mut guard = self.inner.state.lock();
         let st = &mut *guard;
         st.totals.transport_errors += 1;
-        let Some(scope) = st.scopes.get_mut(&call.info.scope) else {
+        let Some(scope) = st.scopes.get_mut(call) else {
             return After::Done;
         };
         scope.land(flight.seq, flight.sent_at);
@@ -633,7 +641,7 @@ impl Client {
 
     /// The pacing mode of `scope`, if the client has seen it.
     pub fn mode(&self, scope: &str) -> Option<Mode> {
-        self.inner.state.lock().scopes.get(scope).map(|s| s.mode)
+        self.inner.state.lock().scopes.named(scope).map(|s| s.mode)
     }
 
     /// The retry budget as it stands.
@@ -649,7 +657,8 @@ impl Client {
         let (req_min, retry_min) = st.rates.totals(now);
         let mut scopes: Vec<ScopeSnapshot> = st
             .scopes
-            .values()
+            .all()
+            .iter()
             .map(|s| ScopeSnapshot::of(s, now))
             .collect();
         scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
@@ -718,4 +727,66 @@ fn mark_exhausted(scope: &mut Scope, policy: &str, now: Nanos, reset_at: Nanos) 
         ..p
     };
     scope.observe(now, "/", std::slice::from_ref(&p), &Seen::unsent(true), &[]);
+}
+
+/// The scopes of a client: a name index over a list, so a call that
+/// remembers where its scope is (its slot) finds it again without hashing,
+/// and a lookup never copies the name.
+#[derive(Debug, Default)]
+pub(crate) struct Scopes {
+    list: Vec<Scope>,
+    index: HashMap<String, usize>,
+}
+
+impl Scopes {
+    /// Every scope.
+    pub(crate) fn all(&self) -> &[Scope] {
+        &self.list
+    }
+
+    /// The scope called `name`, if any.
+    pub(crate) fn named(&self, name: &str) -> Option<&Scope> {
+        self.index.get(name).map(|&i| &self.list[i])
+    }
+
+    fn position(&self, call: &Call) -> Option<usize> {
+        match call.slot {
+            Some(i) if self.list.get(i).is_some_and(|s| s.name == call.info.scope) => Some(i),
+            _ => self.index.get(call.info.scope.as_str()).copied(),
+        }
+    }
+
+    /// The scope of `call`, if the client has seen it.
+    pub(crate) fn get_mut(&mut self, call: &mut Call) -> Option<&mut Scope> {
+        let i = self.position(call)?;
+        call.slot = Some(i);
+        Some(&mut self.list[i])
+    }
+
+    /// The scope of `call`, made on first sight.
+    pub(crate) fn get_or_make(&mut self, call: &mut Call, cfg: &Config) -> &mut Scope {
+        let i = match self.position(call) {
+            Some(i) => i,
+            None => self.make(&call.info.scope, cfg),
+        };
+        call.slot = Some(i);
+        &mut self.list[i]
+    }
+
+    /// The scope called `name`, made on first sight.
+    pub(crate) fn named_or_make(&mut self, name: &str, cfg: &Config) -> &mut Scope {
+        let i = match self.index.get(name) {
+            Some(&i) => i,
+            None => self.make(name, cfg),
+        };
+        &mut self.list[i]
+    }
+
+    fn make(&mut self, name: &str, cfg: &Config) -> usize {
+        let throttle = AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k)
+            .with_min_requests(cfg.throttle_min_requests);
+        self.list.push(Scope::new(name, throttle));
+        self.index.insert(name.to_string(), self.list.len() - 1);
+        self.list.len() - 1
+    }
 }

@@ -91,6 +91,11 @@ pub enum Event {
 /// A subscriber to [`Event`]s.
 pub type Hook = Arc<dyn Fn(&Event) + Send + Sync>;
 
+/// Whether a tracing subscriber wants the wait events [`trace`] writes.
+pub(crate) fn waits_traced() -> bool {
+    tracing::enabled!(tracing::Level::DEBUG)
+}
+
 pub(crate) fn trace(e: &Event) {
     match e {
         Event::Wait {

@@ -109,6 +109,8 @@ pub struct Call {
     pub(crate) not_before: Nanos,
     pub(crate) flight: Option<Flight>,
     pub(crate) last_status: Option<u16>,
+    /// Where the client keeps this call's scope (a hint, checked by name).
+    pub(crate) slot: Option<usize>,
 }
 
 impl Call {
@@ -120,6 +122,7 @@ impl Call {
             not_before: Nanos::ZERO,
             flight: None,
             last_status: None,
+            slot: None,
         }
     }
     /// The request.

@@ -869,3 +869,31 @@ fn a_late_stale_answer_does_not_loosen_the_mirror() {
         "the bucket is empty"
     );
 }
+
+/// Waits are only written up when someone listens, but a subscriber hears
+/// every one of them, with its reason.
+#[test]
+fn a_subscriber_hears_the_waits() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 4);
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let sink = heard.clone();
+    c.subscribe(move |e| {
+        if let Event::Wait { reason, wait, .. } = e {
+            sink.lock().unwrap().push((*reason, *wait));
+        }
+    });
+    let mut probe = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut probe), Before::Go);
+    let mut next = c.call(RequestInfo::get(URL));
+    let Before::Wait(d) = c.before(&mut next) else {
+        panic!("the probe holds the others")
+    };
+    assert_eq!(*heard.lock().unwrap(), [("probe", d)]);
+    // one unit per 2 s, none left: the mirror paces the next call
+    let empty =
+        paceline_client::Observation::bare(200).with_policy("slow", 1, 2, 0, Nanos::from_secs(2));
+    assert_eq!(c.after(&mut probe, &empty), After::Done);
+    assert!(matches!(c.before(&mut next), Before::Wait(_)));
+    assert_eq!(heard.lock().unwrap().last().unwrap().0, "pacing");
+}
