@@ -10,7 +10,7 @@
 //!   spread evenly over the time to the reset instead of spent at once.
 //!
 //! How answers correct a rate mirror: every request remembers what the
-//! mirror expected of it when it went out (its [`Mark`]). The server's `r`
+//! mirror expected of it when it went out (its `Mark`). The server's `r`
 //! agrees with that expectation when it is what the mirror predicted for
 //! some moment between send and receipt, give or take the requests sent
 //! after it (the server may have served them first); then the mirror,
