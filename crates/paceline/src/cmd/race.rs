@@ -311,16 +311,14 @@ async fn edge_layer(
             c.remaining.store(r, Ordering::Relaxed);
         }
         if f == 0 {
-            *race.last_response.lock() = std::iter::once((
-                "status".to_string(),
-                resp.status().as_u16().to_string(),
-            ))
-            .chain(resp.headers().iter().filter_map(|(k, v)| {
-                let k = k.as_str();
-                (k.starts_with("ratelimit") || k == "retry-after")
-                    .then(|| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-            }))
-            .collect();
+            *race.last_response.lock() =
+                std::iter::once(("status".to_string(), resp.status().as_u16().to_string()))
+                    .chain(resp.headers().iter().filter_map(|(k, v)| {
+                        let k = k.as_str();
+                        (k.starts_with("ratelimit") || k == "retry-after")
+                            .then(|| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+                    }))
+                    .collect();
         }
     }
     resp
@@ -512,7 +510,9 @@ pub(crate) fn table(results: &[FleetResult], floor_s: f64) -> String {
         s
     };
     out.push_str(&row("measure", &|r| r.name.clone()));
-    out.push_str(&row("jobs done", &|r| format!("{}/{}", r.jobs_done, r.jobs)));
+    out.push_str(&row("jobs done", &|r| {
+        format!("{}/{}", r.jobs_done, r.jobs)
+    }));
     out.push_str(&row("requests sent", &|r| r.requests.to_string()));
     out.push_str(&row("rejected 429", &|r| r.rejected_429.to_string()));
     out.push_str(&row("dropped at the edge", &|r| r.dropped.to_string()));
@@ -553,7 +553,10 @@ mod tests {
         assert_eq!(naive.jobs_done, 50);
         assert_eq!(coop.rejected_429, 0, "{coop:?}");
         let fin = coop.finished_at_s.unwrap();
-        assert!((10.0..=11.3).contains(&fin), "cooperative finished at {fin}");
+        assert!(
+            (10.0..=11.3).contains(&fin),
+            "cooperative finished at {fin}"
+        );
         assert!(naive.requests > 2 * coop.requests, "{naive:?}");
     }
 }
