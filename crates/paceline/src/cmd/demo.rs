@@ -1,5 +1,10 @@
-//! `paceline demo`: the Shiplane-style demo API behind the gateway.
+//! `paceline demo`: the Shiplane-style demo API behind the gateway, and the
+//! two-fleet race over real HTTP with its live dashboard.
 //!
+//! By default it starts the demo API behind the gateway, starts the race's
+//! edge and dashboard, runs the race with the real SDK, prints the result
+//! table and keeps serving (the dashboard can run the race again) until
+//! interrupted. `--json` prints the race's result as JSON and exits.
 //! With `--no-race` it only serves: the gateway's URL and the demo keys go
 //! to stdout, and it keeps serving until interrupted. With
 //! `--upstream-only` it serves the demo API alone, without the gateway
@@ -8,6 +13,8 @@
 use std::net::SocketAddr;
 
 use anyhow::Context;
+
+use super::race;
 use paceline_gateway::demo::{self, DemoOptions, DemoUpstream, DEMO_KEYS};
 use paceline_gateway::{Gateway, GatewayHandle};
 
@@ -31,6 +38,15 @@ pub(crate) struct Args {
     /// Where the gateway (or, with --upstream-only, the API) listens.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// Where the race's edge and its dashboard listen.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
+    race_listen: SocketAddr,
+    /// Print the race's result as JSON and exit.
+    #[arg(long, conflicts_with_all = ["no_race", "upstream_only"])]
+    json: bool,
+    /// Exit after the race instead of serving on.
+    #[arg(long, conflicts_with_all = ["no_race", "upstream_only"])]
+    exit: bool,
 }
 
 /// The demo API and the gateway in front of it, both running.
@@ -84,15 +100,64 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
         if args.upstream_only {
             return upstream_only(args, interrupted).await;
         }
-        let stack = DemoStack::start(args.listen).await?;
-        print_banner(&stack);
-        if !args.no_race {
-            eprintln!("paceline demo: the race is not part of this build yet; serving only (as --no-race)");
+        // a busy default port should not stop the demo: fall back to any
+        let stack = match DemoStack::start(args.listen).await {
+            Ok(stack) => stack,
+            Err(e) if args.listen.port() != 0 && !args.no_race => {
+                eprintln!("paceline demo: {e:#}; using a free port instead");
+                DemoStack::start(SocketAddr::new(args.listen.ip(), 0)).await?
+            }
+            Err(e) => return Err(e),
+        };
+        if args.no_race {
+            print_banner(&stack);
+            interrupted.await;
+            stack.stop().await?;
+            return Ok(0);
         }
-        interrupted.await;
+        let code = race_demo(&args, &stack, interrupted).await?;
         stack.stop().await?;
-        Ok(0)
+        Ok(code)
     })
+}
+
+/// Runs the race against its own edge (the server layer and a fair-share
+/// capacity limit), prints the result, and serves the dashboard on.
+async fn race_demo(
+    args: &Args,
+    stack: &DemoStack,
+    interrupted: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<i32> {
+    let cfg = race::RaceConfig::default();
+    let floor_s = cfg.floor_s();
+    let race = race::Race::new(cfg);
+    let (listener, url) = match race::bind(&args.race_listen.to_string()).await {
+        Ok(bound) => bound,
+        Err(_) => race::bind(&SocketAddr::new(args.race_listen.ip(), 0).to_string()).await?,
+    };
+    tokio::spawn(race::serve(listener, race.clone()));
+    if !args.json {
+        print_banner(stack);
+        println!("paceline demo: race dashboard on {url}/");
+        println!(
+            "paceline demo: racing two fleets of 10 workers, 50 jobs each (floor {floor_s:.1} s)…"
+        );
+    }
+    let results = race::run(race.clone(), &url).await?;
+    if args.json {
+        let out = serde_json::json!({ "floor_s": floor_s, "fleets": results });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(0);
+    }
+    println!();
+    print!("{}", race::table(&results, floor_s));
+    if args.exit {
+        return Ok(0);
+    }
+    println!();
+    println!("paceline demo: still serving; open {url}/ to run the race again, Ctrl-C to stop");
+    interrupted.await;
+    Ok(0)
 }
 
 async fn upstream_only(

@@ -5,6 +5,5 @@ pub(crate) mod bulk;
 pub(crate) mod demo;
 pub(crate) mod gateway;
 pub(crate) mod inspect;
-#[allow(dead_code)] // wired into `paceline demo` once the gateway stack lands
 pub(crate) mod race;
 pub(crate) mod sim;
