@@ -106,15 +106,22 @@ impl Proxy {
     }
 
     fn upstream_uri(&self, uri: &Uri) -> Uri {
-        let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
         let target = &self.inner.target;
-        let pq = format!("{}{}", target.base, pq);
-        Uri::builder()
-            .scheme(target.scheme.clone())
-            .authority(target.authority.clone())
-            .path_and_query(pq)
-            .build()
-            .unwrap_or_else(|_| Uri::from_static("/"))
+        let pq = match (uri.path_and_query(), target.base.is_empty()) {
+            (Some(pq), true) => pq.clone(),
+            (pq, _) => {
+                let pq = pq.map_or("/", PathAndQuery::as_str);
+                match PathAndQuery::try_from(format!("{}{}", target.base, pq)) {
+                    Ok(p) => p,
+                    Err(_) => PathAndQuery::from_static("/"),
+                }
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(target.scheme.clone());
+        parts.authority = Some(target.authority.clone());
+        parts.path_and_query = Some(pq);
+        Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
     }
 
     /// Forwards one request.
@@ -132,7 +139,7 @@ impl Proxy {
         }
         parts
             .headers
-            .insert("x-forwarded-proto", HeaderValue::from_static("http"));
+            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
         parts.uri = self.upstream_uri(&parts.uri);
         parts.version = Version::HTTP_11;
         let body = IdleTimeout::new(body, this.timeouts.body_idle);
@@ -228,6 +235,9 @@ fn original_host(uri: &Uri, headers: &HeaderMap) -> Option<HeaderValue> {
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
 }
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -257,27 +267,31 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Appends `ip` to `X-Forwarded-For` (one field, comma-separated).
 pub fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
-    let prior: Vec<&str> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    let value = match prior.is_empty() {
-        true => ip.to_string(),
-        false => format!("{}, {ip}", prior.join(", ")),
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert("x-forwarded-for", v);
+    use std::fmt::Write;
+    let mut value = String::with_capacity(48);
+    for prior in headers.get_all(&X_FORWARDED_FOR) {
+        if let Ok(p) = prior.to_str() {
+            value.push_str(p);
+            value.push_str(", ");
+        }
+    }
+    let _ = write!(value, "{ip}");
+    if let Ok(v) = HeaderValue::try_from(value) {
+        headers.insert(X_FORWARDED_FOR, v);
     }
 }
 
 pin_project! {
-    /// A body that fails when no frame arrives for `idle`.
+    /// A body that fails when no frame arrives for `idle`. The timer is
+    /// armed only when the body has to wait, so a body that flows costs
+    /// no timer work.
     pub struct IdleTimeout<B> {
         #[pin]
         body: B,
-        sleep: Pin<Box<Sleep>>,
+        sleep: Option<Pin<Box<Sleep>>>,
         idle: Duration,
+        // a frame arrived since the timer was last armed
+        moved: bool,
     }
 }
 
@@ -286,8 +300,9 @@ impl<B> IdleTimeout<B> {
     pub fn new(body: B, idle: Duration) -> Self {
         IdleTimeout {
             body,
-            sleep: Box::pin(tokio::time::sleep(idle)),
+            sleep: None,
             idle,
+            moved: true,
         }
     }
 }
@@ -317,19 +332,24 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
-        match this.body.poll_frame(cx) {
-            Poll::Ready(f) => {
-                let deadline = tokio::time::Instant::now() + *this.idle;
-                this.sleep.as_mut().reset(deadline);
-                Poll::Ready(f.map(|r| r.map_err(Into::into)))
+        if let Poll::Ready(f) = this.body.poll_frame(cx) {
+            *this.moved = true;
+            return Poll::Ready(f.map(|r| r.map_err(Into::into)));
+        }
+        // waiting: (re)arm the timer from now if the body moved since
+        let idle = *this.idle;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        if std::mem::take(this.moved) {
+            sleep.as_mut().reset(tokio::time::Instant::now() + idle);
+        }
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                m::upstream_error("body_idle");
+                Poll::Ready(Some(Err(Box::new(BodyIdle))))
             }
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    m::upstream_error("body_idle");
-                    Poll::Ready(Some(Err(Box::new(BodyIdle))))
-                }
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -398,6 +418,34 @@ mod tests {
         ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
             Poll::Pending
         }
+    }
+
+    /// One frame, then nothing.
+    struct OneThenStall(bool);
+
+    impl Body for OneThenStall {
+        type Data = Bytes;
+        type Error = Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            match std::mem::replace(&mut self.0, true) {
+                false => Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x"))))),
+                true => Poll::Pending,
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_bound_counts_from_the_last_frame() {
+        let mut b = IdleTimeout::new(OneThenStall(false), Duration::from_secs(5));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        // a frame ready at once passes, however late it is polled
+        assert!(b.frame().await.unwrap().is_ok());
+        let started = tokio::time::Instant::now();
+        assert!(b.frame().await.unwrap().unwrap_err().is::<BodyIdle>());
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
     }
 
     #[tokio::test(start_paused = true)]
