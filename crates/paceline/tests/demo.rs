@@ -1,0 +1,54 @@
+//! `paceline demo --json`: the race over real HTTP, end to end, through the
+//! real binary (about 11 s of real time: the floor is the point).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[test]
+fn demo_json_reports_the_race() {
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args([
+            "demo",
+            "--json",
+            "--listen",
+            "127.0.0.1:0",
+            "--race-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .expect("paceline runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(start.elapsed() < Duration::from_secs(60));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(v["floor_s"], 10.5);
+    let fleets = v["fleets"].as_array().expect("fleets");
+    assert_eq!(fleets.len(), 2);
+    let (coop, naive) = (&fleets[0], &fleets[1]);
+    assert_eq!(coop["name"], "cooperative");
+    assert_eq!(naive["name"], "naive");
+    for f in fleets {
+        for field in [
+            "jobs",
+            "jobs_done",
+            "requests",
+            "rejected_429",
+            "dropped",
+            "finished_at_s",
+        ] {
+            assert!(!f[field].is_null(), "{field} missing in {f}");
+        }
+        assert_eq!(f["jobs_done"], 50);
+    }
+    // the cooperative fleet paces: no 429, one request per job, at the floor
+    assert_eq!(coop["rejected_429"], 0, "{coop}");
+    assert_eq!(coop["requests"], 50, "{coop}");
+    let fin = coop["finished_at_s"].as_f64().unwrap();
+    assert!((10.4..=11.5).contains(&fin), "finished at {fin}");
+    // the naive fleet pays for the same jobs in requests
+    assert!(naive["requests"].as_u64().unwrap() > 200, "{naive}");
+}
