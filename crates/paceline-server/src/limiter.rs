@@ -10,7 +10,8 @@ use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, Version};
 use paceline_core::{
-    Clock, Decision, Denial, FailMode, MemoryStore, Nanos, Outcome, PolicyKind, Store, StoreError,
+    Clock, Cost, Decision, Denial, FailMode, MemoryStore, Nanos, Outcome, PolicyKind, Store,
+    StoreError,
 };
 use parking_lot::RwLock;
 use tracing::Instrument;
@@ -118,6 +119,8 @@ pub(crate) struct Prepared {
     who: Option<Who>,
     /// A rejection leaves a request body unread: close the connection.
     pub(crate) close: bool,
+    /// The announced body length, charged to content-bytes policies.
+    bytes: u64,
 }
 
 /// What to do with a request.
@@ -144,7 +147,7 @@ enum Stage {
 /// What to ask the store, and what to remember meanwhile.
 struct Ask {
     plan: usize,
-    cost: u64,
+    cost: Cost,
     now: Nanos,
     started: Instant,
     /// An escalation hold: the answer is a denial whatever the store says.
@@ -240,7 +243,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             &route,
         );
         let close = req.version() <= Version::HTTP_11 && fields.has_body();
+        let bytes = fields.body_len();
         Prepared {
+            bytes,
             limits,
             route,
             usage,
@@ -284,7 +289,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 let r = self
                     .shared
                     .store
-                    .check(ask.plan(p), ask.key(p), ask.cost, ask.now)
+                    .check_cost(ask.plan(p), ask.key(p), ask.cost, ask.now)
                     .instrument(span.clone())
                     .await;
                 span.in_scope(|| self.conclude(p, ask, r))
@@ -303,7 +308,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         };
         let sh = &*self.shared;
         let (now, started) = (sh.clock.now(), Instant::now());
-        let ask = |cost, hold| {
+        let ask = |cost: Cost, hold| {
             Stage::Ask(Ask {
                 cost,
                 now,
@@ -314,7 +319,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         };
         if p.usage {
             return match who.publish {
-                true => ask(0, None),
+                true => ask(Cost::requests(0), None),
                 false => Stage::Done(Verdict::Respond(respond::unauthorized(&lim.problem_base))),
             };
         }
@@ -337,9 +342,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                     retry_after: hold.wait,
                 };
                 // read the standing for the headers, charge nothing
-                ask(0, Some(denial))
+                ask(Cost::requests(0), Some(denial))
             }
-            None => ask(p.route.cost, None),
+            None => ask(Cost::requests(p.route.cost).with_bytes(p.bytes), None),
         }
     }
 
@@ -569,6 +574,15 @@ impl<'a> HeadFields<'a> {
             }
         }
         f
+    }
+
+    /// The announced body length (`Content-Length`); 0 when absent or not
+    /// a number. A streamed body of unknown length is charged nothing.
+    fn body_len(&self) -> u64 {
+        self.content_length
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// Whether the request sends a body (which a rejection leaves unread).
