@@ -1,8 +1,9 @@
 //! The forwarding service: one request to the upstream and its response
 //! back, both bodies streamed.
 //!
-//! It keeps a pool of keep-alive HTTP/1.1 connections to the upstream,
-//! strips hop-by-hop fields both ways, appends the client to
+//! It keeps a pool of keep-alive HTTP/1.1 connections to the upstream (its
+//! own, small: a stack of idle senders, a connection going back on it the
+//! moment its response body ends), strips hop-by-hop fields both ways, appends the client to
 //! `X-Forwarded-For`, and bounds every phase: connecting, waiting for the
 //! response head, and every pause inside either body. An upstream that
 //! cannot be reached gives `502`, one too slow to answer `504`.
@@ -17,17 +18,18 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper::client::conn::http1::{self as h1, SendRequest};
+use hyper_util::rt::TokioIo;
 use paceline_server::PeerAddr;
+use parking_lot::Mutex;
 use pin_project_lite::pin_project;
+use tokio::net::TcpStream;
 use tokio::time::Sleep;
 use tower_service::Service;
 
@@ -51,7 +53,7 @@ pub struct Proxy {
 }
 
 struct ProxyInner {
-    client: Client<HttpConnector, UpstreamBody>,
+    pool: Pool,
     target: Target,
     timeouts: Timeouts,
     shedder: Option<Shedder>,
@@ -66,7 +68,6 @@ impl std::fmt::Debug for Proxy {
 }
 
 struct Target {
-    scheme: Scheme,
     authority: Authority,
     /// The upstream's base path without a trailing `/` (often empty).
     base: String,
@@ -76,17 +77,8 @@ impl Proxy {
     /// A proxy to `upstream` (`http://host:port[/base]`); the shedder, if
     /// any, is told every upstream latency.
     pub fn new(upstream: &Uri, timeouts: Timeouts, shedder: Option<Shedder>) -> Self {
-        let mut conn = HttpConnector::new();
-        conn.set_connect_timeout(Some(timeouts.connect));
-        conn.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(timeouts.pool_idle)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(conn);
         let parts = upstream.clone().into_parts();
         let target = Target {
-            scheme: parts.scheme.unwrap_or(Scheme::HTTP),
             authority: parts
                 .authority
                 .unwrap_or_else(|| Authority::from_static("127.0.0.1")),
@@ -95,9 +87,21 @@ impl Proxy {
                 .map(|p| p.path().trim_end_matches('/').to_string())
                 .unwrap_or_default(),
         };
+        let host = target.authority.host();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let pool = Pool {
+            idle: Mutex::new(Vec::new()),
+            host: host.to_string(),
+            port: target.authority.port_u16().unwrap_or(80),
+            connect_timeout: timeouts.connect,
+            idle_timeout: timeouts.pool_idle,
+        };
         Proxy {
             inner: Arc::new(ProxyInner {
-                client,
+                pool,
                 target,
                 timeouts,
                 shedder,
@@ -105,6 +109,8 @@ impl Proxy {
         }
     }
 
+    /// The request target sent upstream, in origin form: the upstream's
+    /// base path, then the client's path and query.
     fn upstream_uri(&self, uri: &Uri) -> Uri {
         let target = &self.inner.target;
         let pq = match (uri.path_and_query(), target.base.is_empty()) {
@@ -117,11 +123,7 @@ impl Proxy {
                 }
             }
         };
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(target.scheme.clone());
-        parts.authority = Some(target.authority.clone());
-        parts.path_and_query = Some(pq);
-        Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
+        Uri::from(pq)
     }
 
     /// Forwards one request.
@@ -131,9 +133,12 @@ impl Proxy {
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
         let host = original_host(&parts.uri, &parts.headers);
         strip_hop_by_hop(&mut parts.headers);
-        if let Some(h) = host {
-            parts.headers.insert(header::HOST, h);
-        }
+        let host = match host {
+            Some(h) => h,
+            None => HeaderValue::from_str(this.target.authority.as_str())
+                .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
+        };
+        parts.headers.insert(header::HOST, host);
         if let Some(ip) = peer {
             append_forwarded_for(&mut parts.headers, ip);
         }
@@ -145,9 +150,9 @@ impl Proxy {
         let body = IdleTimeout::new(body, this.timeouts.body_idle);
         let out = Request::from_parts(parts, body);
         let started = Instant::now();
-        let sent = tokio::time::timeout(this.timeouts.upstream_header, this.client.request(out));
+        let sent = tokio::time::timeout(this.timeouts.upstream_header, this.pool.send(out));
         match sent.await {
-            Ok(Ok(res)) => {
+            Ok(Ok((res, conn))) => {
                 let took = started.elapsed();
                 m::upstream_latency(took);
                 if let Some(s) = &this.shedder {
@@ -155,11 +160,12 @@ impl Proxy {
                 }
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                let body = Recycle::new(body, conn, self.inner.clone());
                 let body = IdleTimeout::new(body, this.timeouts.body_idle);
                 Response::from_parts(parts, body.boxed_unsync())
             }
             Ok(Err(e)) => {
-                let connect = e.is_connect();
+                let connect = matches!(e, SendError::Connect(_));
                 m::upstream_error(if connect { "connect" } else { "request" });
                 tracing::warn!(error = %e, "upstream request failed");
                 let detail = match connect {
@@ -195,6 +201,189 @@ impl Service<Request<Incoming>> for Proxy {
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+/// Idle connections kept per upstream at most.
+const MAX_IDLE: usize = 1024;
+
+/// Keep-alive HTTP/1.1 connections to one upstream. Each connection runs
+/// as its own task; the pool keeps the idle senders, the most recently
+/// used on top.
+struct Pool {
+    idle: Mutex<Vec<IdleConn>>,
+    host: String,
+    port: u16,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+struct IdleConn {
+    tx: SendRequest<UpstreamBody>,
+    since: Instant,
+}
+
+/// Why a request got no response.
+#[derive(Debug)]
+enum SendError {
+    /// No connection could be opened.
+    Connect(BoxError),
+    /// The connection failed while the request was under way.
+    Request(hyper::Error),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Connect(e) => write!(f, "connect: {e}"),
+            SendError::Request(e) => write!(f, "request: {e}"),
+        }
+    }
+}
+
+impl Pool {
+    /// An idle connection that is still open and not too old.
+    fn take(&self) -> Option<SendRequest<UpstreamBody>> {
+        let mut idle = self.idle.lock();
+        while let Some(c) = idle.pop() {
+            if !c.tx.is_closed() && c.since.elapsed() < self.idle_timeout {
+                return Some(c.tx);
+            }
+        }
+        None
+    }
+
+    /// Puts a connection whose exchange is over back on the stack.
+    fn put(&self, tx: SendRequest<UpstreamBody>) {
+        if tx.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.idle.lock();
+        // the oldest are at the bottom: drop the ones idle too long
+        let stale = idle
+            .iter()
+            .take_while(|c| now.duration_since(c.since) >= self.idle_timeout)
+            .count();
+        if stale > 0 {
+            idle.drain(..stale);
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push(IdleConn { tx, since: now });
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<UpstreamBody>, SendError> {
+        let dial = TcpStream::connect((self.host.as_str(), self.port));
+        let stream = match tokio::time::timeout(self.connect_timeout, dial).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(SendError::Connect(Box::new(e))),
+            Err(_) => return Err(SendError::Connect("connect timed out".into())),
+        };
+        let _ = stream.set_nodelay(true);
+        let (tx, conn) = h1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| SendError::Connect(Box::new(e)))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(tx)
+    }
+
+    /// Sends `req` on an idle connection, or a new one. A request that a
+    /// reused connection refused before sending any of it (the upstream
+    /// closed it meanwhile) is tried again on another.
+    async fn send(
+        &self,
+        mut req: Request<UpstreamBody>,
+    ) -> Result<(Response<Incoming>, SendRequest<UpstreamBody>), SendError> {
+        loop {
+            let (mut tx, reused) = match self.take() {
+                Some(tx) => (tx, true),
+                None => (self.connect().await?, false),
+            };
+            if let Err(e) = tx.ready().await {
+                match reused {
+                    true => continue,
+                    false => return Err(SendError::Request(e)),
+                }
+            }
+            match tx.try_send_request(req).await {
+                Ok(res) => return Ok((res, tx)),
+                Err(mut e) => match e.take_message() {
+                    Some(r) if reused => req = r,
+                    _ => return Err(SendError::Request(e.into_error())),
+                },
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// A response body that hands its connection back to the pool as soon
+    /// as it ends. A body dropped before its end takes the connection with
+    /// it.
+    struct Recycle<B> {
+        #[pin]
+        body: B,
+        conn: Option<(SendRequest<UpstreamBody>, Arc<ProxyInner>)>,
+    }
+}
+
+impl<B: Body> Recycle<B> {
+    fn new(body: B, tx: SendRequest<UpstreamBody>, owner: Arc<ProxyInner>) -> Self {
+        let mut r = Recycle {
+            body,
+            conn: Some((tx, owner)),
+        };
+        if r.body.is_end_stream() {
+            r.give_back();
+        }
+        r
+    }
+
+    fn give_back(&mut self) {
+        if let Some((tx, owner)) = self.conn.take() {
+            owner.pool.put(tx);
+        }
+    }
+}
+
+impl<B: Body> Body for Recycle<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let mut this = self.project();
+        let polled = this.body.as_mut().poll_frame(cx);
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.body.is_end_stream(),
+            _ => false,
+        };
+        if ended {
+            if let Some((tx, owner)) = this.conn.take() {
+                owner.pool.put(tx);
+            }
+        }
+        if let Poll::Ready(Some(Err(_))) = &polled {
+            // a broken body leaves its connection unusable
+            this.conn.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -403,7 +592,14 @@ mod tests {
             None,
         );
         let u = p.upstream_uri(&"/v1/rates?from=NYC".parse().unwrap());
-        assert_eq!(u.to_string(), "http://127.0.0.1:9/api/v1/rates?from=NYC");
+        assert_eq!(u.to_string(), "/api/v1/rates?from=NYC");
+        let p = Proxy::new(
+            &"http://127.0.0.1:9".parse().unwrap(),
+            Timeouts::default(),
+            None,
+        );
+        let u = p.upstream_uri(&"http://example.com/v1/rates?x=1".parse().unwrap());
+        assert_eq!(u.to_string(), "/v1/rates?x=1");
     }
 
     /// A body that never yields.

@@ -461,3 +461,102 @@ async fn an_unreachable_upstream_is_a_502() {
     served.await.unwrap().unwrap();
     rig.stop().await;
 }
+
+/// A bare HTTP/1.1 upstream on loopback: it counts the connections it
+/// accepts, keeps the head of the last request, and answers every request
+/// `ok`, closing each connection after one answer when `close` is set.
+async fn bare_upstream(
+    close: bool,
+) -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<parking_lot::Mutex<String>>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let last = Arc::new(parking_lot::Mutex::new(String::new()));
+    let (a, h) = (accepted.clone(), last.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            a.fetch_add(1, Ordering::SeqCst);
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                loop {
+                    let Ok(n) = s.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        *h.lock() = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end + 4);
+                        let answer: &[u8] = match close {
+                            true => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                            false => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+                        };
+                        if s.write_all(answer).await.is_err() || close {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted, last)
+}
+
+async fn through_bare_upstream(name: &str, close: bool) -> (usize, String) {
+    let rig = Rig::start(name, Duration::ZERO, 100, 1000, 0).await;
+    let (up, accepted, last) = bare_upstream(close).await;
+    let mut cfg = GatewayConfig::load(&rig.file).unwrap();
+    cfg.settings.upstream = format!("http://{up}/base/").parse().unwrap();
+    let gw = Gateway::bind(cfg).await.unwrap();
+    let addr = gw.local_addr();
+    let h = gw.handle();
+    let served = tokio::spawn(gw.run(std::future::pending()));
+    for _ in 0..5 {
+        let req = Request::get(format!("http://{addr}/v1/rates?from=NYC"))
+            .header("authorization", "Bearer sk_a")
+            .header("x-forwarded-for", "10.1.2.3")
+            .body(Full::default())
+            .unwrap();
+        let (res, body) = rig.send(req).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(&body[..], b"ok");
+    }
+    h.shutdown();
+    served.await.unwrap().unwrap();
+    rig.stop().await;
+    let head = last.lock().clone();
+    (accepted.load(std::sync::atomic::Ordering::SeqCst), head)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_reused() {
+    let (accepted, head) = through_bare_upstream("reuse", false).await;
+    assert_eq!(accepted, 1, "one keep-alive connection serves them all");
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.starts_with("get /base/v1/rates?from=nyc http/1.1\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("\r\nhost: 127.0.0.1:"), "{head}");
+    assert!(
+        head.contains("\r\nx-forwarded-for: 10.1.2.3, 127.0.0.1"),
+        "{head}"
+    );
+    assert!(head.contains("\r\nx-forwarded-proto: http"), "{head}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_upstream_connections_are_not_reused() {
+    let (accepted, _) = through_bare_upstream("close", true).await;
+    assert_eq!(accepted, 5, "a new connection for every request");
+}
