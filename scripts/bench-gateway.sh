@@ -4,6 +4,7 @@
 #
 #   scripts/bench-gateway.sh            # 10 s per run
 #   DURATION=5s scripts/bench-gateway.sh
+#   RUNS="429 0" scripts/bench-gateway.sh   # only the 429 path and +0 ms
 #
 # Every server is pinned to core 0 (with the upstream), wrk to core 1.
 # Two paths are measured:
@@ -21,6 +22,7 @@
 set -euo pipefail
 
 DURATION=${DURATION:-10s}
+RUNS=${RUNS:-429 0 2}
 CONNS=${CONNS:-50}
 SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
@@ -221,7 +223,10 @@ run_admitted() { # run_admitted DELAY_MS
 echo "wrk -t1 -c$CONNS -d$DURATION on core $LOAD_CPU; servers and upstream on core $SERVER_CPU"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-34s %-16s %12s %10s %10s %12s\n' path server "req/s" p50 p99 "non-2xx"
-run_429
-run_admitted 0
-run_admitted 2
+for r in $RUNS; do
+  case $r in
+    429) run_429 ;;
+    *) run_admitted "$r" ;;
+  esac
+done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -32,6 +32,7 @@
 
 mod config;
 pub mod demo;
+mod idle;
 mod locate;
 pub mod metrics;
 pub mod proxy;

@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 use crate::config::{ConfigFileError, GatewayConfig, Settings};
+use crate::idle::{Activity, Tracked, TrackedCall};
 use crate::metrics as m;
 use crate::proxy::{full, Proxy};
 use crate::shed::{LoadShedLayer, Shedder};
@@ -41,7 +42,10 @@ pub type GatewayLimiter = RateLimiter<MemoryStore, Arc<dyn Clock>>;
 
 type GatewayBody = crate::shed::ShedBody<paceline_server::RateLimitBody<crate::proxy::ProxyBody>>;
 type ServeFuture = std::pin::Pin<
-    Box<dyn Future<Output = Result<Response<GatewayBody>, std::convert::Infallible>> + Send>,
+    Box<
+        dyn Future<Output = Result<Response<Tracked<GatewayBody>>, std::convert::Infallible>>
+            + Send,
+    >,
 >;
 
 /// What a reload did.
@@ -188,10 +192,12 @@ impl Gateway {
             .layer(h.inner.limiter.layer())
             .service(proxy);
         let mut builder = auto::Builder::new(TokioExecutor::new());
+        // the client header bound is kept per connection (see `idle`), not
+        // with a timer armed for every request head
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(t.client_header);
+            .header_read_timeout(None);
         builder.http2().timer(TokioTimer::new());
         let graceful = GracefulShutdown::new();
         let mut tasks = Vec::new();
@@ -231,18 +237,28 @@ impl Gateway {
             };
             let _ = stream.set_nodelay(true);
             let stack = stack.clone();
+            let activity = Activity::new();
+            let watched = activity.clone();
             let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(PeerAddr(peer));
-                let fut: ServeFuture = Box::pin(stack.clone().oneshot(req));
+                let busy = activity.start();
+                let call = stack.clone().oneshot(req);
+                let fut: ServeFuture = Box::pin(TrackedCall::new(call, busy));
                 fut
             });
             let conn = builder
                 .serve_connection(TokioIo::new(stream), svc)
                 .into_owned();
             let conn = graceful.watch(conn);
+            let bound = t.client_header;
             tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "connection ended with an error");
+                tokio::select! {
+                    r = conn => if let Err(e) = r {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    },
+                    _ = watched.idle_for(bound) => {
+                        tracing::debug!("connection idle too long: closed");
+                    }
                 }
             });
         }

@@ -560,3 +560,40 @@ async fn closed_upstream_connections_are_not_reused() {
     let (accepted, _) = through_bare_upstream("close", true).await;
     assert_eq!(accepted, 5, "a new connection for every request");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_head_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // the upstream takes longer than the header bound: a request in flight
+    // is not cut off
+    let rig = Rig::start("slow-head", Duration::from_millis(400), 10, 100, 0).await;
+    let mut cfg = GatewayConfig::load(&rig.file).unwrap();
+    cfg.settings.timeouts.client_header = Duration::from_millis(200);
+    let gw = Gateway::bind(cfg).await.unwrap();
+    let addr = gw.local_addr();
+    let h = gw.handle();
+    let served = tokio::spawn(gw.run(std::future::pending()));
+
+    let req = Request::get(format!("http://{addr}/v1/rates"))
+        .header("authorization", "Bearer sk_a")
+        .body(Full::default())
+        .unwrap();
+    let (res, _) = rig.send(req).await;
+    assert_eq!(res.status(), 200);
+
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /v1/rates HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 256];
+    let n = tokio::time::timeout(LIMIT, s.read(&mut buf))
+        .await
+        .expect("closed in time")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    h.shutdown();
+    served.await.unwrap().unwrap();
+    rig.stop().await;
+}
