@@ -513,6 +513,14 @@ async fn bare_upstream(
 }
 
 async fn through_bare_upstream(name: &str, close: bool) -> (usize, String) {
+    through_bare_upstream_with(name, close, false).await
+}
+
+async fn through_bare_upstream_with(
+    name: &str,
+    close: bool,
+    client_close: bool,
+) -> (usize, String) {
     let rig = Rig::start(name, Duration::ZERO, 100, 1000, 0).await;
     let (up, accepted, last) = bare_upstream(close).await;
     let mut cfg = GatewayConfig::load(&rig.file).unwrap();
@@ -522,11 +530,13 @@ async fn through_bare_upstream(name: &str, close: bool) -> (usize, String) {
     let h = gw.handle();
     let served = tokio::spawn(gw.run(std::future::pending()));
     for _ in 0..5 {
-        let req = Request::get(format!("http://{addr}/v1/rates?from=NYC"))
+        let mut req = Request::get(format!("http://{addr}/v1/rates?from=NYC"))
             .header("authorization", "Bearer sk_a")
-            .header("x-forwarded-for", "10.1.2.3")
-            .body(Full::default())
-            .unwrap();
+            .header("x-forwarded-for", "10.1.2.3");
+        if client_close {
+            req = req.header("connection", "close");
+        }
+        let req = req.body(Full::default()).unwrap();
         let (res, body) = rig.send(req).await;
         assert_eq!(res.status(), 200);
         assert_eq!(&body[..], b"ok");
@@ -596,4 +606,14 @@ async fn a_client_that_never_finishes_its_head_is_cut_off() {
     h.shutdown();
     served.await.unwrap().unwrap();
     rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_close_leave_their_upstream_connection_to_others() {
+    let (accepted, head) = through_bare_upstream_with("client-close", false, true).await;
+    assert!((1..=5).contains(&accepted), "{accepted}");
+    assert!(
+        !head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
 }
