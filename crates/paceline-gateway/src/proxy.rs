@@ -441,6 +441,14 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Removes the fields that describe one connection, not the message
 /// (RFC 9110 §7.6.1), including any named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // most messages carry none: one pass over the names instead of a
+    // lookup per field
+    let any = headers
+        .keys()
+        .any(|k| k == header::UPGRADE || HOP_BY_HOP.contains(k));
+    if !any {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
