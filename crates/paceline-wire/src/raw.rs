@@ -32,6 +32,9 @@ pub struct RawResponse {
     pub skipped: Vec<String>,
 }
 
+/// The most header fields kept from one response; the rest are skipped.
+pub const MAX_FIELDS: usize = 1_000;
+
 /// Splits `input` into status, headers and body.
 ///
 /// Errors only when no status line can be found.
@@ -47,7 +50,11 @@ pub fn parse_raw_response(input: &[u8]) -> Result<RawResponse, String> {
         let status = status_line(&first)?;
         // Interim 1xx heads, a proxy's `200 Connection established` and the
         // earlier hops of `curl -iL` come before the response that counts.
-        if !body.is_empty() && (is_interim(status) || starts_response(body)) {
+        // A later head counts only after an interim, a tunnel's 2xx or a
+        // redirect: a final answer's body never replaces the answer.
+        if !body.is_empty()
+            && (is_interim(status) || (starts_response(body) && (200..400).contains(&status)))
+        {
             rest = skip_leading_blank(body);
             continue;
         }
@@ -64,6 +71,11 @@ pub fn parse_raw_response(input: &[u8]) -> Result<RawResponse, String> {
 /// Where the last `< HTTP/` line starts (the final response of `curl -v`,
 /// after any interim or redirected ones).
 fn find_curl_verbose(input: &[u8]) -> Option<usize> {
+    // only a transcript that starts like one: curl's `*`, `>` or `<` lines
+    let first = input.iter().find(|b| !b.is_ascii_whitespace())?;
+    if !matches!(first, b'*' | b'>' | b'<') {
+        return None;
+    }
     let pat = b"< HTTP/";
     let later = input
         .windows(pat.len() + 1)
@@ -160,6 +172,10 @@ fn fill_headers(out: &mut RawResponse, lines: impl Iterator<Item = String>) {
             HeaderName::from_bytes(n.as_bytes()),
             HeaderValue::from_str(&v),
         ) {
+            (Ok(_), Ok(_)) if out.headers.len() >= MAX_FIELDS => out.skipped.push(format!(
+                "more than {MAX_FIELDS} header fields: {}",
+                clip(&n)
+            )),
             (Ok(n), Ok(v)) => {
                 out.headers.append(n, v);
             }

@@ -84,10 +84,11 @@ pub fn shorten(s: &str) -> String {
 
 /// `Retry-After` as RFC 9110 defines it (delay-seconds or an HTTP-date in
 /// any of its three forms), plus, leniently, a plain decimal number of
-/// seconds. Returns the wait from `now`; a date in the past is a zero wait.
+/// seconds. Returns the wait from `now`.
 ///
-/// Negative numbers, exponents, text, delays over [`MAX_DELAY_SECS`] and
-/// several different values in one field are errors.
+/// Negative numbers (a date in the past among them), exponents, text and
+/// several different values in one field are errors. A valid delay is never
+/// capped here, however long: a client decides what it will wait for.
 pub fn parse_retry_after(value: &str, now: Nanos) -> Result<Nanos, String> {
     let v = value.trim();
     if v.is_empty() {
@@ -97,12 +98,15 @@ pub fn parse_retry_after(value: &str, now: Nanos) -> Result<Nanos, String> {
         return Err(format!("value too long ({} bytes)", v.len()));
     }
     if let Some(t) = parse_http_date(v) {
+        if t < now {
+            return Err(format!("date {} is in the past", shorten(v)));
+        }
         return Ok(t.saturating_sub(now));
     }
     if v.contains(',') {
         let mut first: Option<Nanos> = None;
         for part in v.split(',') {
-            let d = parse_delay_secs(part)?;
+            let d = parse_retry_delay(part)?;
             match first {
                 None => first = Some(d),
                 Some(f) if f == d => {}
@@ -111,7 +115,12 @@ pub fn parse_retry_after(value: &str, now: Nanos) -> Result<Nanos, String> {
         }
         return first.ok_or_else(|| "empty Retry-After".into());
     }
-    parse_delay_secs(v)
+    parse_retry_delay(v)
+}
+
+/// Delay-seconds of a `Retry-After`: any non-negative decimal, saturating.
+fn parse_retry_delay(s: &str) -> Result<Nanos, String> {
+    parse_decimal(s).map(Nanos::from_secs_f64)
 }
 
 /// A delay in seconds (integer or plain decimal), capped by plausibility.
@@ -286,15 +295,18 @@ pub fn parse_rfc3339(s: &str) -> Option<Nanos> {
         None => 0,
         Some(b'Z') | Some(b'z') if i + 1 == b.len() => 0,
         Some(&c @ (b'+' | b'-')) => {
-            let rest = &s[i + 1..];
+            let rest = s.get(i + 1..)?;
+            if !rest.is_ascii() {
+                return None;
+            }
             let (oh, om) = match rest.len() {
                 5 if rest.as_bytes()[2] == b':' => (
-                    rest[..2].parse::<i64>().ok()?,
-                    rest[3..].parse::<i64>().ok()?,
+                    rest.get(..2)?.parse::<i64>().ok()?,
+                    rest.get(3..)?.parse::<i64>().ok()?,
                 ),
                 4 => (
-                    rest[..2].parse::<i64>().ok()?,
-                    rest[2..].parse::<i64>().ok()?,
+                    rest.get(..2)?.parse::<i64>().ok()?,
+                    rest.get(2..)?.parse::<i64>().ok()?,
                 ),
                 2 => (rest.parse::<i64>().ok()?, 0),
                 _ => return None,

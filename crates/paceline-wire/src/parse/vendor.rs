@@ -969,7 +969,8 @@ fn outcome(
     }
     match status {
         0..=399 => OutcomeKind::Success,
-        503 => OutcomeKind::Overloaded,
+        // 529 is Anthropic's "overloaded"
+        503 | 529 => OutcomeKind::Overloaded,
         _ => OutcomeKind::Error,
     }
 }
@@ -1116,7 +1117,10 @@ fn azure_window(name: &str) -> Option<u64> {
         return None;
     };
     let digits = stem.len() - stem.bytes().rev().take_while(u8::is_ascii_digit).count();
-    stem[digits..].parse::<u64>().ok().map(|n| n * mult)
+    stem[digits..]
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
 }
 
 #[cfg(test)]
