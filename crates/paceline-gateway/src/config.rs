@@ -117,7 +117,9 @@ pub enum StoreKind {
 /// Timeouts for every phase of a proxied exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {
-    /// Reading a request head from a client.
+    /// Reading a request head from a client: a client connection with no
+    /// request in flight for this long (one that never finishes its head,
+    /// or an idle keep-alive) is closed.
     pub client_header: Duration,
     /// Connecting to the upstream.
     pub connect: Duration,
