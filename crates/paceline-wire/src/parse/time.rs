@@ -118,9 +118,14 @@ pub fn parse_retry_after(value: &str, now: Nanos) -> Result<Nanos, String> {
     parse_retry_delay(v)
 }
 
-/// Delay-seconds of a `Retry-After`: any non-negative decimal, saturating.
+/// Delay-seconds of a `Retry-After`: any non-negative decimal, saturating;
+/// whole seconds exactly (a float would blur a long delay).
 fn parse_retry_delay(s: &str) -> Result<Nanos, String> {
-    parse_decimal(s).map(Nanos::from_secs_f64)
+    let x = parse_decimal(s)?;
+    match s.trim().parse::<u64>() {
+        Ok(secs) => Ok(Nanos::from_secs(secs)),
+        Err(_) => Ok(Nanos::from_secs_f64(x)),
+    }
 }
 
 /// A delay in seconds (integer or plain decimal), capped by plausibility.
