@@ -24,6 +24,9 @@ use crate::clock::Nanos;
 pub const DAY_SECS: u64 = 86_400;
 /// Windows at least this long are quotas unless said otherwise.
 pub const QUOTA_THRESHOLD_SECS: u64 = 3_600;
+/// The longest window a policy may have: ten years (longer windows would
+/// never reset in practice, and their arithmetic approaches `u64` limits).
+pub const MAX_WINDOW_SECS: u64 = 10 * 366 * DAY_SECS;
 /// The largest quota a sliding-window log keeps a timestamp for, per key.
 pub const MAX_LOG_QUOTA: u64 = 4_096;
 
@@ -125,8 +128,11 @@ pub enum PolicyError {
     ZeroQuota,
     /// `w` is zero.
     ZeroWindow,
-    /// More than one unit per nanosecond cannot be represented.
+    /// More than one unit per nanosecond cannot be represented (or, for a
+    /// fixed window, a quota of 2^40 or more).
     RateTooHigh,
+    /// The window is longer than [`MAX_WINDOW_SECS`].
+    WindowTooLong,
     /// A sliding-window log keeps one timestamp per unit; this `q` is too big.
     LogTooLarge(u64),
     /// The window offset must be shorter than the window.
@@ -152,6 +158,10 @@ impl fmt::Display for PolicyError {
                 "a sliding_log keeps one timestamp per unit; q={q} exceeds {MAX_LOG_QUOTA}, use sliding_counter"
             ),
             PolicyError::BadOffset => f.write_str("window offset must be shorter than the window"),
+            PolicyError::WindowTooLong => write!(
+                f,
+                "window w is longer than {MAX_WINDOW_SECS} seconds (ten years)"
+            ),
             PolicyError::UnitMismatch => f.write_str(
                 "the concurrency algorithm goes with unit concurrent-requests, and only it",
             ),
@@ -192,9 +202,10 @@ impl Policy {
         if window_s == 0 {
             return Err(PolicyError::ZeroWindow);
         }
-        let window_ns = window_s
-            .checked_mul(1_000_000_000)
-            .ok_or(PolicyError::RateTooHigh)?;
+        if window_s > MAX_WINDOW_SECS {
+            return Err(PolicyError::WindowTooLong);
+        }
+        let window_ns = window_s * 1_000_000_000;
         if quota > window_ns {
             return Err(PolicyError::RateTooHigh);
         }
@@ -413,7 +424,15 @@ mod tests {
                 .unwrap_err(),
             PolicyError::UnitMismatch
         );
-        assert!(Policy::token_bucket("b", 1, u64::MAX).is_err());
+        assert_eq!(
+            Policy::token_bucket("b", 1, u64::MAX).unwrap_err(),
+            PolicyError::WindowTooLong
+        );
+        assert_eq!(
+            Policy::fixed_window("f", 10, 18_446_744_073).unwrap_err(),
+            PolicyError::WindowTooLong
+        );
+        assert!(Policy::fixed_window("f", 10, MAX_WINDOW_SECS).is_ok());
     }
 
     #[test]

@@ -716,10 +716,12 @@ fn build_policy(field: &str, p: &PolicyConfig) -> Result<Policy, ConfigError> {
     };
     let mut policy = Policy::new(&p.name, algorithm, p.q, w).map_err(|e| {
         let f = match e {
-            paceline_core::PolicyError::ZeroQuota | paceline_core::PolicyError::LogTooLarge(_) => {
-                "q"
+            paceline_core::PolicyError::ZeroQuota
+            | paceline_core::PolicyError::LogTooLarge(_)
+            | paceline_core::PolicyError::RateTooHigh => "q",
+            paceline_core::PolicyError::ZeroWindow | paceline_core::PolicyError::WindowTooLong => {
+                "w"
             }
-            paceline_core::PolicyError::ZeroWindow | paceline_core::PolicyError::RateTooHigh => "w",
             paceline_core::PolicyError::BadOffset => "reset_at",
             _ => "name",
         };
