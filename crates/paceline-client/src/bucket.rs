@@ -117,6 +117,16 @@ impl Mirror {
         m
     }
 
+    /// Whether the policy's window has reset by `now` (nothing spent is
+    /// still counted against it).
+    pub(crate) fn is_reset(&self, now: Nanos) -> bool {
+        let now = now.as_u64();
+        match self.model {
+            Model::Rate { tat, .. } => tat <= now,
+            Model::Window { reset_at, .. } => reset_at <= now,
+        }
+    }
+
     /// Whether this is a long-window quota.
     pub(crate) fn is_quota(&self) -> bool {
         self.window.is_some_and(|w| w >= QUOTA_WINDOW)

@@ -21,7 +21,7 @@ use crate::event::{trace, Event, Hook, Mode};
 use crate::jitter;
 use crate::observe::{Observation, PolicyObservation, ResponseKind};
 use crate::request::{Call, Flight, RequestInfo};
-use crate::scope::{Hold, Scope};
+use crate::scope::{Hold, Marks, Scope};
 use crate::throttle::AdaptiveThrottle;
 use crate::window::SlotWindow;
 
@@ -285,9 +285,14 @@ impl Client {
             let wait = until.saturating_sub(now);
             if wait > cfg.max_wait {
                 let error = match hold {
-                    Some(Hold::Mirror(i)) if scope.mirrors[i].is_quota() => {
+                    h @ Some(Hold::Mirror(_) | Hold::Endpoint(_))
+                        if scope.held(h, &call.info.path).is_some_and(|m| m.is_quota()) =>
+                    {
                         ClientError::QuotaExceeded {
-                            policy: scope.mirrors[i].name.clone(),
+                            policy: scope
+                                .held(h, &call.info.path)
+                                .map(|m| m.name.clone())
+                                .unwrap_or_default(),
                             reset_at: until,
                         }
                     }
@@ -410,7 +415,7 @@ impl Client {
             let mut st = self.inner.state.lock();
             let s = st.scopes.named_or_make(scope, cfg);
             let seen = Seen::unsent(s.in_flight.is_empty());
-            s.observe(now, "/", policies, &seen, &[]);
+            s.observe(now, "/", policies, &seen, &Marks::default());
             if policies
                 .iter()
                 .any(|p| p.counts_requests && p.remaining.is_some())
@@ -700,8 +705,7 @@ fn wait_event(scope: &str, wait: Nanos, reason: &'static str) -> Event {
 
 fn quota_name(scope: &Scope) -> String {
     scope
-        .mirrors
-        .iter()
+        .all_mirrors()
         .find(|m| m.is_quota())
         .map(|m| m.name.clone())
         .unwrap_or_else(|| "quota".to_string())
@@ -726,7 +730,13 @@ fn mark_exhausted(scope: &mut Scope, policy: &str, now: Nanos, reset_at: Nanos) 
         window_s: keep_window.map(|w| w.as_secs_floor()).or(p.window_s),
         ..p
     };
-    scope.observe(now, "/", std::slice::from_ref(&p), &Seen::unsent(true), &[]);
+    scope.observe(
+        now,
+        "/",
+        std::slice::from_ref(&p),
+        &Seen::unsent(true),
+        &Marks::default(),
+    );
 }
 
 /// The scopes of a client: a name index over a list, so a call that

@@ -67,8 +67,7 @@ impl ScopeSnapshot {
             retries: s.retries,
             drops: s.drops,
             policies: s
-                .mirrors
-                .iter()
+                .all_mirrors()
                 .map(|m| PolicySnapshot {
                     name: m.name.clone(),
                     endpoint: m.endpoint.clone(),

@@ -129,26 +129,61 @@ const ACCOUNT_SCOPES: &[&str] = &[
     "ip",
     "key",
     "organization",
+    "resource",
 ];
 
+/// Scope values that say outright that the limit is kept per endpoint.
+const ENDPOINT_SCOPES: &[&str] = &["endpoint", "route", "path", "per-endpoint", "method"];
+
+/// The names the generic header families give their policies: Zendesk's
+/// account-wide limit arrives under these, its endpoint limits under their
+/// own names.
+const FAMILY_NAMES: &[&str] = &["ratelimit", "x-ratelimit", "x-rate-limit"];
+
+/// Whether a published policy is kept per endpoint (URL path) rather than
+/// for the whole account. Only scopes that genuinely are per route count:
+/// an explicit endpoint scope, a Discord bucket (`X-RateLimit-Bucket`, one
+/// per route), a Zendesk endpoint limit (`Zendesk-RateLimit-<endpoint>`).
+/// Everything else, GitHub resources (`core`, `search`, `graphql`…) and
+/// Azure resources included, is one counter for the whole host.
+fn is_per_endpoint(p: &PolicyView, dialects: &[String]) -> bool {
+    let has = |d: &str| dialects.iter().any(|x| x == d);
+    match p.scope.as_deref() {
+        Some(s) if ENDPOINT_SCOPES.iter().any(|e| e.eq_ignore_ascii_case(s)) => true,
+        Some(s) if ACCOUNT_SCOPES.iter().any(|a| a.eq_ignore_ascii_case(s)) => false,
+        // a bucket hash: GitHub and Azure name account-wide resources
+        Some(_) => has("discord") && !has("github") && !has("azure"),
+        None => {
+            has("zendesk")
+                && !p.name.is_empty()
+                && !FAMILY_NAMES.iter().any(|f| f.eq_ignore_ascii_case(&p.name))
+        }
+    }
+}
+
 impl PolicyObservation {
-    /// From a parsed policy.
+    /// From a parsed policy, without knowing the dialect it came in: only
+    /// a scope that names an endpoint outright makes it per endpoint.
     pub fn from_view(p: &PolicyView) -> Self {
-        PolicyObservation::build(p.name.clone(), p)
+        PolicyObservation::build(p.name.clone(), p, &[])
     }
 
-    fn build(name: String, p: &PolicyView) -> Self {
+    /// From a parsed policy of a response that spoke `dialects` (see
+    /// [`ResponseView::dialects`]), which tell per-route buckets from
+    /// account-wide resources.
+    pub fn from_view_in(p: &PolicyView, dialects: &[String]) -> Self {
+        PolicyObservation::build(p.name.clone(), p, dialects)
+    }
+
+    fn build(name: String, p: &PolicyView, dialects: &[String]) -> Self {
         PolicyObservation {
+            per_endpoint: is_per_endpoint(p, dialects),
             name,
             quota: p.quota,
             window_s: p.window_s,
             remaining: p.remaining,
             reset_in: p.reset_in,
             counts_requests: p.unit.is_requests(),
-            per_endpoint: p
-                .scope
-                .as_deref()
-                .is_some_and(|s| !ACCOUNT_SCOPES.iter().any(|a| a.eq_ignore_ascii_case(s))),
         }
     }
 }
@@ -187,7 +222,7 @@ impl Observation {
             policies: v
                 .policies
                 .iter()
-                .map(PolicyObservation::from_view)
+                .map(|p| PolicyObservation::from_view_in(p, &v.dialects))
                 .collect(),
             limit,
             headers: Vec::new(),
@@ -201,8 +236,12 @@ impl Observation {
         obs.policies = policies
             .into_iter()
             .map(|mut p| {
+                let per_endpoint = is_per_endpoint(&p, &v.dialects);
                 let name = std::mem::take(&mut p.name);
-                PolicyObservation::build(name, &p)
+                PolicyObservation {
+                    per_endpoint,
+                    ..PolicyObservation::build(name, &p, &[])
+                }
             })
             .collect();
         if obs.kind == ResponseKind::QuotaExhausted && obs.limit.is_none() {

@@ -1,7 +1,7 @@
 //! Per-scope state: the mirrored policies, the pause a throttle imposes on
 //! every request of the scope, the header-absent spacing and escalation.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use paceline_core::Nanos;
 use smallvec::SmallVec;
@@ -11,14 +11,46 @@ use crate::event::{Event, Mode};
 use crate::observe::PolicyObservation;
 use crate::throttle::AdaptiveThrottle;
 
-/// What each mirror of a scope expected of one request, in mirror order.
-pub(crate) type Marks = SmallVec<[Mark; 2]>;
+/// At most this many endpoints keep mirrors of per-endpoint policies in
+/// one scope; past it, endpoints whose windows have reset go first, then
+/// the least recently used.
+pub(crate) const MAX_ENDPOINTS: usize = 1_024;
+
+/// What the mirrors of a scope expected of one request: the account-wide
+/// ones in mirror order, and those of the request's endpoint (tagged with
+/// the endpoint entry they belong to, which may be evicted meanwhile).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Marks {
+    account: SmallVec<[Mark; 2]>,
+    endpoint: Option<(u64, SmallVec<[Mark; 2]>)>,
+}
+
+/// The mirrors of the per-endpoint policies of one endpoint.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    /// Unique within the scope, so marks never outlive their entry.
+    id: u64,
+    /// The scope's use counter when the endpoint was last used.
+    used: u64,
+    pub(crate) mirrors: Vec<Mirror>,
+}
+
+impl Endpoint {
+    /// Whether every window of the endpoint has reset: forgetting it loses
+    /// nothing the next answer would not tell again.
+    fn is_reset(&self, now: Nanos) -> bool {
+        self.mirrors.iter().all(|m| m.is_reset(now))
+    }
+}
 
 /// Why a request has to wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Hold {
     Pause,
+    /// An account-wide mirror (index into `Scope::mirrors`).
     Mirror(usize),
+    /// A mirror of the request's endpoint (index into its mirrors).
+    Endpoint(usize),
     Gap,
 }
 
@@ -26,7 +58,13 @@ pub(crate) enum Hold {
 pub(crate) struct Scope {
     pub(crate) name: String,
     pub(crate) mode: Mode,
+    /// Mirrors of the account-wide policies (never per endpoint).
     pub(crate) mirrors: Vec<Mirror>,
+    /// Mirrors of per-endpoint policies, by path, at most `max_endpoints`.
+    pub(crate) endpoints: HashMap<String, Endpoint>,
+    pub(crate) max_endpoints: usize,
+    endpoint_ids: u64,
+    uses: u64,
     pub(crate) throttle: AdaptiveThrottle,
     pub(crate) in_flight: BTreeSet<u64>,
     /// The latest request (by sequence) whose answer came back.
@@ -67,6 +105,10 @@ impl Scope {
             name: name.to_string(),
             mode: Mode::Unseeded,
             mirrors: Vec::new(),
+            endpoints: HashMap::new(),
+            max_endpoints: MAX_ENDPOINTS,
+            endpoint_ids: 0,
+            uses: 0,
             throttle,
             in_flight: BTreeSet::new(),
             landed: None,
@@ -95,8 +137,20 @@ impl Scope {
         }
     }
 
-    fn applies(m: &Mirror, path: &str) -> bool {
-        m.endpoint.as_deref().is_none_or(|e| e == path)
+    /// The mirror a hold names, for a request to `path`.
+    pub(crate) fn held(&self, hold: Option<Hold>, path: &str) -> Option<&Mirror> {
+        match hold? {
+            Hold::Mirror(i) => self.mirrors.get(i),
+            Hold::Endpoint(i) => self.endpoints.get(path)?.mirrors.get(i),
+            Hold::Pause | Hold::Gap => None,
+        }
+    }
+
+    /// Every mirror: the account-wide ones, then those of each endpoint.
+    pub(crate) fn all_mirrors(&self) -> impl Iterator<Item = &Mirror> {
+        self.mirrors
+            .iter()
+            .chain(self.endpoints.values().flat_map(|e| e.mirrors.iter()))
     }
 
     /// The earliest instant a request to `path` may go, and what holds it.
@@ -108,13 +162,19 @@ impl Scope {
             hold = Some(Hold::Pause);
         }
         for (i, m) in self.mirrors.iter().enumerate() {
-            if !Self::applies(m, path) {
-                continue;
-            }
             let e = m.earliest(now);
             if e > until {
                 until = e;
                 hold = Some(Hold::Mirror(i));
+            }
+        }
+        if let Some(ep) = self.endpoints.get(path) {
+            for (i, m) in ep.mirrors.iter().enumerate() {
+                let e = m.earliest(now);
+                if e > until {
+                    until = e;
+                    hold = Some(Hold::Endpoint(i));
+                }
             }
         }
         if self.gap_next > until {
@@ -129,8 +189,7 @@ impl Scope {
         let base = match self.mode {
             Mode::HeaderAbsent => self.gap,
             _ if self.factor > 1 => self
-                .mirrors
-                .iter()
+                .all_mirrors()
                 .filter_map(Mirror::emission)
                 .max()
                 .unwrap_or(Nanos::from_millis(100)),
@@ -142,13 +201,17 @@ impl Scope {
     /// Charges one request sent at `now` to `path`; returns its sequence
     /// and what each mirror expects of it.
     pub(crate) fn spend(&mut self, now: Nanos, path: &str) -> (u64, Marks) {
-        let mut marks = Marks::new();
+        let mut marks = Marks::default();
         for m in self.mirrors.iter_mut() {
-            marks.push(if Self::applies(m, path) {
-                m.spend(now)
-            } else {
-                Mark::default()
-            });
+            marks.account.push(m.spend(now));
+        }
+        if !self.endpoints.is_empty() {
+            self.uses += 1;
+            if let Some(ep) = self.endpoints.get_mut(path) {
+                ep.used = self.uses;
+                let spent = ep.mirrors.iter_mut().map(|m| m.spend(now)).collect();
+                marks.endpoint = Some((ep.id, spent));
+            }
         }
         let gap = self.effective_gap();
         if gap > Nanos::ZERO {
@@ -206,28 +269,86 @@ impl Scope {
         path: &str,
         policies: &[PolicyObservation],
         seen: &Seen,
-        marks: &[Mark],
+        marks: &Marks,
     ) {
         for p in policies.iter().filter(|p| p.counts_requests) {
-            let endpoint = p.per_endpoint.then(|| path.to_string());
-            let i = match self
-                .mirrors
-                .iter()
-                .position(|m| m.name == p.name && m.endpoint == endpoint)
-            {
-                Some(i) => i,
-                None => {
-                    self.mirrors.push(Mirror::new(p, endpoint));
-                    self.mirrors.len() - 1
-                }
+            let m = if p.per_endpoint {
+                let ep = self.endpoint_mut(now, path);
+                let i = match ep.mirrors.iter().position(|m| m.name == p.name) {
+                    Some(i) => i,
+                    None => {
+                        ep.mirrors.push(Mirror::new(p, Some(path.to_string())));
+                        ep.mirrors.len() - 1
+                    }
+                };
+                let mark = match &marks.endpoint {
+                    Some((id, m)) if *id == ep.id => m.get(i).copied().unwrap_or_default(),
+                    _ => Mark::default(),
+                };
+                let m = &mut ep.mirrors[i];
+                m.observe(now, p, seen, mark);
+                (m.window, m.is_quota())
+            } else {
+                let i = match self.mirrors.iter().position(|m| m.name == p.name) {
+                    Some(i) => i,
+                    None => {
+                        self.mirrors.push(Mirror::new(p, None));
+                        self.mirrors.len() - 1
+                    }
+                };
+                let mark = marks.account.get(i).copied().unwrap_or_default();
+                let m = &mut self.mirrors[i];
+                m.observe(now, p, seen, mark);
+                (m.window, m.is_quota())
             };
-            let mark = marks.get(i).copied().unwrap_or_default();
-            self.mirrors[i].observe(now, p, seen, mark);
-            if let Some(w) = self.mirrors[i].window {
-                if !self.mirrors[i].is_quota() {
-                    self.reset_window = self.reset_window.max(w);
-                }
+            if let (Some(w), false) = m {
+                self.reset_window = self.reset_window.max(w);
             }
+        }
+    }
+
+    /// The entry of `path`, made (and room made for it) if need be.
+    fn endpoint_mut(&mut self, now: Nanos, path: &str) -> &mut Endpoint {
+        self.uses += 1;
+        let uses = self.uses;
+        if !self.endpoints.contains_key(path) {
+            self.make_room(now);
+            self.endpoint_ids += 1;
+            self.endpoints.insert(
+                path.to_string(),
+                Endpoint {
+                    id: self.endpoint_ids,
+                    used: uses,
+                    mirrors: Vec::new(),
+                },
+            );
+        }
+        let ep = self
+            .endpoints
+            .get_mut(path)
+            .expect("the entry was just made");
+        ep.used = uses;
+        ep
+    }
+
+    /// Makes room for one more endpoint: when full, forgets every endpoint
+    /// whose windows have all reset, or else the least recently used one.
+    fn make_room(&mut self, now: Nanos) {
+        let cap = self.max_endpoints.max(1);
+        if self.endpoints.len() < cap {
+            return;
+        }
+        self.endpoints.retain(|_, e| !e.is_reset(now));
+        if self.endpoints.len() < cap {
+            return;
+        }
+        let oldest = self
+            .endpoints
+            .iter()
+            .min_by_key(|(_, e)| e.used)
+            .map(|(k, _)| k.clone());
+        if let Some(k) = oldest {
+            self.endpoints.remove(&k);
         }
     }
 
