@@ -121,6 +121,8 @@ pub(crate) struct Prepared {
     pub(crate) close: bool,
     /// The announced body length, charged to content-bytes policies.
     bytes: u64,
+    /// A body whose length is not announced (chunked).
+    unknown_len: bool,
 }
 
 /// What to do with a request.
@@ -244,8 +246,10 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         );
         let close = req.version() <= Version::HTTP_11 && fields.has_body();
         let bytes = fields.body_len();
+        let unknown_len = fields.transfer_encoding && fields.content_length.is_none();
         Prepared {
             bytes,
+            unknown_len,
             limits,
             route,
             usage,
@@ -322,6 +326,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 true => ask(Cost::requests(0), None),
                 false => Stage::Done(Verdict::Respond(respond::unauthorized(&lim.problem_base))),
             };
+        }
+        if p.unknown_len && lim.plans[who.plan].counts_bytes() {
+            return Stage::Done(Verdict::Reject(respond::length_required(&lim.problem_base)));
         }
         match sh.escalator.before(who.hash, now) {
             Some(hold) => {

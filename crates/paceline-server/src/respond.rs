@@ -529,6 +529,32 @@ pub(crate) fn unauthorized(base: &str) -> Response<Bytes> {
     r
 }
 
+/// 411: the plan counts content bytes, and this body's length is unknown
+/// until it has been read (a chunked upload); decided from the head, so it
+/// is refused rather than let through uncounted.
+pub(crate) fn length_required(base: &str) -> Response<Bytes> {
+    #[derive(Serialize)]
+    struct Body<'a> {
+        #[serde(rename = "type")]
+        type_uri: String,
+        title: &'a str,
+        status: u16,
+        detail: &'a str,
+    }
+    let body = Body {
+        type_uri: format!("{base}length_required"),
+        title: "Content-Length required",
+        status: 411,
+        detail: "This plan counts request bytes: send the body with a Content-Length.",
+    };
+    let mut r = Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
+    *r.status_mut() = StatusCode::LENGTH_REQUIRED;
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
+    h.insert(CACHE_CONTROL, NO_STORE);
+    r
+}
+
 #[derive(Serialize)]
 struct Usage<'a> {
     plan: &'a str,

@@ -71,3 +71,47 @@ async fn upload_bytes_are_charged_by_content_length() {
         .unwrap();
     assert_eq!(r.status(), 400);
 }
+
+#[tokio::test]
+async fn a_body_of_unknown_length_is_refused_when_bytes_count() {
+    let plan = Plan::new(
+        "uploads",
+        vec![Policy::fixed_window("bytes", 1_000, 60)
+            .unwrap()
+            .with_unit(Unit::ContentBytes)
+            .unwrap()],
+    )
+    .unwrap();
+    let limits = Limits::builder()
+        .plan(plan)
+        .key("sk_1", "uploads")
+        .build()
+        .unwrap();
+    let limiter = RateLimiter::new(
+        limits,
+        MemoryStore::new(),
+        ManualClock::at_unix_secs(1_800_000_000),
+    );
+    let called = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = called.clone();
+    let ok = tower::service_fn(move |_req: http::Request<()>| {
+        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
+                bytes::Bytes,
+            >::new()))
+        }
+    });
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(limiter.layer())
+        .service(ok);
+    let chunked = http::Request::post("/v1/files")
+        .header("authorization", "Bearer sk_1")
+        .header("transfer-encoding", "chunked")
+        .body(())
+        .unwrap();
+    let r = svc.ready().await.unwrap().call(chunked).await.unwrap();
+    assert_eq!(r.status(), 411);
+    assert_eq!(r.headers()["cache-control"], "no-store");
+    assert_eq!(called.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
