@@ -118,14 +118,16 @@ pub struct Problem {
     pub status: u16,
     /// What happened, in words.
     pub detail: String,
-    /// The name of the policy that was hit.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The name of the policy that was hit; `null` when no policy was (an
+    /// overloaded server, an idempotency conflict). Always written, so a
+    /// client can rely on the field being there.
     pub limit: Option<String>,
     /// Equal to the `Retry-After` header.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_s: Option<u64>,
-    /// The IETF draft's list of the policies that denied the request.
-    #[serde(rename = "violated-policies", skip_serializing_if = "Vec::is_empty")]
+    /// The IETF draft's list of the policies that denied the request
+    /// (empty when none did). Always written.
+    #[serde(rename = "violated-policies")]
     pub violated_policies: Vec<String>,
 }
 
