@@ -504,8 +504,14 @@ pub(crate) fn unavailable(base: &str) -> Response<Bytes> {
     r
 }
 
-/// 401 from the usage endpoint for a request without a known key.
-pub(crate) fn unauthorized(base: &str) -> Response<Bytes> {
+/// A problem that names no policy: `type`, `title`, `status`, `detail`.
+fn plain_problem(
+    base: &str,
+    code: &str,
+    title: &str,
+    status: u16,
+    detail: &str,
+) -> Response<Bytes> {
     #[derive(Serialize)]
     struct Body<'a> {
         #[serde(rename = "type")]
@@ -515,17 +521,25 @@ pub(crate) fn unauthorized(base: &str) -> Response<Bytes> {
         detail: &'a str,
     }
     let body = Body {
-        type_uri: format!("{base}unauthorized"),
-        title: "API key required",
-        status: 401,
-        detail: "Send your API key as Authorization: Bearer <key> to read its usage.",
+        type_uri: format!("{base}{code}"),
+        title,
+        status,
+        detail,
     };
-    let mut r = Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
-    *r.status_mut() = StatusCode::UNAUTHORIZED;
-    let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
-    h.insert(CACHE_CONTROL, NO_STORE);
-    h.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    problem_response(serde_json::to_string(&body).unwrap_or_default(), status)
+}
+
+/// 401 from the usage endpoint for a request without a known key.
+pub(crate) fn unauthorized(base: &str) -> Response<Bytes> {
+    let mut r = plain_problem(
+        base,
+        "unauthorized",
+        "API key required",
+        401,
+        "Send your API key as Authorization: Bearer <key> to read its usage.",
+    );
+    r.headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     r
 }
 
@@ -533,26 +547,13 @@ pub(crate) fn unauthorized(base: &str) -> Response<Bytes> {
 /// until it has been read (a chunked upload); decided from the head, so it
 /// is refused rather than let through uncounted.
 pub(crate) fn length_required(base: &str) -> Response<Bytes> {
-    #[derive(Serialize)]
-    struct Body<'a> {
-        #[serde(rename = "type")]
-        type_uri: String,
-        title: &'a str,
-        status: u16,
-        detail: &'a str,
-    }
-    let body = Body {
-        type_uri: format!("{base}length_required"),
-        title: "Content-Length required",
-        status: 411,
-        detail: "This plan counts request bytes: send the body with a Content-Length.",
-    };
-    let mut r = Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
-    *r.status_mut() = StatusCode::LENGTH_REQUIRED;
-    let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
-    h.insert(CACHE_CONTROL, NO_STORE);
-    r
+    plain_problem(
+        base,
+        "length_required",
+        "Content-Length required",
+        411,
+        "This plan counts request bytes: send the body with a Content-Length.",
+    )
 }
 
 #[derive(Serialize)]
