@@ -324,11 +324,11 @@ async fn edge_layer(
     resp
 }
 
-/// `r` of the first item of the response's `RateLimit` field.
+/// What is left of the key's bucket, as a client reads the response.
 fn remaining(resp: &Response) -> Option<u64> {
-    let v = resp.headers().get("ratelimit")?.to_str().ok()?;
-    let r = v.split(';').find_map(|p| p.trim().strip_prefix("r="))?;
-    r.split(',').next()?.trim().parse().ok()
+    let now = paceline_core::Nanos::from_system_time(std::time::SystemTime::now());
+    paceline_wire::parse::parse_response(resp.status().as_u16(), resp.headers(), None, now)
+        .remaining
 }
 
 async fn state(State(race): State<Arc<Race>>) -> impl IntoResponse {
