@@ -172,6 +172,22 @@ impl ShardInner {
         self.len() < max || now >= self.last_sweep.saturating_add(Nanos::SECOND)
     }
 
+    /// Checks a multi-word plan's key in the table of its row size.
+    fn check_rows(
+        &mut self,
+        h: u128,
+        plan: &Plan,
+        cost: Cost,
+        now: Nanos,
+        limit: usize,
+    ) -> Result<Decision, StoreError> {
+        match plan.state_words() + 1 {
+            3 => check_in(&mut self.t3, h, plan, cost, now, limit),
+            4 => check_in(&mut self.t4, h, plan, cost, now, limit),
+            _ => check_in(&mut self.tn, h, plan, cost, now, limit),
+        }
+    }
+
     fn sweep(&mut self, now: Nanos) {
         let n = now.as_u64();
         self.t2.retain(|_, w| w[0].load(Ordering::Relaxed) > n);
@@ -330,25 +346,16 @@ impl MemoryStore {
         if one_word {
             return check_one(g, h, plan, cost, now, max);
         }
-        match plan.state_words() + 1 {
-            3 => check_in(&mut g.t3, h, plan, cost, now, &mut g.sweep_at, max),
-            4 => check_in(&mut g.t4, h, plan, cost, now, &mut g.sweep_at, max),
-            _ => check_in(&mut g.tn, h, plan, cost, now, &mut g.sweep_at, max),
-        }
-        .or_else(|e| {
+        let limit = g.sweep_at.min(max);
+        g.check_rows(h, plan, cost, now, limit).or_else(|e| {
             // the table was due a sweep, or full: sweep the whole shard
             // (at most once a second when full of live keys) and retry once
             if !g.may_sweep(now, max) {
                 return Err(e);
             }
             g.sweep(now);
-            let mut no_sweep = usize::MAX;
-            match plan.state_words() + 1 {
-                3 => check_in(&mut g.t3, h, plan, cost, now, &mut no_sweep, max),
-                4 => check_in(&mut g.t4, h, plan, cost, now, &mut no_sweep, max),
-                _ => check_in(&mut g.tn, h, plan, cost, now, &mut no_sweep, max),
-            }
-            .map_err(|_| StoreError::Full)
+            g.check_rows(h, plan, cost, now, max)
+                .map_err(|_| StoreError::Full)
         })
     }
 
@@ -367,7 +374,7 @@ impl MemoryStore {
 }
 
 /// Checks in one table. `Err(StoreError::Full)` asks the caller to sweep
-/// the shard and retry: the table holds `sweep_at` keys or the shard's cap.
+/// the shard and retry: a new key would take the table to `limit` keys.
 #[inline]
 fn check_in<S: Slot>(
     table: &mut Table<S>,
@@ -375,8 +382,7 @@ fn check_in<S: Slot>(
     plan: &Plan,
     cost: Cost,
     now: Nanos,
-    sweep_at: &mut usize,
-    max: usize,
+    limit: usize,
 ) -> Result<Decision, StoreError> {
     let len = plan.state_words() + 1;
     if let Some(slot) = table.get_mut(&h) {
@@ -397,7 +403,7 @@ fn check_in<S: Slot>(
     let w = fresh.words_mut();
     let (d, rest) = check_words(plan, &mut w[1..], now, cost);
     if rest > now {
-        if table.len() >= (*sweep_at).min(max) {
+        if table.len() >= limit {
             return Err(StoreError::Full);
         }
         w[0] = rest.as_u64();

@@ -170,13 +170,21 @@ fn concurrency_lease_released_on_drop() {
 /// Idle keys are forgotten; the store's memory stays bounded.
 #[test]
 fn idle_keys_are_swept_and_capacity_is_bounded() {
+    // one-word plans (the lock-free table) and multi-word ones
+    swept_and_bounded(plan(vec![Policy::token_bucket("burst", 10, 1).unwrap()]));
+    swept_and_bounded(plan(vec![
+        Policy::token_bucket("burst", 10, 1).unwrap(),
+        Policy::fixed_window("second", 100, 1).unwrap(),
+    ]));
+}
+
+fn swept_and_bounded(p: Plan) {
     let store = MemoryStore::with_config(paceline_core::MemoryStoreConfig {
         shards: 1,
         max_keys: 2_000,
     });
     let clock = ManualClock::at_unix_secs(1_800_000_000);
     let lim = Limiter::new(store.clone(), clock.clone());
-    let p = plan(vec![Policy::token_bucket("burst", 10, 1).unwrap()]);
     for i in 0..2_000 {
         assert!(lim
             .check_sync(&p, &format!("k{i}"), 1)
