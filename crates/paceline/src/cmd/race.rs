@@ -530,33 +530,3 @@ pub(crate) async fn bind(listen: &str) -> anyhow::Result<(tokio::net::TcpListene
     let url = format!("http://{}", listener.local_addr()?);
     Ok((listener, url))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The demo's claim, over real sockets: the cooperative fleet finishes
-    /// at the floor with no 429; the naive one sends far more.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "real time (11 s); run with --ignored"]
-    async fn race_over_real_http() {
-        let race = Race::new(RaceConfig::default());
-        let (listener, url) = bind("127.0.0.1:0").await.unwrap();
-        tokio::spawn(serve(listener, race.clone()));
-        let results = tokio::time::timeout(Duration::from_secs(60), run(race.clone(), &url))
-            .await
-            .expect("race finished in time")
-            .unwrap();
-        let (coop, naive) = (&results[0], &results[1]);
-        eprintln!("{}", table(&results, 10.5));
-        assert_eq!(coop.jobs_done, 50);
-        assert_eq!(naive.jobs_done, 50);
-        assert_eq!(coop.rejected_429, 0, "{coop:?}");
-        let fin = coop.finished_at_s.unwrap();
-        assert!(
-            (10.0..=11.3).contains(&fin),
-            "cooperative finished at {fin}"
-        );
-        assert!(naive.requests > 2 * coop.requests, "{naive:?}");
-    }
-}
