@@ -55,7 +55,7 @@ pub fn commit(policy: &Policy, words: &mut [u64], now: u64, cost: u64) {
             words[0] = words[0].max(now).saturating_add(cost.saturating_mul(t));
         }
         Algorithm::FixedWindow { offset_s } => {
-            let idx = window_index(now, policy.window_ns(), offset_s * 1_000_000_000);
+            let idx = window_index(policy, now, offset_s * 1_000_000_000);
             let count = window_count(words[0], idx);
             words[0] = pack_window(idx, count.saturating_add(cost));
         }
@@ -90,7 +90,7 @@ pub fn at_rest(policy: &Policy, words: &[u64], now: u64) -> bool {
     match policy.algorithm() {
         Algorithm::TokenBucket => words[0] <= now,
         Algorithm::FixedWindow { offset_s } => {
-            let idx = window_index(now, policy.window_ns(), offset_s * 1_000_000_000);
+            let idx = window_index(policy, now, offset_s * 1_000_000_000);
             window_count(words[0], idx) == 0
         }
         Algorithm::SlidingCounter => {
@@ -115,7 +115,7 @@ fn gcra_peek(policy: &Policy, tat: u64, now: u64, cost: u64) -> Peek {
     if used_after <= w {
         Peek {
             admit: true,
-            remaining: (w - used_after) / t,
+            remaining: policy.per_emission(w - used_after),
             reset_ns: used_after,
             wait_ns: 0,
         }
@@ -123,7 +123,7 @@ fn gcra_peek(policy: &Policy, tat: u64, now: u64, cost: u64) -> Peek {
         let used = base - now;
         Peek {
             admit: false,
-            remaining: w.saturating_sub(used) / t,
+            remaining: policy.per_emission(w.saturating_sub(used)),
             reset_ns: used,
             wait_ns: used_after - w,
         }
@@ -155,16 +155,16 @@ fn pack_window(idx: u64, count: u64) -> u64 {
 pub const MAX_WINDOW_QUOTA: u64 = COUNT_MASK;
 
 #[inline]
-fn window_index(now: u64, w: u64, offset: u64) -> u64 {
+fn window_index(policy: &Policy, now: u64, offset: u64) -> u64 {
     // Windows are [offset + k*w, offset + (k+1)*w); shift so index 0 is the
     // window holding the epoch. `+ w` keeps it unsigned before the offset.
-    (now + w - offset) / w
+    policy.per_window(now + policy.window_ns() - offset)
 }
 
 fn window_peek(policy: &Policy, words: &[u64], now: u64, cost: u64, offset: u64) -> Peek {
     let w = policy.window_ns();
     let q = policy.quota();
-    let idx = window_index(now, w, offset);
+    let idx = window_index(policy, now, offset);
     let count = window_count(words[0], idx);
     let end = idx.saturating_mul(w).saturating_add(offset);
     let until_end = end.saturating_sub(now).max(1);

@@ -40,6 +40,7 @@ pub mod algorithm;
 mod check;
 pub mod clock;
 mod decision;
+mod divide;
 mod limiter;
 mod plan;
 pub mod policy;

@@ -18,6 +18,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::divide::Divisor;
+
 use crate::clock::Nanos;
 
 /// Seconds in a day.
@@ -185,6 +187,8 @@ pub struct Policy {
     // derived
     window_ns: u64,
     emission_ns: u64,
+    window_div: Divisor,
+    emission_div: Divisor,
 }
 
 impl Policy {
@@ -242,6 +246,9 @@ impl Policy {
             shadow: false,
             window_ns,
             emission_ns: window_ns / quota,
+            window_div: Divisor::new(window_ns),
+            // quota <= window_ns (checked above): the interval is at least 1
+            emission_div: Divisor::new(window_ns / quota),
         })
     }
 
@@ -358,6 +365,16 @@ impl Policy {
     }
     pub(crate) fn emission_ns(&self) -> u64 {
         self.emission_ns
+    }
+    /// `x / window_ns`, without a hardware division.
+    #[inline]
+    pub(crate) fn per_window(&self, x: u64) -> u64 {
+        self.window_div.div(x)
+    }
+    /// `x / emission_ns`, without a hardware division.
+    #[inline]
+    pub(crate) fn per_emission(&self, x: u64) -> u64 {
+        self.emission_div.div(x)
     }
     /// How many `u64` words of state one key needs for this policy.
     pub fn state_words(&self) -> usize {

@@ -12,7 +12,11 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::PoisonError;
+
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 use crate::algorithm;
 use crate::check::{check_words, Cost};
@@ -145,75 +149,128 @@ type Table<S> = HashMap<u128, S, BuildHasherDefault<PassThrough>>;
 
 #[repr(align(128))]
 struct Shard {
-    inner: RwLock<ShardInner>,
+    /// One-word plans (a single token bucket, window or cap). Their rows
+    /// are updated with a compare-and-swap under the shared lock, and the
+    /// lock is sharded by thread: readers on different cores never write
+    /// one cache line, so threads on one key do not serialise here.
+    one: ShardedLock<OneWord>,
+    /// Multi-word plans, checked under the exclusive lock.
+    rows: RwLock<Rows>,
+    /// Entries in both parts, for the shard's bound.
+    keys: AtomicUsize,
+}
+
+/// When a part of a shard is next swept.
+struct Sweep {
+    /// A sweep is due when the part holds this many entries.
+    at: usize,
+    last: Nanos,
+}
+
+impl Default for Sweep {
+    fn default() -> Self {
+        Sweep {
+            at: MIN_SWEEP,
+            last: Nanos::ZERO,
+        }
+    }
+}
+
+impl Sweep {
+    /// A sweep is due when the part has grown, and allowed when the shard
+    /// is full of live keys only once a second: a flood of new keys must
+    /// not turn every insert into a scan.
+    fn allowed(&self, keys: usize, now: Nanos, max: usize) -> bool {
+        keys < max || now >= self.last.saturating_add(Nanos::SECOND)
+    }
+
+    fn done(&mut self, len: usize, now: Nanos) {
+        self.at = (len * 2).max(MIN_SWEEP);
+        self.last = now;
+    }
 }
 
 #[derive(Default)]
-struct ShardInner {
-    /// One-word plans (a single token bucket, window or cap): updated with
-    /// a compare-and-swap under the shared lock, so threads on one key do
-    /// not serialise on the shard.
+struct OneWord {
     t2: Table<[AtomicU64; 2]>,
+    sweep: Sweep,
+}
+
+impl OneWord {
+    /// Removes the entries at rest; returns how many went.
+    fn sweep(&mut self, now: Nanos) -> usize {
+        let (n, before) = (now.as_u64(), self.t2.len());
+        self.t2.retain(|_, w| w[0].load(Ordering::Relaxed) > n);
+        self.sweep.done(self.t2.len(), now);
+        before - self.t2.len()
+    }
+}
+
+#[derive(Default)]
+struct Rows {
     t3: Table<[u64; 3]>,
     t4: Table<[u64; 4]>,
     tn: Table<Box<[u64]>>,
-    sweep_at: usize,
-    last_sweep: Nanos,
+    sweep: Sweep,
 }
 
-impl ShardInner {
+impl Rows {
     fn len(&self) -> usize {
-        self.t2.len() + self.t3.len() + self.t4.len() + self.tn.len()
-    }
-    /// A sweep is due when the shard has grown, and allowed when full of
-    /// live keys only once a second: a flood of new keys must not turn every
-    /// insert into a scan.
-    fn may_sweep(&self, now: Nanos, max: usize) -> bool {
-        self.len() < max || now >= self.last_sweep.saturating_add(Nanos::SECOND)
+        self.t3.len() + self.t4.len() + self.tn.len()
     }
 
     /// Checks a multi-word plan's key in the table of its row size.
-    fn check_rows(
+    fn check(
         &mut self,
         h: u128,
         plan: &Plan,
         cost: Cost,
         now: Nanos,
-        limit: usize,
+        room: bool,
     ) -> Result<Decision, StoreError> {
         match plan.state_words() + 1 {
-            3 => check_in(&mut self.t3, h, plan, cost, now, limit),
-            4 => check_in(&mut self.t4, h, plan, cost, now, limit),
-            _ => check_in(&mut self.tn, h, plan, cost, now, limit),
+            3 => check_in(&mut self.t3, h, plan, cost, now, room),
+            4 => check_in(&mut self.t4, h, plan, cost, now, room),
+            _ => check_in(&mut self.tn, h, plan, cost, now, room),
         }
     }
 
-    fn sweep(&mut self, now: Nanos) {
-        let n = now.as_u64();
-        self.t2.retain(|_, w| w[0].load(Ordering::Relaxed) > n);
+    /// Removes the entries at rest; returns how many went.
+    fn sweep(&mut self, now: Nanos) -> usize {
+        let (n, before) = (now.as_u64(), self.len());
         self.t3.retain(|_, w| w[0] > n);
         self.t4.retain(|_, w| w[0] > n);
         self.tn.retain(|_, w| w[0] > n);
-        self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
-        self.last_sweep = now;
+        self.sweep.done(self.len(), now);
+        before - self.len()
+    }
+}
+
+impl Shard {
+    /// Room for a new entry in a part holding `len` entries: bounded by the
+    /// part's next sweep and by the shard's share of `max_keys`.
+    fn limit(&self, len: usize, sweep: &Sweep, max: usize) -> usize {
+        let others = self.keys.load(Ordering::Relaxed).saturating_sub(len);
+        sweep.at.min(max.saturating_sub(others))
     }
 }
 
 struct Inner {
     shards: Box<[Shard]>,
     mask: usize,
-    lo: ahash::RandomState,
-    hi: ahash::RandomState,
+    /// The secret seed of the key hash.
+    seed: u64,
     max_per_shard: usize,
 }
 
 /// The embedded store: per-key state in this process.
 ///
-/// Keys are identified by two independently, randomly seeded 64-bit hashes
-/// of the plan's identity and the key, so no key string is kept: two keys
-/// share state only if both secret-seeded hashes collide at once. Each entry holds the
+/// Keys are identified by a 128-bit hash (XXH3) of the key, seeded with a
+/// random secret and the plan's identity, so no key string is kept: two
+/// keys share state only if all 128 bits collide. Each entry holds the
 /// instant it comes to rest; idle entries are swept when a shard grows.
-/// Clones share the same state.
+/// Threads reading one-word plans take a lock sharded by thread, so they
+/// do not contend on a key they share. Clones share the same state.
 ///
 /// ```
 /// use paceline_core::{MemoryStore, Plan, Policy, Nanos};
@@ -258,28 +315,16 @@ impl MemoryStore {
         let n = config.shards.clamp(1, 1 << 16).next_power_of_two();
         let shards = (0..n)
             .map(|_| Shard {
-                inner: RwLock::new(ShardInner {
-                    sweep_at: MIN_SWEEP,
-                    ..ShardInner::default()
-                }),
+                one: ShardedLock::default(),
+                rows: RwLock::default(),
+                keys: AtomicUsize::new(0),
             })
             .collect();
         MemoryStore {
             inner: Arc::new(Inner {
                 shards,
                 mask: n - 1,
-                lo: ahash::RandomState::with_seeds(
-                    rand::random(),
-                    rand::random(),
-                    rand::random(),
-                    rand::random(),
-                ),
-                hi: ahash::RandomState::with_seeds(
-                    rand::random(),
-                    rand::random(),
-                    rand::random(),
-                    rand::random(),
-                ),
+                seed: rand::random(),
                 max_per_shard: config.max_keys.div_ceil(n).max(1),
             }),
         }
@@ -287,7 +332,11 @@ impl MemoryStore {
 
     /// Live entries (including ones not yet swept).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.inner.read().len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| read(&s.one).t2.len() + s.rows.read().len())
+            .sum()
     }
 
     /// Whether the store holds no entries.
@@ -301,21 +350,19 @@ impl MemoryStore {
             .shards
             .iter()
             .map(|s| {
-                let mut g = s.inner.write();
-                g.sweep(now);
-                g.len()
+                let gone = write(&s.one).sweep(now) + s.rows.write().sweep(now);
+                s.keys.fetch_sub(gone, Ordering::Relaxed);
+                s.keys.load(Ordering::Relaxed)
             })
             .sum()
     }
 
     #[inline]
     fn hash(&self, plan: &Plan, key: &str) -> u128 {
-        // Two independently seeded 64-bit hashes of (plan identity, key):
-        // keys of different plans never share state, and two keys share one
-        // only if both secret-seeded hashes collide at once.
-        let lo = self.inner.lo.hash_one((plan.identity(), key));
-        let hi = self.inner.hi.hash_one((plan.identity(), key));
-        (u128::from(hi) << 64) | u128::from(lo)
+        // A 128-bit hash of the key, seeded with a secret and the plan's
+        // identity: keys of different plans never share state, and two
+        // keys share one only if all 128 bits collide.
+        xxh3_128_with_seed(key.as_bytes(), self.inner.seed ^ plan.identity())
     }
 
     #[inline]
@@ -334,38 +381,48 @@ impl MemoryStore {
         let cost = cost.into();
         let h = self.hash(plan, key);
         let shard = self.shard(h);
-        let one_word = plan.state_words() == 1;
-        if one_word {
-            if let Some(slot) = shard.inner.read().t2.get(&h) {
+        let max = self.inner.max_per_shard;
+        if plan.state_words() == 1 {
+            if let Some(slot) = read(&shard.one).t2.get(&h) {
                 return Ok(cas_one(slot, plan, cost, now));
             }
+            return check_one(shard, h, plan, cost, now, max);
         }
-        let mut g = shard.inner.write();
-        let max = self.inner.max_per_shard;
+        let mut g = shard.rows.write();
         let g = &mut *g;
-        if one_word {
-            return check_one(g, h, plan, cost, now, max);
-        }
-        let limit = g.sweep_at.min(max);
-        g.check_rows(h, plan, cost, now, limit).or_else(|e| {
-            // the table was due a sweep, or full: sweep the whole shard
+        let before = g.len();
+        let room = before < shard.limit(before, &g.sweep, max);
+        let d = g.check(h, plan, cost, now, room).or_else(|e| {
+            // the part was due a sweep, or the shard full: sweep the part
             // (at most once a second when full of live keys) and retry once
-            if !g.may_sweep(now, max) {
+            if !g
+                .sweep
+                .allowed(shard.keys.load(Ordering::Relaxed), now, max)
+            {
                 return Err(e);
             }
-            g.sweep(now);
-            g.check_rows(h, plan, cost, now, max)
+            let gone = g.sweep(now);
+            shard.keys.fetch_sub(gone, Ordering::Relaxed);
+            let room = g.len() < shard.limit(g.len(), &g.sweep, max);
+            g.check(h, plan, cost, now, room)
                 .map_err(|_| StoreError::Full)
-        })
+        });
+        if g.len() > before {
+            shard.keys.fetch_add(1, Ordering::Relaxed);
+        }
+        d
     }
 
     /// The synchronous release of concurrency units.
     pub fn release_sync(&self, plan: &Plan, key: &str, amount: u64, now: Nanos) {
         let h = self.hash(plan, key);
-        let mut g = self.shard(h).inner.write();
+        let shard = self.shard(h);
+        if plan.state_words() == 1 {
+            return release_one(&mut write(&shard.one).t2, h, plan, amount, now);
+        }
+        let mut g = shard.rows.write();
         let g = &mut *g;
         match plan.state_words() + 1 {
-            2 => release_one(&mut g.t2, h, plan, amount, now),
             3 => release_in(&mut g.t3, h, plan, amount, now),
             4 => release_in(&mut g.t4, h, plan, amount, now),
             _ => release_in(&mut g.tn, h, plan, amount, now),
@@ -374,7 +431,7 @@ impl MemoryStore {
 }
 
 /// Checks in one table. `Err(StoreError::Full)` asks the caller to sweep
-/// the shard and retry: a new key would take the table to `limit` keys.
+/// the part and retry: a new key whose state matters found no `room`.
 #[inline]
 fn check_in<S: Slot>(
     table: &mut Table<S>,
@@ -382,7 +439,7 @@ fn check_in<S: Slot>(
     plan: &Plan,
     cost: Cost,
     now: Nanos,
-    limit: usize,
+    room: bool,
 ) -> Result<Decision, StoreError> {
     let len = plan.state_words() + 1;
     if let Some(slot) = table.get_mut(&h) {
@@ -403,7 +460,7 @@ fn check_in<S: Slot>(
     let w = fresh.words_mut();
     let (d, rest) = check_words(plan, &mut w[1..], now, cost);
     if rest > now {
-        if table.len() >= limit {
+        if !room {
             return Err(StoreError::Full);
         }
         w[0] = rest.as_u64();
@@ -412,14 +469,24 @@ fn check_in<S: Slot>(
     Ok(d)
 }
 
+/// How far past the instant a key comes to rest its mark is set when it
+/// must move: a busy key raises the mark once per this span instead of on
+/// every charge, so most charges are a single compare-and-swap. A mark
+/// late by this much only keeps an idle key a little longer (a state at
+/// rest decides the same as a fresh one).
+const REST_SLACK_NS: u64 = 1_000_000_000;
+
 /// The lock-free step for one-word plans: decide on a snapshot, publish
 /// with a compare-and-swap, retry if another thread got there first.
 #[inline]
 fn cas_one(slot: &[AtomicU64; 2], plan: &Plan, cost: Cost, now: Nanos) -> Decision {
     let now_ns = now.as_u64();
     loop {
-        let rest = slot[0].load(Ordering::Acquire);
+        // The word before the mark: a thread raises the mark before it
+        // publishes a word, so whoever reads that word also reads a mark
+        // that covers it and never takes a live word for one at rest.
         let old = slot[1].load(Ordering::Acquire);
+        let rest = slot[0].load(Ordering::Acquire);
         // at rest: a fresh state decides the same (and stale window
         // indices never alias)
         let base = if rest <= now_ns { 0 } else { old };
@@ -428,42 +495,68 @@ fn cas_one(slot: &[AtomicU64; 2], plan: &Plan, cost: Cost, now: Nanos) -> Decisi
         if w[0] == base {
             return d;
         }
+        let new_rest = new_rest.as_u64();
+        if new_rest > rest {
+            let mark = new_rest.saturating_add(REST_SLACK_NS);
+            slot[0].fetch_max(mark, Ordering::AcqRel);
+        }
         if slot[1]
             .compare_exchange_weak(old, w[0], Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            slot[0].fetch_max(new_rest.as_u64(), Ordering::AcqRel);
             return d;
         }
     }
 }
 
+/// A one-word plan's key not found under the shared lock: look again under
+/// the exclusive one and insert it if its state matters.
 fn check_one(
-    g: &mut ShardInner,
+    shard: &Shard,
     h: u128,
     plan: &Plan,
     cost: Cost,
     now: Nanos,
     max: usize,
 ) -> Result<Decision, StoreError> {
+    let mut g = write(&shard.one);
+    let g = &mut *g;
     if let Some(slot) = g.t2.get(&h) {
         return Ok(cas_one(slot, plan, cost, now));
     }
     let mut w = [0u64];
     let (d, rest) = check_words(plan, &mut w, now, cost);
     if rest > now {
-        if g.len() >= g.sweep_at.min(max) {
-            if !g.may_sweep(now, max) {
+        if g.t2.len() >= shard.limit(g.t2.len(), &g.sweep, max) {
+            if !g
+                .sweep
+                .allowed(shard.keys.load(Ordering::Relaxed), now, max)
+            {
                 return Err(StoreError::Full);
             }
-            g.sweep(now);
-            if g.len() >= max {
+            let gone = g.sweep(now);
+            shard.keys.fetch_sub(gone, Ordering::Relaxed);
+            if shard.keys.load(Ordering::Relaxed) >= max {
                 return Err(StoreError::Full);
             }
         }
-        g.t2.insert(h, [AtomicU64::new(rest.as_u64()), AtomicU64::new(w[0])]);
+        let mark = rest.as_u64().saturating_add(REST_SLACK_NS);
+        g.t2.insert(h, [AtomicU64::new(mark), AtomicU64::new(w[0])]);
+        shard.keys.fetch_add(1, Ordering::Relaxed);
     }
     Ok(d)
+}
+
+/// The shared side of a thread-sharded lock. A panic while it was held
+/// left whole rows behind (every write is a single store), so a poisoned
+/// lock is used as is.
+fn read<T>(lock: &ShardedLock<T>) -> ShardedLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The exclusive side of a thread-sharded lock; see [`read`].
+fn write<T>(lock: &ShardedLock<T>) -> ShardedLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn release_one(table: &mut Table<[AtomicU64; 2]>, h: u128, plan: &Plan, amount: u64, now: Nanos) {

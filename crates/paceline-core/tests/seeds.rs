@@ -201,6 +201,38 @@ fn swept_and_bounded(p: Plan) {
     assert!(store.len() < 10);
 }
 
+/// One-word and multi-word plans live in separate tables of a shard, but
+/// share its bound on live keys.
+#[test]
+fn the_key_bound_covers_both_kinds_of_plan() {
+    let one = plan(vec![Policy::token_bucket("burst", 10, 60).unwrap()]);
+    let two = Plan::new(
+        "two",
+        vec![
+            Policy::token_bucket("burst", 10, 60).unwrap(),
+            Policy::daily("daily", 1_000).unwrap(),
+        ],
+    )
+    .unwrap();
+    let store = MemoryStore::with_config(paceline_core::MemoryStoreConfig {
+        shards: 1,
+        max_keys: 1_000,
+    });
+    let clock = ManualClock::at_unix_secs(1_800_000_000);
+    let lim = Limiter::new(store.clone(), clock.clone());
+    for i in 0..500 {
+        assert!(lim.check_sync(&one, &format!("a{i}"), 1).is_ok());
+        assert!(lim.check_sync(&two, &format!("b{i}"), 1).is_ok());
+    }
+    assert_eq!(store.len(), 1_000);
+    assert!(lim.check_sync(&one, "new", 1).is_err());
+    assert!(lim.check_sync(&two, "new", 1).is_err());
+    // keys already in keep working in both tables
+    assert!(lim.check_sync(&one, "a7", 1).unwrap().is_allowed());
+    assert!(lim.check_sync(&two, "b7", 1).unwrap().is_allowed());
+    assert_eq!(store.len(), 1_000);
+}
+
 /// A reload that changes only quotas keeps the counters.
 #[test]
 fn quota_change_keeps_counters() {
