@@ -4,7 +4,8 @@
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Instant;
+
+use arc_swap::ArcSwap;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -54,7 +55,7 @@ impl<S, C> Clone for RateLimiter<S, C> {
 impl<S, C> fmt::Debug for RateLimiter<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("limits", &*self.shared.limits.read())
+            .field("limits", &*self.shared.limits.load())
             .finish_non_exhaustive()
     }
 }
@@ -62,7 +63,8 @@ impl<S, C> fmt::Debug for RateLimiter<S, C> {
 struct Shared<S, C> {
     store: S,
     clock: C,
-    limits: RwLock<Limits>,
+    /// Read on every request, swapped on reload: readers take no lock.
+    limits: ArcSwap<LimitsInner>,
     escalator: Escalator,
     soft: SoftLimits,
     hook: RwLock<Option<SoftLimitHook>>,
@@ -151,7 +153,9 @@ struct Ask {
     plan: usize,
     cost: Cost,
     now: Nanos,
-    started: Instant,
+    /// When the decision began, for the latency histogram (the TSC where
+    /// the platform has a usable one: a fraction of a system call).
+    started: quanta::Instant,
     /// An escalation hold: the answer is a denial whatever the store says.
     hold: Option<Denial>,
 }
@@ -186,7 +190,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 clock,
                 escalator: Escalator::new(esc),
                 soft,
-                limits: RwLock::new(limits),
+                limits: ArcSwap::new(limits.inner),
                 hook: RwLock::new(None),
             }),
         }
@@ -202,12 +206,14 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// layout did not change (same name, same algorithms in the same order).
     /// Escalation and soft-limit settings stay as they were at construction.
     pub fn reload(&self, limits: Limits) {
-        *self.shared.limits.write() = limits;
+        self.shared.limits.store(limits.inner);
     }
 
     /// The limits in force.
     pub fn limits(&self) -> Limits {
-        self.shared.limits.read().clone()
+        Limits {
+            inner: self.shared.limits.load_full(),
+        }
     }
 
     /// The store.
@@ -311,7 +317,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             });
         };
         let sh = &*self.shared;
-        let (now, started) = (sh.clock.now(), Instant::now());
+        let (now, started) = (sh.clock.now(), quanta::Instant::now());
         let ask = |cost: Cost, hold| {
             Stage::Ask(Ask {
                 cost,

@@ -134,18 +134,23 @@ impl ProblemParts {
             .unwrap_or_else(|| Problem::new(ProblemKind::RateLimited, base, ""));
         p.retry_after_s = None;
         p.violated_policies.clear();
-        let published = open_json(p.to_json());
+        let published = open_json(&p);
         p.detail = ANONYMOUS_DETAIL.to_string();
         // policy names are token-safe (core validates them): no escaping
         ProblemParts {
-            open: [published, open_json(p.to_json())],
+            open: [published, open_json(&p)],
             violated: format!(",\"violated-policies\":[\"{}\"", plan.policy(i).name()),
         }
     }
 }
 
-/// The JSON object without its closing brace, ready for `retry_after_s`.
-fn open_json(mut s: String) -> String {
+/// The problem's JSON object without the members a denial splices in
+/// (`violated-policies`, written after the number) and without its closing
+/// brace, ready for `retry_after_s`.
+fn open_json(p: &Problem) -> String {
+    // the wire crate writes every member, the empty list too (compact, in
+    // declaration order), and `retry_after_s` is `None` here
+    let mut s = p.to_json().replace(",\"violated-policies\":[]", "");
     if s.ends_with('}') {
         s.pop();
     }
@@ -344,9 +349,9 @@ fn denial_body(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish
 }
 
 /// The last denial answered on this thread: its inputs and, once they
-/// came twice in a row, the two values made from them. A client that keeps
+/// came twice in a row, the answer made from them. A client that keeps
 /// sending inside its wait is refused with the same numbers again and again
-/// (until the next second), so its body and `RateLimit` value are shared
+/// (until the next second), so its finished head and body are copied
 /// instead of written anew; traffic that never repeats only pays for the
 /// comparison.
 struct LastDenial {
@@ -356,18 +361,25 @@ struct LastDenial {
     retry_after_s: u64,
     /// Per policy: remaining, seconds to reset, would deny.
     statuses: Vec<(u64, u64, bool)>,
-    parts: Option<Parts>,
+    answer: Option<Answer>,
 }
 
-/// A denial's body and `RateLimit` value.
-type Parts = (Bytes, Option<HeaderValue>);
+/// A denial's finished header fields and body.
+type Answer = (HeaderMap, Bytes);
 
 impl LastDenial {
-    fn matches(&self, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) -> bool {
+    fn matches(
+        &self,
+        meta: &PlanMeta,
+        d: &Decision,
+        den: &Denial,
+        secs: u64,
+        publish: bool,
+    ) -> bool {
         self.meta == meta.id
             && self.publish == publish
             && self.policy == den.policy
-            && self.retry_after_s == den.retry_after_secs()
+            && self.retry_after_s == secs
             && self.statuses.len() == d.statuses.len()
             && self
                 .statuses
@@ -376,16 +388,16 @@ impl LastDenial {
                 .all(|(&a, s)| a == (s.remaining, s.reset_secs(), s.would_deny))
     }
 
-    fn remember(&mut self, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) {
+    fn remember(&mut self, meta: &PlanMeta, d: &Decision, den: &Denial, secs: u64, publish: bool) {
         self.meta = meta.id;
         self.publish = publish;
         self.policy = den.policy;
-        self.retry_after_s = den.retry_after_secs();
+        self.retry_after_s = secs;
         self.statuses.clear();
         let numbers = d.statuses.iter();
         let numbers = numbers.map(|s| (s.remaining, s.reset_secs(), s.would_deny));
         self.statuses.extend(numbers);
-        self.parts = None;
+        self.answer = None;
     }
 }
 
@@ -393,47 +405,9 @@ thread_local! {
     static LAST_DENIAL: RefCell<Option<LastDenial>> = const { RefCell::new(None) };
 }
 
-/// The body and the `RateLimit` value of a denial, shared with the last
-/// denial on this thread when its inputs were the same.
-fn denial_parts(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish: bool) -> Parts {
-    // None: new inputs; Some(None): seen once; Some(Some(_)): kept
-    // (a thread tearing down its locals just goes without the memo)
-    let seen = LAST_DENIAL
-        .try_with(|last| match &*last.borrow() {
-            Some(l) if l.matches(meta, d, den, publish) => Some(l.parts.clone()),
-            _ => None,
-        })
-        .ok()
-        .flatten();
-    if let Some(Some(parts)) = seen {
-        return parts;
-    }
-    let head = &meta.heads[usize::from(!publish)];
-    let parts = (
-        denial_body(plan, meta, d, den, publish),
-        head.ratelimit.and_then(|_| ratelimit_value(plan, meta, d)),
-    );
-    let _ = LAST_DENIAL.try_with(|last| match (seen, &mut *last.borrow_mut()) {
-        // the second time in a row: keep them for the next ones
-        (Some(None), Some(l)) => l.parts = Some(parts.clone()),
-        (_, Some(l)) => l.remember(meta, d, den, publish),
-        (_, last) => {
-            let mut l = LastDenial {
-                meta: meta.id,
-                publish,
-                policy: den.policy,
-                retry_after_s: 0,
-                statuses: Vec::with_capacity(d.statuses.len()),
-                parts: None,
-            };
-            l.remember(meta, d, den, publish);
-            *last = Some(l);
-        }
-    });
-    parts
-}
-
-/// The 429 of a denial, from the plan's prepared head and body parts.
+/// The 429 of a denial: the header fields and body of the last denial on
+/// this thread when its inputs were the same, else made from the plan's
+/// prepared head and body parts.
 fn denial_response(
     plan: &Plan,
     meta: &PlanMeta,
@@ -442,13 +416,63 @@ fn denial_response(
     dialects: &Dialects,
     publish: bool,
 ) -> Response<Bytes> {
+    let secs = den.retry_after_secs();
+    // None: new inputs; Some(None): seen once; Some(Some(_)): kept
+    // (a thread tearing down its locals just goes without the memo)
+    let seen = LAST_DENIAL
+        .try_with(|last| match &*last.borrow() {
+            Some(l) if l.matches(meta, d, den, secs, publish) => Some(l.answer.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    let (fields, body) = match seen {
+        Some(Some(answer)) => answer,
+        _ => {
+            let answer = denial_answer(plan, meta, d, den, secs, dialects, publish);
+            let _ = LAST_DENIAL.try_with(|last| match (seen, &mut *last.borrow_mut()) {
+                // the second time in a row: keep it for the next ones
+                (Some(None), Some(l)) => l.answer = Some(answer.clone()),
+                (_, Some(l)) => l.remember(meta, d, den, secs, publish),
+                (_, last) => {
+                    let mut l = LastDenial {
+                        meta: meta.id,
+                        publish,
+                        policy: den.policy,
+                        retry_after_s: 0,
+                        statuses: Vec::with_capacity(d.statuses.len()),
+                        answer: None,
+                    };
+                    l.remember(meta, d, den, secs, publish);
+                    *last = Some(l);
+                }
+            });
+            answer
+        }
+    };
+    let mut r = Response::new(body);
+    *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    *r.headers_mut() = fields;
+    r
+}
+
+/// A denial's header fields and body, from the plan's prepared parts.
+fn denial_answer(
+    plan: &Plan,
+    meta: &PlanMeta,
+    d: &Decision,
+    den: &Denial,
+    secs: u64,
+    dialects: &Dialects,
+    publish: bool,
+) -> Answer {
     let head = &meta.heads[usize::from(!publish)];
     let mut fields = head.fields.clone();
-    let (body, mut ratelimit) = denial_parts(plan, meta, d, den, publish);
+    let mut ratelimit = head.ratelimit.and_then(|_| ratelimit_value(plan, meta, d));
     let missing = head.ratelimit.is_some() && ratelimit.is_none();
     for (i, v) in fields.values_mut().enumerate() {
         if i == head.retry_after {
-            *v = seconds_value(den.retry_after_secs());
+            *v = seconds_value(secs);
         } else if Some(i) == head.ratelimit {
             if let Some(r) = ratelimit.take() {
                 *v = r;
@@ -461,10 +485,7 @@ fn denial_response(
     if publish && (dialects.x_ratelimit || dialects.draft03) {
         older_dialects(plan, d, dialects, &mut fields);
     }
-    let mut r = Response::new(body);
-    *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    *r.headers_mut() = fields;
-    r
+    (fields, denial_body(plan, meta, d, den, publish))
 }
 
 /// The response for a rejected decision (429 or 400). A rejection never
@@ -683,6 +704,11 @@ mod tests {
             let a: serde_json::Value = serde_json::from_slice(&ours).unwrap();
             let b: serde_json::Value = serde_json::from_str(&theirs).unwrap();
             assert_eq!(a, b);
+            // a parser keeps the last of two equal members: count them
+            let text = std::str::from_utf8(&ours).unwrap();
+            for member in ["\"type\"", "\"limit\"", "\"violated-policies\"", "\"retry_after_s\""] {
+                assert_eq!(text.matches(member).count(), 1, "{member} in {text}");
+            }
             assert_eq!(a["retry_after_s"], 19_200);
         }
     }
