@@ -70,7 +70,7 @@ pub struct Gateway {
     addr: SocketAddr,
     metrics: Option<(TcpListener, SocketAddr)>,
     handle: GatewayHandle,
-    on_reload: ReloadCallback,
+    on_reload: Option<ReloadCallback>,
     #[cfg(unix)]
     hangup: Option<tokio::signal::unix::Signal>,
 }
@@ -152,7 +152,7 @@ impl Gateway {
             addr,
             metrics,
             handle,
-            on_reload: Arc::new(|_| {}),
+            on_reload: None,
             #[cfg(unix)]
             hangup,
         })
@@ -173,9 +173,10 @@ impl Gateway {
         self.handle.clone()
     }
 
-    /// Sets the callback told about reloads from signals and file changes.
+    /// Sets the callback told about reloads from signals and file changes
+    /// (without one, they are logged through `tracing`).
     pub fn on_reload(mut self, f: impl Fn(&ReloadEvent) + Send + Sync + 'static) -> Self {
-        self.on_reload = Arc::new(f);
+        self.on_reload = Some(Arc::new(f));
         self
     }
 
@@ -382,7 +383,7 @@ impl GatewayHandle {
 /// Reloads on SIGHUP and, when watching is on, when a source file changes.
 async fn watch_config(
     h: GatewayHandle,
-    on_reload: ReloadCallback,
+    on_reload: Option<ReloadCallback>,
     #[cfg(unix)] mut hangup: Option<tokio::signal::unix::Signal>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -410,15 +411,15 @@ async fn watch_config(
         if reload {
             let event = h.reload();
             stamps = h.stamps();
-            match &event {
-                ReloadEvent::Applied { notes } => {
+            match (&on_reload, &event) {
+                (Some(f), _) => f(&event),
+                (None, ReloadEvent::Applied { notes }) => {
                     tracing::info!(?notes, "configuration reloaded")
                 }
-                ReloadEvent::Refused(e) => {
+                (None, ReloadEvent::Refused(e)) => {
                     tracing::error!(error = %e, "configuration refused; the old one keeps serving")
                 }
             }
-            on_reload(&event);
         }
     }
 }

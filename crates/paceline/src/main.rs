@@ -6,6 +6,10 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Both halves of the HTTP rate-limit contract.
 #[derive(Parser, Debug)]
 #[command(name = "paceline", version, about, long_about = None)]
@@ -31,6 +35,9 @@ enum Command {
 fn main() {
     quiet_broken_pipe();
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Demo(_) | Command::Gateway(_)) {
+        logs();
+    }
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Gateway(a) => cmd::gateway::run(a),
@@ -45,6 +52,20 @@ fn main() {
             std::process::exit(2);
         }
     }
+}
+
+/// Log lines of the servers on stderr, filtered by `PACELINE_LOG` (the
+/// `tracing` filter syntax, e.g. `info` or `paceline_server=debug`).
+/// Warnings and errors by default; `info` adds one line per rejection
+/// (policy, outcome, a hash of the key), reloads and shutdowns.
+fn logs() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("PACELINE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
 }
 
 /// `paceline sim herd --json | head` closes our stdout early: end quietly

@@ -105,6 +105,7 @@ impl Proc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_paceline"))
             .args(["gateway", "--config"])
             .arg(config)
+            .env("PACELINE_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -217,6 +218,11 @@ async fn rejections_are_answered_by_the_gateway_alone() {
     );
     let seen = api.last_headers().unwrap();
     assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    // one log line per rejection, naming the policy, never the key
+    let line = wait_line(&gw.err, "request rejected");
+    assert!(line.contains("policy=hour"), "{line}");
+    assert!(line.contains("outcome=\"quota_exhausted\""), "{line}");
+    assert!(!line.contains("sk_a"), "{line}");
 }
 
 #[test]
