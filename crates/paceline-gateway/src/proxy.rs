@@ -281,7 +281,10 @@ impl Pool {
             Err(_) => return Err(SendError::Connect("connect timed out".into())),
         };
         let _ = stream.set_nodelay(true);
-        let (tx, conn) = h1::handshake(TokioIo::new(stream))
+        // heads and small bodies in one buffer: one plain write each
+        let (tx, conn) = h1::Builder::new()
+            .writev(false)
+            .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| SendError::Connect(Box::new(e)))?;
         tokio::spawn(async move {

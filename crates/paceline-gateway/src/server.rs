@@ -198,7 +198,8 @@ impl Gateway {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(None);
+            .header_read_timeout(None)
+            .writev(false);
         builder.http2().timer(TokioTimer::new());
         let graceful = GracefulShutdown::new();
         let mut tasks = Vec::new();

@@ -619,7 +619,7 @@ fn who<B>(
     let headers = req.headers();
     let ip_key = || {
         let ip = client_ip(headers, peer_ip(req.extensions()), &lim.trusted);
-        ip.map_or_else(|| "ip:unknown".to_string(), |ip| format!("ip:{ip}"))
+        ip.map_or_else(|| "ip:unknown".to_string(), ip_key)
     };
     let anonymous = |plan: usize| Some(Who::owned(ip_key(), plan, false));
     if let Some((true, plan)) = route {
@@ -653,5 +653,48 @@ fn who<B>(
             Some(Who::owned(k, plan, true))
         }
         _ => anonymous(lim.anonymous_plan?),
+    }
+}
+
+/// `ip:` and the address as `Display` writes it, without the formatting
+/// machinery for the common IPv4 case (one key per anonymous request).
+fn ip_key(ip: std::net::IpAddr) -> String {
+    let mut s = String::with_capacity(3 + 39);
+    s.push_str("ip:");
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    s.push('.');
+                }
+                s.push_str(itoa::Buffer::new().format(octet));
+            }
+        }
+        std::net::IpAddr::V6(v6) => {
+            use std::fmt::Write;
+            let _ = write!(s, "{v6}");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ip_key;
+    use std::net::IpAddr;
+
+    #[test]
+    fn ip_keys_read_as_the_address_displays() {
+        for a in [
+            "127.0.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.20.3.40",
+            "::1",
+            "2001:db8::7",
+        ] {
+            let ip: IpAddr = a.parse().unwrap();
+            assert_eq!(ip_key(ip), format!("ip:{ip}"));
+        }
     }
 }

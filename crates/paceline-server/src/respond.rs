@@ -706,7 +706,12 @@ mod tests {
             assert_eq!(a, b);
             // a parser keeps the last of two equal members: count them
             let text = std::str::from_utf8(&ours).unwrap();
-            for member in ["\"type\"", "\"limit\"", "\"violated-policies\"", "\"retry_after_s\""] {
+            for member in [
+                "\"type\"",
+                "\"limit\"",
+                "\"violated-policies\"",
+                "\"retry_after_s\"",
+            ] {
                 assert_eq!(text.matches(member).count(), 1, "{member} in {text}");
             }
             assert_eq!(a["retry_after_s"], 19_200);
