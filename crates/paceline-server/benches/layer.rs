@@ -191,7 +191,10 @@ fn count(variant: &str, n: u64) {
     let mut bare = handler();
     let mut plain = limiter(false).layer().layer(handler());
     let mut esc = limiter(true).layer().layer(handler());
+    let mut app_bare = axum_app();
+    let mut app = limiter(false).layer().layer(axum_app());
     for _ in 0..100 {
+        let _ = run(app.call(axum_request("sk_reject")));
         let _ = run(plain.call(request("sk_reject")));
         let _ = run(plain.call(request("sk_other")));
         let _ = run(esc.call(request("sk_reject")));
@@ -206,6 +209,11 @@ fn count(variant: &str, n: u64) {
                 run(plain.call(request(key))).unwrap().status()
             }
             "blocked" => run(esc.call(request("sk_reject"))).unwrap().status(),
+            "axum_bare" => run(app_bare.call(axum_request("sk_admit")))
+                .unwrap()
+                .status(),
+            "axum_admitted" => run(app.call(axum_request("sk_admit"))).unwrap().status(),
+            "axum_rejected" => run(app.call(axum_request("sk_reject"))).unwrap().status(),
             other => panic!("unknown variant {other}"),
         };
         black_box(status);
