@@ -31,6 +31,7 @@ use crate::plan::Plan;
 /// assert_eq!(d.statuses[0].remaining, 19);
 /// assert_eq!(d.statuses[1].remaining, 9_999);
 /// ```
+#[inline]
 pub fn check_words(
     plan: &Plan,
     words: &mut [u64],
@@ -228,7 +229,21 @@ fn cost_exceeds(
         })
         .collect();
     let outcome = Outcome::CostExceedsBurst { policy, cost };
-    (Decision { outcome, statuses }, Nanos::MAX)
+    // nothing was charged: the state rests when it would have anyway
+    let rest = plan
+        .policies()
+        .iter()
+        .zip(&statuses)
+        .enumerate()
+        .map(|(j, (p, st))| {
+            let w = policy_words(plan, words, j);
+            match algorithm::at_rest(p, w, now_ns) {
+                true => now_ns,
+                false => rest_instant(p, w, now_ns, st),
+            }
+        })
+        .fold(now_ns, u64::max);
+    (Decision { outcome, statuses }, Nanos::new(rest))
 }
 
 fn status(pk: Peek) -> PolicyStatus {

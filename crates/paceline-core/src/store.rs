@@ -156,37 +156,28 @@ struct Shard {
     one: ShardedLock<OneWord>,
     /// Multi-word plans, checked under the exclusive lock.
     rows: RwLock<Rows>,
-    /// Entries in both parts, for the shard's bound.
+    /// Entries in both parts, for the shard's bound: counted on every
+    /// insert and sweep, and recounted whenever both parts are swept.
     keys: AtomicUsize,
+    /// When both parts were last swept because the shard was full.
+    full_sweep_at: AtomicU64,
 }
 
 /// When a part of a shard is next swept.
 struct Sweep {
     /// A sweep is due when the part holds this many entries.
     at: usize,
-    last: Nanos,
 }
 
 impl Default for Sweep {
     fn default() -> Self {
-        Sweep {
-            at: MIN_SWEEP,
-            last: Nanos::ZERO,
-        }
+        Sweep { at: MIN_SWEEP }
     }
 }
 
 impl Sweep {
-    /// A sweep is due when the part has grown, and allowed when the shard
-    /// is full of live keys only once a second: a flood of new keys must
-    /// not turn every insert into a scan.
-    fn allowed(&self, keys: usize, now: Nanos, max: usize) -> bool {
-        keys < max || now >= self.last.saturating_add(Nanos::SECOND)
-    }
-
-    fn done(&mut self, len: usize, now: Nanos) {
+    fn done(&mut self, len: usize) {
         self.at = (len * 2).max(MIN_SWEEP);
-        self.last = now;
     }
 }
 
@@ -201,7 +192,7 @@ impl OneWord {
     fn sweep(&mut self, now: Nanos) -> usize {
         let (n, before) = (now.as_u64(), self.t2.len());
         self.t2.retain(|_, w| w[0].load(Ordering::Relaxed) > n);
-        self.sweep.done(self.t2.len(), now);
+        self.sweep.done(self.t2.len());
         before - self.t2.len()
     }
 }
@@ -227,7 +218,7 @@ impl Rows {
         cost: Cost,
         now: Nanos,
         room: bool,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<(Decision, bool), StoreError> {
         match plan.state_words() + 1 {
             3 => check_in(&mut self.t3, h, plan, cost, now, room),
             4 => check_in(&mut self.t4, h, plan, cost, now, room),
@@ -241,17 +232,53 @@ impl Rows {
         self.t3.retain(|_, w| w[0] > n);
         self.t4.retain(|_, w| w[0] > n);
         self.tn.retain(|_, w| w[0] > n);
-        self.sweep.done(self.len(), now);
+        self.sweep.done(self.len());
         before - self.len()
     }
 }
 
 impl Shard {
-    /// Room for a new entry in a part holding `len` entries: bounded by the
-    /// part's next sweep and by the shard's share of `max_keys`.
-    fn limit(&self, len: usize, sweep: &Sweep, max: usize) -> usize {
-        let others = self.keys.load(Ordering::Relaxed).saturating_sub(len);
-        sweep.at.min(max.saturating_sub(others))
+    /// Sweeps both parts (`one` before `rows`, the one order every path
+    /// takes both locks in) and recounts the shard's entries.
+    fn sweep(&self, now: Nanos) -> usize {
+        let mut one = write(&self.one);
+        let mut rows = self.rows.write();
+        one.sweep(now);
+        rows.sweep(now);
+        let keys = one.t2.len() + rows.len();
+        self.keys.store(keys, Ordering::Relaxed);
+        keys
+    }
+
+    /// The shard is full: sweep both parts, at most once a second (a flood
+    /// of new keys into a shard full of live ones must not turn every
+    /// insert into a scan). Call with neither lock held; whether it swept.
+    fn sweep_when_full(&self, now: Nanos) -> bool {
+        let last = self.full_sweep_at.load(Ordering::Relaxed);
+        let due = now >= Nanos::new(last).saturating_add(Nanos::SECOND);
+        let claimed = due
+            && self
+                .full_sweep_at
+                .compare_exchange(last, now.as_u64(), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+        if claimed {
+            self.sweep(now);
+        }
+        claimed
+    }
+
+    /// Counts the entries a part's own sweep removed (a part sweeps when
+    /// it has grown to its mark, which doubles with the live entries, so
+    /// sweeping is amortised over the inserts).
+    fn swept(&self, gone: usize) {
+        if gone > 0 {
+            self.keys.fetch_sub(gone, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the shard's bound leaves room for one more entry.
+    fn has_room(&self, max: usize) -> bool {
+        self.keys.load(Ordering::Relaxed) < max
     }
 }
 
@@ -318,6 +345,7 @@ impl MemoryStore {
                 one: ShardedLock::default(),
                 rows: RwLock::default(),
                 keys: AtomicUsize::new(0),
+                full_sweep_at: AtomicU64::new(0),
             })
             .collect();
         MemoryStore {
@@ -346,15 +374,7 @@ impl MemoryStore {
 
     /// Removes every entry at rest at `now`; returns how many remain.
     pub fn sweep(&self, now: Nanos) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| {
-                let gone = write(&s.one).sweep(now) + s.rows.write().sweep(now);
-                s.keys.fetch_sub(gone, Ordering::Relaxed);
-                s.keys.load(Ordering::Relaxed)
-            })
-            .sum()
+        self.inner.shards.iter().map(|s| s.sweep(now)).sum()
     }
 
     #[inline]
@@ -388,29 +408,31 @@ impl MemoryStore {
             }
             return check_one(shard, h, plan, cost, now, max);
         }
-        let mut g = shard.rows.write();
-        let g = &mut *g;
-        let before = g.len();
-        let room = before < shard.limit(before, &g.sweep, max);
-        let d = g.check(h, plan, cost, now, room).or_else(|e| {
-            // the part was due a sweep, or the shard full: sweep the part
-            // (at most once a second when full of live keys) and retry once
-            if !g
-                .sweep
-                .allowed(shard.keys.load(Ordering::Relaxed), now, max)
+        for first in [true, false] {
             {
-                return Err(e);
+                let mut guard = shard.rows.write();
+                let g = &mut *guard;
+                if g.len() >= g.sweep.at {
+                    shard.swept(g.sweep(now));
+                }
+                match g.check(h, plan, cost, now, shard.has_room(max)) {
+                    Ok((d, inserted)) => {
+                        if inserted {
+                            shard.keys.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return Ok(d);
+                    }
+                    Err(StoreError::Full) if first => {}
+                    Err(e) => return Err(e),
+                }
             }
-            let gone = g.sweep(now);
-            shard.keys.fetch_sub(gone, Ordering::Relaxed);
-            let room = g.len() < shard.limit(g.len(), &g.sweep, max);
-            g.check(h, plan, cost, now, room)
-                .map_err(|_| StoreError::Full)
-        });
-        if g.len() > before {
-            shard.keys.fetch_add(1, Ordering::Relaxed);
+            // full: sweep both parts (with this lock released) and retry
+            // once
+            if !first || !shard.sweep_when_full(now) {
+                break;
+            }
         }
-        d
+        Err(StoreError::Full)
     }
 
     /// The synchronous release of concurrency units.
@@ -440,7 +462,7 @@ fn check_in<S: Slot>(
     cost: Cost,
     now: Nanos,
     room: bool,
-) -> Result<Decision, StoreError> {
+) -> Result<(Decision, bool), StoreError> {
     let len = plan.state_words() + 1;
     if let Some(slot) = table.get_mut(&h) {
         let w = slot.words_mut();
@@ -452,21 +474,22 @@ fn check_in<S: Slot>(
             }
             let (d, rest) = check_words(plan, &mut w[1..], now, cost);
             w[0] = rest.as_u64();
-            return Ok(d);
+            return Ok((d, false));
         }
     }
     // A key never seen: decide on a fresh state, keep it only if it matters.
     let mut fresh = S::fresh(len);
     let w = fresh.words_mut();
     let (d, rest) = check_words(plan, &mut w[1..], now, cost);
-    if rest > now {
-        if !room {
-            return Err(StoreError::Full);
-        }
-        w[0] = rest.as_u64();
-        table.insert(h, fresh);
+    if rest <= now {
+        return Ok((d, false));
     }
-    Ok(d)
+    if !room {
+        return Err(StoreError::Full);
+    }
+    w[0] = rest.as_u64();
+    table.insert(h, fresh);
+    Ok((d, true))
 }
 
 /// How far past the instant a key comes to rest its mark is set when it
@@ -519,32 +542,34 @@ fn check_one(
     now: Nanos,
     max: usize,
 ) -> Result<Decision, StoreError> {
-    let mut g = write(&shard.one);
-    let g = &mut *g;
-    if let Some(slot) = g.t2.get(&h) {
-        return Ok(cas_one(slot, plan, cost, now));
-    }
-    let mut w = [0u64];
-    let (d, rest) = check_words(plan, &mut w, now, cost);
-    if rest > now {
-        if g.t2.len() >= shard.limit(g.t2.len(), &g.sweep, max) {
-            if !g
-                .sweep
-                .allowed(shard.keys.load(Ordering::Relaxed), now, max)
-            {
-                return Err(StoreError::Full);
+    for first in [true, false] {
+        {
+            let mut guard = write(&shard.one);
+            let g = &mut *guard;
+            if let Some(slot) = g.t2.get(&h) {
+                return Ok(cas_one(slot, plan, cost, now));
             }
-            let gone = g.sweep(now);
-            shard.keys.fetch_sub(gone, Ordering::Relaxed);
-            if shard.keys.load(Ordering::Relaxed) >= max {
-                return Err(StoreError::Full);
+            let mut w = [0u64];
+            let (d, rest) = check_words(plan, &mut w, now, cost);
+            if rest <= now {
+                return Ok(d);
+            }
+            if g.t2.len() >= g.sweep.at {
+                shard.swept(g.sweep(now));
+            }
+            if shard.has_room(max) {
+                let mark = rest.as_u64().saturating_add(REST_SLACK_NS);
+                g.t2.insert(h, [AtomicU64::new(mark), AtomicU64::new(w[0])]);
+                shard.keys.fetch_add(1, Ordering::Relaxed);
+                return Ok(d);
             }
         }
-        let mark = rest.as_u64().saturating_add(REST_SLACK_NS);
-        g.t2.insert(h, [AtomicU64::new(mark), AtomicU64::new(w[0])]);
-        shard.keys.fetch_add(1, Ordering::Relaxed);
+        // full: sweep both parts (with this lock released) and retry once
+        if !first || !shard.sweep_when_full(now) {
+            break;
+        }
     }
-    Ok(d)
+    Err(StoreError::Full)
 }
 
 /// The shared side of a thread-sharded lock. A panic while it was held

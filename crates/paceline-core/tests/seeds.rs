@@ -233,6 +233,98 @@ fn the_key_bound_covers_both_kinds_of_plan() {
     assert_eq!(store.len(), 1_000);
 }
 
+/// Generations of keys that come and go never wear the bound down: the
+/// count of live keys stays exact through sweeps of either kind.
+#[test]
+fn keys_that_come_and_go_keep_the_bound_exact() {
+    let one = plan(vec![Policy::token_bucket("burst", 10, 1).unwrap()]);
+    let two = Plan::new(
+        "two",
+        vec![
+            Policy::token_bucket("burst", 10, 1).unwrap(),
+            Policy::fixed_window("second", 100, 1).unwrap(),
+        ],
+    )
+    .unwrap();
+    let store = MemoryStore::with_config(paceline_core::MemoryStoreConfig {
+        shards: 1,
+        max_keys: 2_000,
+    });
+    let clock = ManualClock::at_unix_secs(1_800_000_000);
+    let lim = Limiter::new(store.clone(), clock.clone());
+    for generation in 0..12 {
+        // 1,500 new keys, of one kind or the other: the last generation's
+        // are all at rest, so every one of these must find room
+        let p = if generation % 3 == 2 { &one } else { &two };
+        for i in 0..1_500 {
+            let key = format!("g{generation}-{i}");
+            assert!(
+                lim.check_sync(p, &key, 1).unwrap().is_allowed(),
+                "generation {generation}, key {i}"
+            );
+        }
+        assert!(store.len() <= 2_000, "{}", store.len());
+        clock.advance(Nanos::from_secs(5));
+    }
+    // everything is at rest: a sweep leaves nothing, and says so
+    use paceline_core::Clock;
+    assert_eq!(store.sweep(clock.now()), 0);
+    assert_eq!(store.len(), 0);
+}
+
+/// A shard full of idle keys of one kind makes room for keys of the other.
+#[test]
+fn a_full_shard_sweeps_both_kinds_of_plan() {
+    let one = plan(vec![Policy::token_bucket("burst", 10, 1).unwrap()]);
+    let two = Plan::new(
+        "two",
+        vec![
+            Policy::token_bucket("burst", 10, 1).unwrap(),
+            Policy::daily("daily", 1_000).unwrap(),
+        ],
+    )
+    .unwrap();
+    for (first, then) in [(&one, &two), (&two, &one)] {
+        let store = MemoryStore::with_config(paceline_core::MemoryStoreConfig {
+            shards: 1,
+            max_keys: 1_000,
+        });
+        let clock = ManualClock::at_unix_secs(1_800_000_000);
+        let lim = Limiter::new(store.clone(), clock.clone());
+        for i in 0..1_000 {
+            assert!(lim.check_sync(first, &format!("a{i}"), 1).is_ok());
+        }
+        assert!(lim.check_sync(then, "new", 1).is_err());
+        // a day and a bit later every key of the first kind is at rest
+        clock.advance(Nanos::from_secs(90_000));
+        assert!(lim.check_sync(then, "new", 1).unwrap().is_allowed());
+        assert_eq!(store.len(), 1);
+    }
+}
+
+/// A request that can never fit charges nothing and keeps no state.
+#[test]
+fn a_cost_beyond_the_burst_keeps_no_state() {
+    let store = MemoryStore::new();
+    let lim = Limiter::new(store.clone(), ManualClock::at_unix_secs(1_800_000_000));
+    for p in [
+        plan(vec![Policy::token_bucket("burst", 10, 1).unwrap()]),
+        plan(vec![
+            Policy::token_bucket("burst", 10, 1).unwrap(),
+            Policy::fixed_window("minute", 100, 60).unwrap(),
+        ]),
+    ] {
+        for i in 0..100 {
+            let d = lim.check_sync(&p, &format!("k{i}"), 11).unwrap();
+            assert!(matches!(
+                d.outcome,
+                paceline_core::Outcome::CostExceedsBurst { .. }
+            ));
+        }
+    }
+    assert_eq!(store.len(), 0);
+}
+
 /// A reload that changes only quotas keeps the counters.
 #[test]
 fn quota_change_keeps_counters() {

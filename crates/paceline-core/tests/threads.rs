@@ -28,6 +28,34 @@ fn one_word_plan_is_exact_under_contention() {
     assert_eq!(hammer(plan, 4, 5_000), 777);
 }
 
+/// The first charges after a key came to rest race on a state that reads
+/// as fresh: still exact.
+#[test]
+fn a_key_coming_back_from_rest_is_exact_under_contention() {
+    for round in 0..20 {
+        let plan = Plan::new("p", vec![Policy::token_bucket("b", 500, 60).unwrap()]).unwrap();
+        let clock = ManualClock::at_unix_secs(1_800_000_000);
+        let lim = Arc::new(Limiter::new(MemoryStore::new(), clock.clone()));
+        for _ in 0..500 {
+            assert!(lim.check_sync(&plan, "shared", 1).unwrap().is_allowed());
+        }
+        // long past the key's rest mark: the table still holds it
+        clock.advance(Nanos::from_secs(600 + round));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (lim, plan) = (lim.clone(), plan.clone());
+                std::thread::spawn(move || {
+                    (0..1_000)
+                        .filter(|_| lim.check_sync(&plan, "shared", 1).unwrap().is_allowed())
+                        .count()
+                })
+            })
+            .collect();
+        let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(admitted, 500, "round {round}");
+    }
+}
+
 #[test]
 fn multi_policy_plan_is_exact_under_contention() {
     let plan = Plan::new(

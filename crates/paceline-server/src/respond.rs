@@ -361,25 +361,32 @@ struct LastDenial {
     retry_after_s: u64,
     /// Per policy: remaining, seconds to reset, would deny.
     statuses: Vec<(u64, u64, bool)>,
+    /// The policy the older dialects describe, when they are written (it
+    /// can turn on a nanosecond the rounded numbers do not show).
+    binding: Option<usize>,
     answer: Option<Answer>,
+}
+
+/// What a denial's answer is made from, besides the plan's prepared parts.
+struct Inputs<'a> {
+    d: &'a Decision,
+    den: &'a Denial,
+    secs: u64,
+    publish: bool,
+    binding: Option<usize>,
 }
 
 /// A denial's finished header fields and body.
 type Answer = (HeaderMap, Bytes);
 
 impl LastDenial {
-    fn matches(
-        &self,
-        meta: &PlanMeta,
-        d: &Decision,
-        den: &Denial,
-        secs: u64,
-        publish: bool,
-    ) -> bool {
+    fn matches(&self, meta: &PlanMeta, i: &Inputs<'_>) -> bool {
+        let (d, den) = (i.d, i.den);
         self.meta == meta.id
-            && self.publish == publish
+            && self.publish == i.publish
             && self.policy == den.policy
-            && self.retry_after_s == secs
+            && self.retry_after_s == i.secs
+            && self.binding == i.binding
             && self.statuses.len() == d.statuses.len()
             && self
                 .statuses
@@ -388,11 +395,13 @@ impl LastDenial {
                 .all(|(&a, s)| a == (s.remaining, s.reset_secs(), s.would_deny))
     }
 
-    fn remember(&mut self, meta: &PlanMeta, d: &Decision, den: &Denial, secs: u64, publish: bool) {
+    fn remember(&mut self, meta: &PlanMeta, i: &Inputs<'_>) {
+        let d = i.d;
         self.meta = meta.id;
-        self.publish = publish;
-        self.policy = den.policy;
-        self.retry_after_s = secs;
+        self.publish = i.publish;
+        self.policy = i.den.policy;
+        self.retry_after_s = i.secs;
+        self.binding = i.binding;
         self.statuses.clear();
         let numbers = d.statuses.iter();
         let numbers = numbers.map(|s| (s.remaining, s.reset_secs(), s.would_deny));
@@ -416,12 +425,20 @@ fn denial_response(
     dialects: &Dialects,
     publish: bool,
 ) -> Response<Bytes> {
-    let secs = den.retry_after_secs();
+    let older = publish && (dialects.x_ratelimit || dialects.draft03);
+    let inputs = Inputs {
+        d,
+        den,
+        secs: den.retry_after_secs(),
+        publish,
+        binding: older.then(|| emit::binding_policy(plan, d)).flatten(),
+    };
+    let secs = inputs.secs;
     // None: new inputs; Some(None): seen once; Some(Some(_)): kept
     // (a thread tearing down its locals just goes without the memo)
     let seen = LAST_DENIAL
         .try_with(|last| match &*last.borrow() {
-            Some(l) if l.matches(meta, d, den, secs, publish) => Some(l.answer.clone()),
+            Some(l) if l.matches(meta, &inputs) => Some(l.answer.clone()),
             _ => None,
         })
         .ok()
@@ -433,7 +450,7 @@ fn denial_response(
             let _ = LAST_DENIAL.try_with(|last| match (seen, &mut *last.borrow_mut()) {
                 // the second time in a row: keep it for the next ones
                 (Some(None), Some(l)) => l.answer = Some(answer.clone()),
-                (_, Some(l)) => l.remember(meta, d, den, secs, publish),
+                (_, Some(l)) => l.remember(meta, &inputs),
                 (_, last) => {
                     let mut l = LastDenial {
                         meta: meta.id,
@@ -441,9 +458,10 @@ fn denial_response(
                         policy: den.policy,
                         retry_after_s: 0,
                         statuses: Vec::with_capacity(d.statuses.len()),
+                        binding: None,
                         answer: None,
                     };
-                    l.remember(meta, d, den, secs, publish);
+                    l.remember(meta, &inputs);
                     *last = Some(l);
                 }
             });
@@ -808,6 +826,49 @@ mod tests {
                 assert_eq!(rl.unwrap(), r#""burst";r=0;t=2"#);
                 assert_eq!(ra, "2");
             }
+        }
+    }
+
+    #[test]
+    fn the_memo_tells_apart_denials_whose_older_dialects_differ() {
+        use paceline_core::Unit;
+        // denied by a byte policy: the older dialects describe the request
+        // policy with the fewest left, the one resetting last on a tie
+        let plan = Plan::new(
+            "p",
+            vec![
+                Policy::token_bucket("a", 10, 60).unwrap(),
+                Policy::token_bucket("b", 20, 60).unwrap(),
+                Policy::token_bucket("upload", 1_000, 60)
+                    .unwrap()
+                    .with_unit(Unit::ContentBytes)
+                    .unwrap(),
+            ],
+        )
+        .unwrap();
+        let denied = |ta: u64, tb: u64| {
+            let mut d = statuses(3, &[(5, ta), (5, tb), (0, 30_000_000_000)]);
+            d.statuses[2].would_deny = true;
+            d.outcome = Outcome::Denied(Denial {
+                policy: 2,
+                kind: PolicyKind::Burst,
+                retry_after: Nanos::from_secs(3),
+            });
+            d
+        };
+        // the same rounded numbers (t=2 for both), the order flipped
+        let first = denied(1_200_000_000, 1_400_000_000);
+        let second = denied(1_400_000_000, 1_200_000_000);
+        let dialects = Dialects::all();
+        let meta = PlanMeta::new(&plan, "x:", &dialects);
+        for d in [&first, &first, &first, &second, &second] {
+            let ours = rejection(&plan, &meta, d, &dialects, true, "x:");
+            let mut theirs = HeaderMap::new();
+            emit::write_headers(&plan, d, &dialects, &mut theirs);
+            assert_eq!(
+                ours.headers().get("x-ratelimit-limit"),
+                theirs.get("x-ratelimit-limit")
+            );
         }
     }
 
