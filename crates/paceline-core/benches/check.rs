@@ -81,6 +81,32 @@ fn keyed(c: &mut Criterion) {
     }
 }
 
+/// Every check a key never seen before (a flood of new clients): the
+/// insert path, not the lookup.
+fn new_keys(c: &mut Criterion) {
+    const N: usize = 3_000_000;
+    let ks: Vec<String> = (0..N).map(|i| format!("sk_new_{i:08}")).collect();
+    let mut g = c.benchmark_group("new_keys");
+    g.sample_size(20).measurement_time(Duration::from_secs(5));
+    let (lim, one, _) = ours();
+    let gov = theirs();
+    let mut i = 0usize;
+    g.bench_function("paceline_one_policy", |b| {
+        b.iter(|| {
+            i = (i + 1) % N;
+            black_box(lim.check_sync(&one, &ks[i], 1).unwrap().is_allowed())
+        })
+    });
+    let mut i = 0usize;
+    g.bench_function("governor_keyed", |b| {
+        b.iter(|| {
+            i = (i + 1) % N;
+            black_box(gov.check_key(&ks[i]).is_ok())
+        })
+    });
+    g.finish();
+}
+
 /// Two threads hammering one key; reported as time per check per thread.
 fn two_threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("two_threads_one_key");
@@ -129,5 +155,5 @@ fn run_two(iters: u64, f: impl Fn() + Send + Clone + 'static) -> Duration {
     start.elapsed()
 }
 
-criterion_group!(benches, keyed, two_threads);
+criterion_group!(benches, keyed, two_threads, new_keys);
 criterion_main!(benches);
