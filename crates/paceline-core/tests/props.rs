@@ -152,3 +152,56 @@ proptest! {
         prop_assert!(!check_words(&plan, &mut words, Nanos::new(now), 1).0.is_allowed());
     }
 }
+
+/// The store's bound on live keys, under any mix of plans, keys and
+/// pauses: it never holds more than `max_keys`, it refuses a new key only
+/// when it really holds that many (its count never drifts from what its
+/// tables hold), and everything at rest is swept.
+mod store_bound {
+    use paceline_core::{MemoryStore, MemoryStoreConfig, Nanos, Plan, Policy, StoreError};
+    use proptest::prelude::*;
+
+    const MAX: usize = 12;
+
+    fn plans() -> [Plan; 2] {
+        [
+            Plan::new("one", vec![Policy::token_bucket("b", 3, 1).unwrap()]).unwrap(),
+            Plan::new(
+                "two",
+                vec![
+                    Policy::token_bucket("b", 3, 1).unwrap(),
+                    Policy::fixed_window("w", 10, 2).unwrap(),
+                ],
+            )
+            .unwrap(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn live_keys_stay_bounded_and_counted(
+            ops in prop::collection::vec((0usize..2, 0u32..40, 0u64..1_500, 0u64..5), 1..300)
+        ) {
+            let plans = plans();
+            let store = MemoryStore::with_config(MemoryStoreConfig { shards: 1, max_keys: MAX });
+            let mut now = 1_800_000_000 * 1_000_000_000u64;
+            for (kind, key, pause_ms, cost) in ops {
+                now += pause_ms * 1_000_000;
+                let held = store.len();
+                let r = store.check_sync(&plans[kind], &format!("k{key}"), cost, Nanos::new(now));
+                match r {
+                    Ok(_) => {}
+                    // refused only when it really holds `max_keys` entries
+                    // (idle ones are swept at most once a second)
+                    Err(StoreError::Full) => prop_assert_eq!(held, MAX),
+                    Err(e) => prop_assert!(false, "{e}"),
+                }
+                prop_assert!(store.len() <= MAX, "{} > {MAX}", store.len());
+            }
+            now += 3_600 * 1_000_000_000;
+            prop_assert_eq!(store.sweep(Nanos::new(now)), 0);
+        }
+    }
+}
