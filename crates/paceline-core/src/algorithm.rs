@@ -94,7 +94,7 @@ pub fn at_rest(policy: &Policy, words: &[u64], now: u64) -> bool {
             window_count(words[0], idx) == 0
         }
         Algorithm::SlidingCounter => {
-            let idx = now / policy.window_ns();
+            let idx = policy.per_window(now);
             (words[1] == 0 && words[2] == 0) || words[0] + 1 < idx
         }
         Algorithm::SlidingLog => {
@@ -187,7 +187,7 @@ fn window_peek(policy: &Policy, words: &[u64], now: u64, cost: u64, offset: u64)
 }
 
 fn roll_counter(policy: &Policy, words: &mut [u64], now: u64) {
-    let idx = now / policy.window_ns();
+    let idx = policy.per_window(now);
     if words[0] == idx {
         return;
     }

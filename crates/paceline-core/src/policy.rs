@@ -18,9 +18,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::divide::Divisor;
-
 use crate::clock::Nanos;
+use crate::divide::Divisor;
 
 /// Seconds in a day.
 pub const DAY_SECS: u64 = 86_400;

@@ -452,8 +452,9 @@ impl MemoryStore {
     }
 }
 
-/// Checks in one table. `Err(StoreError::Full)` asks the caller to sweep
-/// the part and retry: a new key whose state matters found no `room`.
+/// Checks in one table; also says whether the key was inserted.
+/// `Err(StoreError::Full)`: a new key whose state matters found no `room`
+/// (the caller sweeps the whole shard and tries once more).
 #[inline]
 fn check_in<S: Slot>(
     table: &mut Table<S>,

@@ -178,13 +178,29 @@ fn idle_keys_are_swept_and_capacity_is_bounded() {
     ]));
 }
 
-fn swept_and_bounded(p: Plan) {
+/// A store of one shard holding at most `max_keys`, on a manual clock.
+fn one_shard(max_keys: usize) -> (MemoryStore, ManualClock, Limiter<MemoryStore, ManualClock>) {
     let store = MemoryStore::with_config(paceline_core::MemoryStoreConfig {
         shards: 1,
-        max_keys: 2_000,
+        max_keys,
     });
     let clock = ManualClock::at_unix_secs(1_800_000_000);
     let lim = Limiter::new(store.clone(), clock.clone());
+    (store, clock, lim)
+}
+
+/// A one-word plan (a burst of 10 per `w` seconds) and a multi-word one
+/// (the same burst and `second`).
+fn both_kinds(w: u64, second: Policy) -> [Plan; 2] {
+    let burst = Policy::token_bucket("burst", 10, w).unwrap();
+    [
+        plan(vec![burst.clone()]),
+        Plan::new("two", vec![burst, second]).unwrap(),
+    ]
+}
+
+fn swept_and_bounded(p: Plan) {
+    let (store, clock, lim) = one_shard(2_000);
     for i in 0..2_000 {
         assert!(lim
             .check_sync(&p, &format!("k{i}"), 1)
@@ -205,21 +221,8 @@ fn swept_and_bounded(p: Plan) {
 /// share its bound on live keys.
 #[test]
 fn the_key_bound_covers_both_kinds_of_plan() {
-    let one = plan(vec![Policy::token_bucket("burst", 10, 60).unwrap()]);
-    let two = Plan::new(
-        "two",
-        vec![
-            Policy::token_bucket("burst", 10, 60).unwrap(),
-            Policy::daily("daily", 1_000).unwrap(),
-        ],
-    )
-    .unwrap();
-    let store = MemoryStore::with_config(paceline_core::MemoryStoreConfig {
-        shards: 1,
-        max_keys: 1_000,
-    });
-    let clock = ManualClock::at_unix_secs(1_800_000_000);
-    let lim = Limiter::new(store.clone(), clock.clone());
+    let [one, two] = both_kinds(60, Policy::daily("daily", 1_000).unwrap());
+    let (store, _clock, lim) = one_shard(1_000);
     for i in 0..500 {
         assert!(lim.check_sync(&one, &format!("a{i}"), 1).is_ok());
         assert!(lim.check_sync(&two, &format!("b{i}"), 1).is_ok());
@@ -237,21 +240,8 @@ fn the_key_bound_covers_both_kinds_of_plan() {
 /// count of live keys stays exact through sweeps of either kind.
 #[test]
 fn keys_that_come_and_go_keep_the_bound_exact() {
-    let one = plan(vec![Policy::token_bucket("burst", 10, 1).unwrap()]);
-    let two = Plan::new(
-        "two",
-        vec![
-            Policy::token_bucket("burst", 10, 1).unwrap(),
-            Policy::fixed_window("second", 100, 1).unwrap(),
-        ],
-    )
-    .unwrap();
-    let store = MemoryStore::with_config(paceline_core::MemoryStoreConfig {
-        shards: 1,
-        max_keys: 2_000,
-    });
-    let clock = ManualClock::at_unix_secs(1_800_000_000);
-    let lim = Limiter::new(store.clone(), clock.clone());
+    let [one, two] = both_kinds(1, Policy::fixed_window("second", 100, 1).unwrap());
+    let (store, clock, lim) = one_shard(2_000);
     for generation in 0..12 {
         // 1,500 new keys, of one kind or the other: the last generation's
         // are all at rest, so every one of these must find room
@@ -275,22 +265,9 @@ fn keys_that_come_and_go_keep_the_bound_exact() {
 /// A shard full of idle keys of one kind makes room for keys of the other.
 #[test]
 fn a_full_shard_sweeps_both_kinds_of_plan() {
-    let one = plan(vec![Policy::token_bucket("burst", 10, 1).unwrap()]);
-    let two = Plan::new(
-        "two",
-        vec![
-            Policy::token_bucket("burst", 10, 1).unwrap(),
-            Policy::daily("daily", 1_000).unwrap(),
-        ],
-    )
-    .unwrap();
+    let [one, two] = both_kinds(1, Policy::daily("daily", 1_000).unwrap());
     for (first, then) in [(&one, &two), (&two, &one)] {
-        let store = MemoryStore::with_config(paceline_core::MemoryStoreConfig {
-            shards: 1,
-            max_keys: 1_000,
-        });
-        let clock = ManualClock::at_unix_secs(1_800_000_000);
-        let lim = Limiter::new(store.clone(), clock.clone());
+        let (store, clock, lim) = one_shard(1_000);
         for i in 0..1_000 {
             assert!(lim.check_sync(first, &format!("a{i}"), 1).is_ok());
         }

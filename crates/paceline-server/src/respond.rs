@@ -354,6 +354,7 @@ fn denial_body(plan: &Plan, meta: &PlanMeta, d: &Decision, den: &Denial, publish
 /// (until the next second), so its finished head and body are copied
 /// instead of written anew; traffic that never repeats only pays for the
 /// comparison.
+#[derive(Default)]
 struct LastDenial {
     meta: u64,
     publish: bool,
@@ -373,6 +374,8 @@ struct Inputs<'a> {
     den: &'a Denial,
     secs: u64,
     publish: bool,
+    /// The older dialects are written too.
+    older: bool,
     binding: Option<usize>,
 }
 
@@ -431,9 +434,9 @@ fn denial_response(
         den,
         secs: den.retry_after_secs(),
         publish,
+        older,
         binding: older.then(|| emit::binding_policy(plan, d)).flatten(),
     };
-    let secs = inputs.secs;
     // None: new inputs; Some(None): seen once; Some(Some(_)): kept
     // (a thread tearing down its locals just goes without the memo)
     let seen = LAST_DENIAL
@@ -446,24 +449,13 @@ fn denial_response(
     let (fields, body) = match seen {
         Some(Some(answer)) => answer,
         _ => {
-            let answer = denial_answer(plan, meta, d, den, secs, dialects, publish);
+            let answer = denial_answer(plan, meta, &inputs, dialects);
             let _ = LAST_DENIAL.try_with(|last| match (seen, &mut *last.borrow_mut()) {
                 // the second time in a row: keep it for the next ones
                 (Some(None), Some(l)) => l.answer = Some(answer.clone()),
-                (_, Some(l)) => l.remember(meta, &inputs),
-                (_, last) => {
-                    let mut l = LastDenial {
-                        meta: meta.id,
-                        publish,
-                        policy: den.policy,
-                        retry_after_s: 0,
-                        statuses: Vec::with_capacity(d.statuses.len()),
-                        binding: None,
-                        answer: None,
-                    };
-                    l.remember(meta, &inputs);
-                    *last = Some(l);
-                }
+                (_, last) => last
+                    .get_or_insert_with(LastDenial::default)
+                    .remember(meta, &inputs),
             });
             answer
         }
@@ -475,22 +467,15 @@ fn denial_response(
 }
 
 /// A denial's header fields and body, from the plan's prepared parts.
-fn denial_answer(
-    plan: &Plan,
-    meta: &PlanMeta,
-    d: &Decision,
-    den: &Denial,
-    secs: u64,
-    dialects: &Dialects,
-    publish: bool,
-) -> Answer {
+fn denial_answer(plan: &Plan, meta: &PlanMeta, inputs: &Inputs<'_>, dialects: &Dialects) -> Answer {
+    let (d, publish) = (inputs.d, inputs.publish);
     let head = &meta.heads[usize::from(!publish)];
     let mut fields = head.fields.clone();
     let mut ratelimit = head.ratelimit.and_then(|_| ratelimit_value(plan, meta, d));
     let missing = head.ratelimit.is_some() && ratelimit.is_none();
     for (i, v) in fields.values_mut().enumerate() {
         if i == head.retry_after {
-            *v = seconds_value(secs);
+            *v = seconds_value(inputs.secs);
         } else if Some(i) == head.ratelimit {
             if let Some(r) = ratelimit.take() {
                 *v = r;
@@ -500,10 +485,10 @@ fn denial_answer(
     if missing {
         fields.remove(RATELIMIT);
     }
-    if publish && (dialects.x_ratelimit || dialects.draft03) {
+    if inputs.older {
         older_dialects(plan, d, dialects, &mut fields);
     }
-    (fields, denial_body(plan, meta, d, den, publish))
+    (fields, denial_body(plan, meta, d, inputs.den, publish))
 }
 
 /// The response for a rejected decision (429 or 400). A rejection never
