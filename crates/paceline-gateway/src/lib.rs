@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod proxy;
 mod server;
 pub mod shed;
+mod upstream;
 pub mod webhook;
 
 pub use config::{ConfigFileError, GatewayConfig, Settings, SheddingSettings, StoreKind, Timeouts};
