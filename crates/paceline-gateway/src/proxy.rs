@@ -18,7 +18,9 @@ use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use quanta::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -191,10 +193,11 @@ impl Proxy {
         let mut rest = (!whole).then(|| IdleTimeout::new(body, this.timeouts.body_idle));
 
         let started = Instant::now();
-        let exchange = self.exchange(&parts.method, &out, rest.as_mut(), framing);
+        let exchange = self.exchange(&parts.method, &out, rest.as_mut(), framing, started);
         match tokio::time::timeout(this.timeouts.upstream_header, exchange).await {
             Ok(Ok((head, conn))) => {
-                let took = started.elapsed();
+                let now = Instant::now();
+                let took = now.saturating_duration_since(started);
                 m::upstream_latency(took);
                 if let Some(s) = &this.shedder {
                     s.record_latency(took);
@@ -206,7 +209,7 @@ impl Proxy {
                     keep_alive,
                 } = head;
                 strip_hop_by_hop(&mut headers);
-                let body = UpstreamBody::new(conn, framing, keep_alive, this.pool.clone());
+                let body = UpstreamBody::new(conn, framing, keep_alive, this.pool.clone(), now);
                 let body = IdleTimeout::new(body, this.timeouts.body_idle);
                 let mut res = Response::new(body.boxed_unsync());
                 *res.status_mut() = status;
@@ -246,14 +249,16 @@ impl Proxy {
         out: &[u8],
         mut rest: Option<&mut IdleTimeout<Incoming>>,
         framing: Framing,
+        now: Instant,
     ) -> Result<(Head, Conn), UpstreamError> {
         let pool = &self.inner.pool;
         // a request can go again only while all of it is in `out`
         let replayable = rest.is_none();
         loop {
-            let (mut conn, reused) = match pool.take() {
+            let (mut conn, reused) = match pool.take(now) {
                 Some(c) => (c, true),
-                None => (pool.connect().await?, false),
+                // boxed: the rare path keeps the common future small
+                None => (Box::pin(pool.connect()).await?, false),
             };
             let again = reused && replayable;
             if let Err(e) = conn.write_all(out).await {
@@ -445,7 +450,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Appends `ip` to `X-Forwarded-For` (one field, comma-separated).
 pub fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
-    use std::fmt::Write;
     let mut value = String::with_capacity(48);
     for prior in headers.get_all(&X_FORWARDED_FOR) {
         if let Ok(p) = prior.to_str() {
@@ -453,7 +457,7 @@ pub fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
             value.push_str(", ");
         }
     }
-    let _ = write!(value, "{ip}");
+    paceline_server::identity::push_ip(&mut value, ip);
     if let Ok(v) = HeaderValue::try_from(value) {
         headers.insert(X_FORWARDED_FOR, v);
     }

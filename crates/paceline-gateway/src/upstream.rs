@@ -20,7 +20,9 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use quanta::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -201,11 +203,11 @@ impl Pool {
         }
     }
 
-    /// An idle connection that is still open and not too old.
-    pub(crate) fn take(&self) -> Option<Conn> {
+    /// An idle connection that is still open and not too old at `now`.
+    pub(crate) fn take(&self, now: Instant) -> Option<Conn> {
         let mut idle = self.idle.lock();
         while let Some(c) = idle.pop() {
-            if c.since.elapsed() < self.idle_timeout && !c.is_stale() {
+            if now.saturating_duration_since(c.since) < self.idle_timeout && !c.is_stale() {
                 return Some(c);
             }
         }
@@ -217,12 +219,11 @@ impl Pool {
         Conn::connect(&self.host, self.port, self.connect_timeout).await
     }
 
-    /// Puts a connection whose exchange is over back on the stack.
-    pub(crate) fn put(&self, mut conn: Conn) {
+    /// Puts a connection whose exchange ended at `now` back on the stack.
+    pub(crate) fn put(&self, mut conn: Conn, now: Instant) {
         if !conn.buf.is_empty() {
             return;
         }
-        let now = Instant::now();
         conn.since = now;
         // don't keep a large buffer around for every idle connection
         if conn.buf.capacity() > 4 * READ_CHUNK {
@@ -232,7 +233,7 @@ impl Pool {
         // the oldest are at the bottom: drop the ones idle too long
         let stale = idle
             .iter()
-            .take_while(|c| now.duration_since(c.since) >= self.idle_timeout)
+            .take_while(|c| now.saturating_duration_since(c.since) >= self.idle_timeout)
             .count();
         if stale > 0 {
             idle.drain(..stale);
@@ -555,8 +556,14 @@ pub(crate) struct UpstreamBody {
 }
 
 impl UpstreamBody {
-    /// The body that follows `head` on `conn`.
-    pub(crate) fn new(mut conn: Conn, framing: Framing, keep_alive: bool, pool: Arc<Pool>) -> Self {
+    /// The body that follows a head read from `conn` at `now`.
+    pub(crate) fn new(
+        mut conn: Conn,
+        framing: Framing,
+        keep_alive: bool,
+        pool: Arc<Pool>,
+        now: Instant,
+    ) -> Self {
         let mut framing = framing;
         // the whole body is often in the buffer already: take it now and
         // free the connection before the answer is even written
@@ -577,16 +584,16 @@ impl UpstreamBody {
             pool,
         };
         if body.framing.is_end() {
-            body.finish();
+            body.finish(now);
         }
         body
     }
 
     /// The body is complete: the connection goes back if it can be reused.
-    fn finish(&mut self) {
+    fn finish(&mut self, now: Instant) {
         if let Some(conn) = self.conn.take() {
             if self.keep_alive {
-                self.pool.put(conn);
+                self.pool.put(conn, now);
             }
         }
     }
@@ -611,12 +618,12 @@ impl Body for UpstreamBody {
             match this.framing.decode(&mut conn.buf) {
                 Ok(Step::Data(b)) => {
                     if this.framing.is_end() {
-                        this.finish();
+                        this.finish(Instant::now());
                     }
                     return Poll::Ready(Some(Ok(Frame::data(b))));
                 }
                 Ok(Step::End) => {
-                    this.finish();
+                    this.finish(Instant::now());
                     return Poll::Ready(None);
                 }
                 Ok(Step::NeedMore) => {}

@@ -656,25 +656,12 @@ fn who<B>(
     }
 }
 
-/// `ip:` and the address as `Display` writes it, without the formatting
-/// machinery for the common IPv4 case (one key per anonymous request).
+/// `ip:` and the address as `Display` writes it (one key per anonymous
+/// request).
 fn ip_key(ip: std::net::IpAddr) -> String {
     let mut s = String::with_capacity(3 + 39);
     s.push_str("ip:");
-    match ip {
-        std::net::IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    s.push('.');
-                }
-                s.push_str(itoa::Buffer::new().format(octet));
-            }
-        }
-        std::net::IpAddr::V6(v6) => {
-            use std::fmt::Write;
-            let _ = write!(s, "{v6}");
-        }
-    }
+    crate::identity::push_ip(&mut s, ip);
     s
 }
 

@@ -82,19 +82,13 @@ impl<S: fmt::Debug> fmt::Debug for LoadShed<S> {
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
 impl<S, ReqB, ResB> Service<Request<ReqB>> for LoadShed<S>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqB: Send + 'static,
-    ResB: Send + 'static,
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
     type Response = Response<ShedBody<ResB>>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+    type Future = ShedFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -111,17 +105,51 @@ where
             let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
             let retry = layer.shedder.settings().retry_after_s;
             let res = overloaded(&layer.problem_base, retry, close);
-            return Box::pin(async move { Ok(res.map(ShedBody::full)) });
+            return ShedFuture::Shed { res: Some(res) };
         };
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let res = inner.call(req).await?;
-            Ok(res.map(|body| ShedBody::Inner {
-                body,
-                guard: Some(guard),
-            }))
-        })
+        ShedFuture::Inner {
+            call: self.inner.call(req),
+            guard: Some(guard),
+        }
+    }
+}
+
+pin_project! {
+    /// The response future of [`LoadShed`]: the shedder's own answer, or
+    /// the inner call holding its unit of capacity.
+    #[project = ShedFutureProj]
+    pub enum ShedFuture<F> {
+        /// Shed: the `503` is ready.
+        Shed {
+            res: Option<Response<Bytes>>,
+        },
+        /// Admitted: the inner service's call.
+        Inner {
+            #[pin]
+            call: F,
+            guard: Option<ShedGuard>,
+        },
+    }
+}
+
+impl<F, B, E> Future for ShedFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ShedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            ShedFutureProj::Shed { res } => {
+                let res = res.take().expect("polled after completion");
+                Poll::Ready(Ok(res.map(ShedBody::full)))
+            }
+            ShedFutureProj::Inner { call, guard } => {
+                let res = std::task::ready!(call.poll(cx))?;
+                let guard = guard.take();
+                Poll::Ready(Ok(res.map(|body| ShedBody::Inner { body, guard })))
+            }
+        }
     }
 }
 
