@@ -134,23 +134,7 @@ impl Proxy {
     /// Forwards one request.
     pub async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let this = &*self.inner;
-        let (mut parts, mut body) = req.into_parts();
-        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
-        let host = original_host(&parts.uri, &parts.headers);
-        strip_hop_by_hop(&mut parts.headers);
-        let host = match host {
-            Some(h) => h,
-            None => HeaderValue::from_str(this.target.authority.as_str())
-                .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
-        };
-        parts.headers.insert(header::HOST, host);
-        if let Some(ip) = peer {
-            append_forwarded_for(&mut parts.headers, ip);
-        }
-        parts
-            .headers
-            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-        let had_length = parts.headers.remove(header::CONTENT_LENGTH).is_some();
+        let (parts, mut body) = req.into_parts();
         let framing = match (body.is_end_stream(), body.size_hint().exact()) {
             (true, _) => Framing::None,
             (false, Some(_)) => Framing::Length,
@@ -163,12 +147,8 @@ impl Proxy {
         out.put_u8(b' ');
         self.put_target(&parts.uri, &mut out);
         out.put_slice(b" HTTP/1.1\r\n");
-        for (name, value) in &parts.headers {
-            out.put_slice(name.as_str().as_bytes());
-            out.put_slice(b": ");
-            out.put_slice(value.as_bytes());
-            out.put_slice(b"\r\n");
-        }
+        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
+        let had_length = put_fields(&parts, &this.target.authority, peer, &mut out);
         match framing {
             Framing::None if had_length || expects_body(&parts.method) => {
                 out.put_slice(b"content-length: 0\r\n")
@@ -400,20 +380,82 @@ pub(crate) fn full(data: impl Into<Bytes>) -> ProxyBody {
         .boxed_unsync()
 }
 
-/// The `Host` the client asked for: its `Host` field, or the authority of
-/// an HTTP/2 or absolute-form request.
-fn original_host(uri: &Uri, headers: &HeaderMap) -> Option<HeaderValue> {
-    if let Some(h) = headers.get(header::HOST) {
-        return Some(h.clone());
+/// Writes the request's fields as they go upstream: `Host` first (the
+/// client's, or the authority of an HTTP/2 or absolute-form request, or the
+/// upstream's), then the client's end-to-end fields, then
+/// `X-Forwarded-For` with the client appended and `X-Forwarded-Proto`.
+/// Hop-by-hop fields (RFC 9110 §7.6.1, with any named in `Connection`) and
+/// the client's framing fields stay behind; the caller writes the framing.
+/// True when the client sent a `Content-Length`.
+fn put_fields(
+    parts: &http::request::Parts,
+    upstream: &Authority,
+    peer: Option<IpAddr>,
+    out: &mut BytesMut,
+) -> bool {
+    let headers = &parts.headers;
+    out.put_slice(b"host: ");
+    match (headers.get(header::HOST), parts.uri.authority()) {
+        (Some(h), _) => out.put_slice(h.as_bytes()),
+        (None, Some(a)) => out.put_slice(a.as_str().as_bytes()),
+        (None, None) => out.put_slice(upstream.as_str().as_bytes()),
     }
-    uri.authority()
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    out.put_slice(b"\r\n");
+    // fields the client named in `Connection` (rare: looked up only then)
+    let named: Vec<HeaderName> = match headers.contains_key(header::CONNECTION) {
+        false => Vec::new(),
+        true => headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok())
+            .collect(),
+    };
+    let mut had_length = false;
+    let mut forwarded: Option<String> = None;
+    for (name, value) in headers {
+        if name == header::HOST || name == X_FORWARDED_PROTO || is_hop_by_hop(name) {
+            continue;
+        }
+        if name == header::CONTENT_LENGTH {
+            had_length = true;
+            continue;
+        }
+        if !named.is_empty() && named.contains(name) {
+            continue;
+        }
+        if name == X_FORWARDED_FOR {
+            let f = forwarded.get_or_insert_with(String::new);
+            if let Ok(v) = value.to_str() {
+                f.push_str(v);
+                f.push_str(", ");
+            }
+            continue;
+        }
+        out.put_slice(name.as_str().as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value.as_bytes());
+        out.put_slice(b"\r\n");
+    }
+    if let Some(ip) = peer {
+        let mut f = forwarded.unwrap_or_default();
+        paceline_server::identity::push_ip(&mut f, ip);
+        out.put_slice(b"x-forwarded-for: ");
+        out.put_slice(f.as_bytes());
+        out.put_slice(b"\r\n");
+    } else if let Some(f) = forwarded {
+        out.put_slice(b"x-forwarded-for: ");
+        out.put_slice(f.trim_end_matches(", ").as_bytes());
+        out.put_slice(b"\r\n");
+    }
+    out.put_slice(b"x-forwarded-proto: http\r\n");
+    had_length
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -422,44 +464,29 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
+}
 
 /// Removes the fields that describe one connection, not the message
 /// (RFC 9110 §7.6.1), including any named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // most messages carry none: one pass over the names instead of a
     // lookup per field
-    let any = headers
-        .keys()
-        .any(|k| k == header::UPGRADE || HOP_BY_HOP.contains(k));
-    if !any {
+    if !headers.keys().any(is_hop_by_hop) {
         return;
     }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok())
         .collect();
     for h in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(h);
-    }
-    headers.remove(header::UPGRADE);
-}
-
-/// Appends `ip` to `X-Forwarded-For` (one field, comma-separated).
-pub fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
-    let mut value = String::with_capacity(48);
-    for prior in headers.get_all(&X_FORWARDED_FOR) {
-        if let Ok(p) = prior.to_str() {
-            value.push_str(p);
-            value.push_str(", ");
-        }
-    }
-    paceline_server::identity::push_ip(&mut value, ip);
-    if let Ok(v) = HeaderValue::try_from(value) {
-        headers.insert(X_FORWARDED_FOR, v);
     }
 }
 
@@ -566,15 +593,55 @@ mod tests {
         assert!(h.contains_key("authorization"));
     }
 
+    /// The fields `put_fields` writes for a request with `fields`.
+    fn sent(fields: &[(&str, &str)], peer: Option<&str>) -> String {
+        let mut req = Request::get("/x");
+        for (n, v) in fields {
+            req = req.header(*n, *v);
+        }
+        let (parts, ()) = req.body(()).unwrap().into_parts();
+        let mut out = BytesMut::new();
+        let upstream = Authority::from_static("up:80");
+        let len = put_fields(
+            &parts,
+            &upstream,
+            peer.map(|p| p.parse().unwrap()),
+            &mut out,
+        );
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        format!("{text}length={len}")
+    }
+
     #[test]
-    fn forwarded_for_is_appended() {
-        let mut h = HeaderMap::new();
-        append_forwarded_for(&mut h, "10.0.0.1".parse().unwrap());
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1");
-        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
-        append_forwarded_for(&mut h, "::1".parse().unwrap());
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, ::1");
-        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+    fn forwarded_for_is_appended_and_hop_by_hop_fields_stay_behind() {
+        assert_eq!(
+            sent(&[("host", "api.example")], Some("10.0.0.1")),
+            "host: api.example\r\nx-forwarded-for: 10.0.0.1\r\nx-forwarded-proto: http\r\nlength=false"
+        );
+        let text = sent(
+            &[
+                ("x-forwarded-for", "10.0.0.1"),
+                ("x-forwarded-for", "10.0.0.2"),
+                ("connection", "keep-alive, x-secret"),
+                ("x-secret", "1"),
+                ("keep-alive", "timeout=5"),
+                ("te", "trailers"),
+                ("transfer-encoding", "chunked"),
+                ("upgrade", "websocket"),
+                ("x-forwarded-proto", "https"),
+                ("content-length", "3"),
+                ("authorization", "Bearer k"),
+            ],
+            Some("::1"),
+        );
+        assert_eq!(
+            text,
+            "host: up:80\r\nauthorization: Bearer k\r\n\
+             x-forwarded-for: 10.0.0.1, 10.0.0.2, ::1\r\nx-forwarded-proto: http\r\nlength=true"
+        );
+        // without a peer the prior chain is passed on as it was
+        assert!(sent(&[("x-forwarded-for", "10.0.0.9")], None)
+            .contains("\r\nx-forwarded-for: 10.0.0.9\r\n"));
     }
 
     #[test]

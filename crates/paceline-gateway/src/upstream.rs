@@ -25,7 +25,7 @@ use std::time::Duration;
 use quanta::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,13 +34,15 @@ use tokio::net::TcpStream;
 /// The longest response head accepted.
 const MAX_HEAD: usize = 64 * 1024;
 /// The most fields in a response head.
-const MAX_FIELDS: usize = 128;
+const MAX_FIELDS: usize = 100;
 /// The longest chunk-size line (with extensions) accepted.
 const MAX_CHUNK_LINE: usize = 4096;
 /// The most trailer bytes skipped after the last chunk.
 const MAX_TRAILERS: usize = 16 * 1024;
-/// Bytes reserved for each read.
+/// Bytes reserved when the read buffer runs low.
 const READ_CHUNK: usize = 16 * 1024;
+/// The least spare room a read is made with.
+const MIN_READ: usize = 4 * 1024;
 /// Idle connections kept per upstream at most.
 const MAX_IDLE: usize = 1024;
 
@@ -154,7 +156,7 @@ impl Conn {
                     return Err(UpstreamError::Protocol("response head too large"));
                 }
             }
-            self.buf.reserve(READ_CHUNK);
+            make_room(&mut self.buf);
             match self.io.read_buf(&mut self.buf).await {
                 Ok(0) if received => {
                     return Err(UpstreamError::Protocol("connection closed inside the head"))
@@ -165,6 +167,14 @@ impl Conn {
                 Err(e) => return Err(UpstreamError::Io(e)),
             }
         }
+    }
+}
+
+/// Room to read into: the buffer's spare space while there is enough of
+/// it (answers are small; one allocation serves many), else a fresh chunk.
+fn make_room(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < MIN_READ {
+        buf.reserve(READ_CHUNK);
     }
 }
 
@@ -311,27 +321,31 @@ pub(crate) fn parse_head(
             Some(0) => Version::HTTP_10,
             _ => Version::HTTP_11,
         };
-        // field values share the head's bytes instead of being copied
+        // one pass: where each field is (its value will share the head's
+        // bytes instead of being copied), and what frames the body
         let base = buf.as_ptr() as usize;
-        let spans: Vec<(HeaderName, usize, usize)> = res
-            .headers
-            .iter()
-            .map(|f| {
-                let name = HeaderName::from_bytes(f.name.as_bytes())
-                    .map_err(|_| UpstreamError::Protocol("bad field name"))?;
-                let start = f.value.as_ptr() as usize - base;
-                Ok((name, start, start + f.value.len()))
-            })
-            .collect::<Result<_, UpstreamError>>()?;
+        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_FIELDS];
+        let mut scan = Scan::default();
+        for (span, f) in spans.iter_mut().zip(res.headers.iter()) {
+            let name = f.name.as_bytes();
+            scan.field(name, f.value)?;
+            let ns = (name.as_ptr() as usize - base) as u32;
+            let vs = (f.value.as_ptr() as usize - base) as u32;
+            *span = (ns, ns + name.len() as u32, vs, vs + f.value.len() as u32);
+        }
+        let count = res.headers.len();
         let head = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(spans.len());
-        for (name, start, end) in spans {
-            let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+        // room for the fields the layers add on the way back
+        let mut headers = HeaderMap::with_capacity(count + 6);
+        for &(ns, ne, vs, ve) in &spans[..count] {
+            let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
+                .map_err(|_| UpstreamError::Protocol("bad field name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
                 .map_err(|_| UpstreamError::Protocol("bad field value"))?;
             headers.append(name, value);
         }
-        let framing = framing(&headers, status, method)?;
-        let keep_alive = keep_alive(&headers, version) && framing != Framing::Close;
+        let framing = scan.framing(status, method);
+        let keep_alive = scan.keep_alive(version) && framing != Framing::Close;
         return Ok(Some(Head {
             status,
             headers,
@@ -341,63 +355,70 @@ pub(crate) fn parse_head(
     }
 }
 
-/// How the body of a response is delimited (RFC 9112 §6.3).
-fn framing(
-    headers: &HeaderMap,
-    status: StatusCode,
-    method: &Method,
-) -> Result<Framing, UpstreamError> {
-    if method == Method::HEAD
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok(Framing::Length(0));
-    }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        // chunked must be the final coding; otherwise the body runs to
-        // the end of the connection
-        let last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .map(trim)
-            .rfind(|t| !t.is_empty());
-        return Ok(match last {
-            Some(t) if t.eq_ignore_ascii_case(b"chunked") => Framing::Chunked(Chunk::Size),
-            _ => Framing::Close,
-        });
-    }
-    let mut length = None;
-    for v in headers.get_all(header::CONTENT_LENGTH) {
-        for part in v.as_bytes().split(|&b| b == b',') {
-            let n =
-                parse_decimal(trim(part)).ok_or(UpstreamError::Protocol("bad content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(UpstreamError::Protocol("conflicting content-length"));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(match length {
-        Some(n) => Framing::Length(n),
-        None => Framing::Close,
-    })
+/// What a response head says about its body and its connection.
+#[derive(Default)]
+struct Scan {
+    length: Option<u64>,
+    /// `Some(true)` when `Transfer-Encoding` ends in `chunked`.
+    chunked: Option<bool>,
+    close: bool,
+    keep_alive: bool,
 }
 
-/// Whether the upstream keeps the connection open after this answer.
-fn keep_alive(headers: &HeaderMap, version: Version) -> bool {
-    let mut close = false;
-    let mut keep = false;
-    for v in headers.get_all(header::CONNECTION) {
-        for t in v.as_bytes().split(|&b| b == b',') {
-            let t = trim(t);
-            close |= t.eq_ignore_ascii_case(b"close");
-            keep |= t.eq_ignore_ascii_case(b"keep-alive");
+impl Scan {
+    fn field(&mut self, name: &[u8], value: &[u8]) -> Result<(), UpstreamError> {
+        if name.eq_ignore_ascii_case(b"content-length") {
+            for part in value.split(|&b| b == b',') {
+                let n = parse_decimal(trim(part))
+                    .ok_or(UpstreamError::Protocol("bad content-length"))?;
+                if self.length.is_some_and(|l| l != n) {
+                    return Err(UpstreamError::Protocol("conflicting content-length"));
+                }
+                self.length = Some(n);
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // chunked must be the final coding of the last field
+            let last = value
+                .split(|&b| b == b',')
+                .map(trim)
+                .rfind(|t| !t.is_empty());
+            match last {
+                Some(t) => self.chunked = Some(t.eq_ignore_ascii_case(b"chunked")),
+                None => self.chunked = self.chunked.or(Some(false)),
+            }
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for t in value.split(|&b| b == b',') {
+                let t = trim(t);
+                self.close |= t.eq_ignore_ascii_case(b"close");
+                self.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+        Ok(())
+    }
+
+    /// How the body is delimited (RFC 9112 §6.3).
+    fn framing(&self, status: StatusCode, method: &Method) -> Framing {
+        if method == Method::HEAD
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            return Framing::Length(0);
+        }
+        match (self.chunked, self.length) {
+            (Some(true), _) => Framing::Chunked(Chunk::Size),
+            // a coding other than chunked last: to the end of the connection
+            (Some(false), _) => Framing::Close,
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::Close,
         }
     }
-    match version {
-        Version::HTTP_10 => keep && !close,
-        _ => !close,
+
+    /// Whether the upstream keeps the connection open after this answer.
+    fn keep_alive(&self, version: Version) -> bool {
+        match version {
+            Version::HTTP_10 => self.keep_alive && !self.close,
+            _ => !self.close,
+        }
     }
 }
 
@@ -632,7 +653,7 @@ impl Body for UpstreamBody {
                     return Poll::Ready(Some(Err(e)));
                 }
             }
-            conn.buf.reserve(READ_CHUNK);
+            make_room(&mut conn.buf);
             match conn.io.try_read_buf(&mut conn.buf) {
                 Ok(0) => {
                     this.conn = None;
