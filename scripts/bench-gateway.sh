@@ -2,9 +2,13 @@
 # Load test: the paceline gateway against nginx limit_req and HAProxy
 # stick-table rate limiting, same policy, same upstream, one core each.
 #
-#   scripts/bench-gateway.sh            # 10 s per run
-#   DURATION=5s scripts/bench-gateway.sh
+#   scripts/bench-gateway.sh            # 10 s per run, 3 rounds
+#   DURATION=5s ROUNDS=1 scripts/bench-gateway.sh
 #   RUNS="429 0" scripts/bench-gateway.sh   # only the 429 path and +0 ms
+#
+# Every round measures every server once, in turn; the summary at the end
+# gives each one's median over the rounds (runs on a shared machine move by
+# several percent from one to the next, so one run decides nothing).
 #
 # Every server is pinned to core 0 (with the upstream), wrk to core 1.
 # Two paths are measured:
@@ -23,6 +27,7 @@ set -euo pipefail
 
 DURATION=${DURATION:-10s}
 RUNS=${RUNS:-429 0 2}
+ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-50}
 SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
@@ -180,6 +185,37 @@ measure() { # measure PATH_NAME SERVER PORT
   non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
   rows+=("$(printf '%-34s %-16s %12s %10s %10s %12s' "$1" "$2" "$rps" "$p50" "$p99" "${non2xx:-0}")")
   echo "${rows[-1]}"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$(ms "$p50")" "$(ms "$p99")" >>"$work/results.tsv"
+}
+
+ms() { # wrk's latency (us, ms or s) in milliseconds
+  awk -v v="$1" 'BEGIN {
+    n = v + 0
+    if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n = n; else if (v ~ /s$/) n *= 1000
+    printf "%.3f", n
+  }'
+}
+
+summary() { # medians per path and server, in the order first measured
+  awk -F'\t' '
+    { k = $1 SUBSEP $2
+      if (!(k in n)) { order[++m] = k }
+      n[k]++; rps[k, n[k]] = $3; p50[k, n[k]] = $4; p99[k, n[k]] = $5 }
+    function med(a, k, c,   i, j, t, v) {
+      for (i = 1; i <= c; i++) v[i] = a[k, i] + 0
+      for (i = 1; i <= c; i++) for (j = i + 1; j <= c; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+      return (c % 2) ? v[(c + 1) / 2] : (v[c / 2] + v[c / 2 + 1]) / 2
+    }
+    END {
+      printf "%-34s %-16s %12s %10s %10s %7s %14s\n", "path", "server", "req/s", "p50 ms", "p99 ms", "runs", "vs direct"
+      for (i = 1; i <= m; i++) {
+        k = order[i]; split(k, kk, SUBSEP)
+        r = med(rps, k, n[k])
+        if (kk[2] == "upstream direct") direct[kk[1]] = r
+        vs = (kk[1] in direct && kk[2] != "upstream direct") ? sprintf("%+.1f%%", (r / direct[kk[1]] - 1) * 100) : ""
+        printf "%-34s %-16s %12.0f %10.3f %10.3f %7d %14s\n", kk[1], kk[2], r, med(p50, k, n[k]), med(p99, k, n[k]), n[k], vs
+      }
+    }' "$work/results.tsv"
 }
 
 run_429() {
@@ -223,10 +259,15 @@ run_admitted() { # run_admitted DELAY_MS
 echo "wrk -t1 -c$CONNS -d$DURATION on core $LOAD_CPU; servers and upstream on core $SERVER_CPU"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-34s %-16s %12s %10s %10s %12s\n' path server "req/s" p50 p99 "non-2xx"
-for r in $RUNS; do
-  case $r in
-    429) run_429 ;;
-    *) run_admitted "$r" ;;
-  esac
+for round in $(seq 1 "$ROUNDS"); do
+  for r in $RUNS; do
+    case $r in
+      429) run_429 ;;
+      *) run_admitted "$r" ;;
+    esac
+  done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "medians over $ROUNDS round(s):"
+summary
