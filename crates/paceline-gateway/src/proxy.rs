@@ -170,10 +170,14 @@ impl Proxy {
                 Err(e) => return request_body_error(&e),
             },
         };
-        let mut rest = (!whole).then(|| IdleTimeout::new(body, this.timeouts.body_idle));
+        // a streamed body waits in its own allocation: the common future
+        // stays small
+        let mut rest = (!whole).then(|| Box::pin(IdleTimeout::new(body, this.timeouts.body_idle)));
+        let method = parts.method.clone();
+        drop(parts);
 
         let started = Instant::now();
-        let exchange = self.exchange(&parts.method, &out, rest.as_mut(), framing, started);
+        let exchange = self.exchange(&method, &out, rest.as_mut(), framing, started);
         match tokio::time::timeout(this.timeouts.upstream_header, exchange).await {
             Ok(Ok((head, conn))) => {
                 let now = Instant::now();
@@ -227,7 +231,7 @@ impl Proxy {
         &self,
         method: &Method,
         out: &[u8],
-        mut rest: Option<&mut IdleTimeout<Incoming>>,
+        mut rest: Option<&mut Pin<Box<IdleTimeout<Incoming>>>>,
         framing: Framing,
         now: Instant,
     ) -> Result<(Head, Conn), UpstreamError> {
@@ -248,7 +252,7 @@ impl Proxy {
                 }
             }
             if let Some(body) = rest.as_deref_mut() {
-                send_body(&mut conn, body, framing == Framing::Chunked).await?;
+                Box::pin(send_body(&mut conn, body, framing == Framing::Chunked)).await?;
             }
             match conn.read_head(method).await {
                 Ok(head) => return Ok((head, conn)),
@@ -305,7 +309,7 @@ fn put_data(out: &mut BytesMut, data: &[u8], chunked: bool) {
 /// Streams the rest of a request body upstream.
 async fn send_body(
     conn: &mut Conn,
-    body: &mut IdleTimeout<Incoming>,
+    body: &mut Pin<Box<IdleTimeout<Incoming>>>,
     chunked: bool,
 ) -> Result<(), UpstreamError> {
     let mut out = BytesMut::new();
