@@ -297,9 +297,16 @@ pub(crate) fn parse_head(
     method: &Method,
 ) -> Result<Option<Head>, UpstreamError> {
     loop {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-        let mut res = httparse::Response::new(&mut fields);
-        let len = match res.parse(buf) {
+        // left uninitialised: the parser writes only the fields it finds
+        let mut fields =
+            [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+        let mut res = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut res,
+            buf,
+            &mut fields,
+        );
+        let len = match parsed {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(httparse::Error::TooManyHeaders) => {
