@@ -14,7 +14,9 @@
 //! - [`Gateway`]: binds, serves (HTTP/1.1 and h2c), reloads, shuts down
 //!   gracefully; [`GatewayHandle`] controls it.
 //! - [`shed`]: load shedding by criticality, as a tower layer.
-//! - [`proxy`]: the forwarding service.
+//! - [`proxy`]: the forwarding service, with its own HTTP/1.1 client to
+//!   the upstream (pooled keep-alive connections driven in the request's
+//!   task).
 //! - [`demo`]: a Shiplane-style API to try it on.
 //!
 //! ```no_run

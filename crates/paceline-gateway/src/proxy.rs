@@ -50,6 +50,9 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 #[derive(Clone)]
 pub struct Proxy {
     inner: Arc<ProxyInner>,
+    /// The client connection's peer, for requests that carry no
+    /// [`PeerAddr`].
+    peer: Option<IpAddr>,
 }
 
 struct ProxyInner {
@@ -120,6 +123,16 @@ impl Proxy {
                 timeouts,
                 shedder,
             }),
+            peer: None,
+        }
+    }
+
+    /// The same proxy (sharing the pool) for the one client connection
+    /// whose peer is `peer`: its requests need not carry a [`PeerAddr`].
+    pub fn with_peer(&self, peer: std::net::SocketAddr) -> Self {
+        Proxy {
+            inner: self.inner.clone(),
+            peer: Some(peer.ip()),
         }
     }
 
@@ -147,7 +160,11 @@ impl Proxy {
         out.put_u8(b' ');
         self.put_target(&parts.uri, &mut out);
         out.put_slice(b" HTTP/1.1\r\n");
-        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
+        let peer = parts
+            .extensions
+            .get::<PeerAddr>()
+            .map(|p| p.0.ip())
+            .or(self.peer);
         let had_length = put_fields(&parts, &this.target.authority, peer, &mut out);
         match framing {
             Framing::None if had_length || expects_body(&parts.method) => {

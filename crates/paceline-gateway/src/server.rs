@@ -25,11 +25,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use paceline_core::{Clock, MemoryStore, SystemClock};
-use paceline_server::{Criticality, PeerAddr, RateLimiter};
+use paceline_server::{Criticality, RateLimit, RateLimiter};
 use parking_lot::RwLock;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;
+use tower_layer::Layer;
 
 use crate::config::{ConfigFileError, GatewayConfig, Settings};
 use crate::idle::{Activity, Tracked, TrackedCall};
@@ -188,10 +189,7 @@ impl Gateway {
         let settings = h.inner.settings.read().clone();
         let t = settings.timeouts;
         let proxy = Proxy::new(&settings.upstream, t, Some(h.inner.shedder.clone()));
-        let stack = tower::ServiceBuilder::new()
-            .layer(shed_layer(&h))
-            .layer(h.inner.limiter.layer())
-            .service(proxy);
+        let shed = shed_layer(&h);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // the client header bound is kept per connection (see `idle`), not
         // with a timer armed for every request head
@@ -238,11 +236,13 @@ impl Gateway {
                 _ = &mut stopped => break,
             };
             let _ = stream.set_nodelay(true);
-            let stack = stack.clone();
+            // a stack per connection, knowing its peer: no address to put
+            // into every request
+            let limited = RateLimit::new(proxy.with_peer(peer), h.inner.limiter.clone());
+            let stack = shed.layer(limited.with_peer(peer));
             let activity = Activity::new();
             let watched = activity.clone();
-            let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-                req.extensions_mut().insert(PeerAddr(peer));
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let busy = activity.start();
                 let call = stack.clone().oneshot(req);
                 let fut: ServeFuture = Box::pin(TrackedCall::new(call, busy));

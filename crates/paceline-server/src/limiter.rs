@@ -231,8 +231,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         crate::RateLimitLayer::new(self.clone())
     }
 
-    /// Reads everything the decision needs from the request head.
-    pub(crate) fn prepare<B>(&self, req: &Request<B>) -> Prepared {
+    /// Reads everything the decision needs from the request head; `peer` is
+    /// the connection's socket peer when the request's extensions name none.
+    pub(crate) fn prepare<B>(&self, req: &Request<B>, peer: Option<std::net::IpAddr>) -> Prepared {
         let limits = self.limits();
         let path = req.uri().path();
         let lim = &limits.inner;
@@ -246,6 +247,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         let who = who(
             &limits,
             req,
+            peer,
             &fields,
             matched.map(|(r, anon)| (r.is_anonymous(), *anon)),
             &route,
@@ -611,6 +613,7 @@ impl<'a> HeadFields<'a> {
 fn who<B>(
     limits: &Limits,
     req: &Request<B>,
+    peer: Option<std::net::IpAddr>,
     fields: &HeadFields<'_>,
     route: Option<(bool, Option<usize>)>,
     info: &RouteInfo,
@@ -618,7 +621,8 @@ fn who<B>(
     let lim = &*limits.inner;
     let headers = req.headers();
     let ip_key = || {
-        let ip = client_ip(headers, peer_ip(req.extensions()), &lim.trusted);
+        let peer = peer_ip(req.extensions()).or(peer);
+        let ip = client_ip(headers, peer, &lim.trusted);
         ip.map_or_else(|| "ip:unknown".to_string(), ip_key)
     };
     let anonymous = |plan: usize| Some(Who::owned(ip_key(), plan, false));

@@ -95,3 +95,38 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_per_connection_peer_keys_requests_without_an_address() {
+    use paceline_server::{KeySource, PeerAddr};
+    let plan = Plan::new("p", vec![Policy::token_bucket("burst", 2, 60).unwrap()]).unwrap();
+    let limits = Limits::builder()
+        .plan(plan)
+        .key_source(KeySource::ClientIp)
+        .default_plan("p")
+        .build()
+        .unwrap();
+    let clock = ManualClock::at_unix_secs(1_790_769_600);
+    let limiter = paceline_server::RateLimiter::new(limits, MemoryStore::new(), clock);
+    let inner = tower::service_fn(|_r: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+    });
+    let conn_a = "10.0.0.1:5000".parse().unwrap();
+    let conn_b = "10.0.0.2:5000".parse().unwrap();
+    let mut a = paceline_server::RateLimit::new(inner, limiter.clone()).with_peer(conn_a);
+    let mut b = paceline_server::RateLimit::new(inner, limiter).with_peer(conn_b);
+    let status = |svc: &mut paceline_server::RateLimit<_, _, _>, ext: Option<&str>| {
+        let mut req = Request::get("/x").body(()).unwrap();
+        if let Some(addr) = ext {
+            req.extensions_mut().insert(PeerAddr(addr.parse().unwrap()));
+        }
+        now_or_never(svc.call(req)).unwrap().status().as_u16()
+    };
+    // each connection's peer has its own burst of two
+    assert_eq!([status(&mut a, None), status(&mut a, None)], [200, 200]);
+    assert_eq!(status(&mut a, None), 429);
+    assert_eq!(status(&mut b, None), 200, "another peer, another key");
+    // an address in the request's extensions wins over the connection's
+    assert_eq!(status(&mut a, Some("10.0.0.3:1")), 200);
+    assert_eq!(status(&mut b, Some("10.0.0.1:1")), 429, "10.0.0.1 is spent");
+}

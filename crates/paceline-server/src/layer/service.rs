@@ -66,12 +66,25 @@ impl<B, E> fmt::Debug for ResponseFuture<B, E> {
 pub struct RateLimit<I, S, C> {
     inner: I,
     limiter: RateLimiter<S, C>,
+    peer: Option<std::net::IpAddr>,
 }
 
 impl<I, S, C> RateLimit<I, S, C> {
     /// Wraps `inner`.
     pub fn new(inner: I, limiter: RateLimiter<S, C>) -> Self {
-        RateLimit { inner, limiter }
+        RateLimit {
+            inner,
+            limiter,
+            peer: None,
+        }
+    }
+    /// Sets the socket peer of the one connection this service serves, for
+    /// requests whose extensions name none (see [`crate::PeerAddr`]): a
+    /// server that builds a service per connection then need not insert
+    /// the address into every request.
+    pub fn with_peer(mut self, peer: std::net::SocketAddr) -> Self {
+        self.peer = Some(peer.ip());
+        self
     }
     /// The limiter.
     pub fn limiter(&self) -> &RateLimiter<S, C> {
@@ -84,6 +97,7 @@ impl<I: Clone, S, C> Clone for RateLimit<I, S, C> {
         RateLimit {
             inner: self.inner.clone(),
             limiter: self.limiter.clone(),
+            peer: self.peer,
         }
     }
 }
@@ -115,7 +129,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        let prepared = self.limiter.prepare(&req);
+        let prepared = self.limiter.prepare(&req, self.peer);
         let now = self.limiter.decide_now(&prepared);
         match now {
             // answered without the inner service; the request and its
