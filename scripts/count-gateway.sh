@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Instructions the gateway spends per request, counted by callgrind: a
+# figure that does not move with the machine's load, for comparing two
+# builds of the gateway where wrk's rates are too noisy to tell them apart.
+#
+#   scripts/count-gateway.sh              # admitted (proxied) and 429 paths
+#   PACELINE_BIN=/path/to/paceline scripts/count-gateway.sh
+#
+# One client sends requests one after another on one keep-alive
+# connection. The gateway runs under callgrind twice, for N and 2N
+# requests; its counters are zeroed after start-up and a few warm-up
+# requests (clock calibration and first-use set-up vary from run to run),
+# and the difference divided by N is the cost of one request. It counts
+# the gateway's own user-space instructions only: system calls are not in
+# it.
+# Needs: valgrind, python3, taskset (Debian packages), a release build.
+set -euo pipefail
+
+N=${N:-3000}
+UP_PORT=${UP_PORT:-18191}
+GW_PORT=${GW_PORT:-18192}
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${PACELINE_BIN:-$root/target/release/paceline}
+
+for tool in valgrind callgrind_control python3 taskset; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    echo "missing $tool; install it with: apt-get install -y ${tool/callgrind_control/valgrind}" >&2
+    exit 1
+  }
+done
+if [ ! -x "$bin" ]; then
+  (cd "$root" && cargo build --release -p paceline)
+fi
+
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+
+config() { # config Q W
+  cat <<EOF
+key = "ip"
+default_plan = "bench"
+
+[gateway]
+listen = "127.0.0.1:$GW_PORT"
+upstream = "http://127.0.0.1:$UP_PORT"
+watch = false
+
+[gateway.shedding]
+max_in_flight = 0
+
+[plans.bench]
+policies = [{ name = "burst", algorithm = "token_bucket", q = $1, w = $2 }]
+
+[escalation]
+enabled = false
+EOF
+}
+
+wait_port() {
+  for _ in $(seq 1 200); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.05
+  done
+  echo "nothing listens on port $1" >&2
+  exit 1
+}
+
+send() { # send COUNT: one request after another, each answer read whole
+  python3 - "$GW_PORT" "$1" <<'PY'
+import re, socket, sys
+port, count = int(sys.argv[1]), int(sys.argv[2])
+s = socket.create_connection(("127.0.0.1", port))
+req = b"GET /v1/rates HTTP/1.1\r\nHost: bench\r\n\r\n"
+buf = b""
+for _ in range(count):
+    s.sendall(req)
+    while True:
+        head, sep, rest = buf.partition(b"\r\n\r\n")
+        if sep:
+            n = int(re.search(rb"content-length: *(\d+)", head, re.I).group(1))
+            if len(rest) >= n:
+                buf = rest[n:]
+                break
+        chunk = s.recv(65536)
+        if not chunk:
+            sys.exit("the gateway closed the connection")
+        buf += chunk
+PY
+}
+
+count() { # count CONFIG REQUESTS: instructions of one gateway run
+  local out="$work/cg.$RANDOM"
+  taskset -c 0 valgrind --tool=callgrind \
+    --callgrind-out-file="$out" "$bin" gateway --config "$1" >/dev/null 2>&1 &
+  local gw=$!
+  wait_port "$GW_PORT"
+  send 20
+  callgrind_control -z "$gw" >/dev/null 2>&1
+  send "$2"
+  kill "$gw"
+  wait "$gw" 2>/dev/null || true
+  awk '/^totals:/ {print $2}' "$out"
+}
+
+"$bin" demo --upstream-only --listen "127.0.0.1:$UP_PORT" >/dev/null 2>&1 &
+wait_port "$UP_PORT"
+
+config 100000000 100 >"$work/admitted.toml"
+config 20 2 >"$work/429.toml"
+printf '%-12s %14s\n' path "instr/request"
+for path in admitted 429; do
+  a=$(count "$work/$path.toml" "$N")
+  b=$(count "$work/$path.toml" $((2 * N)))
+  printf '%-12s %14d\n' "$path" $(((b - a) / N))
+done
