@@ -38,7 +38,7 @@ use tower_service::Service;
 use crate::config::Timeouts;
 use crate::metrics as m;
 use crate::shed::Shedder;
-use crate::upstream::{Conn, Head, Pool, UpstreamBody, UpstreamError};
+use crate::upstream::{put_data, BodyFraming, Conn, Head, Pool, UpstreamBody, UpstreamError};
 
 /// Errors inside a streamed body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -139,14 +139,21 @@ impl Proxy {
     /// Writes the request target sent upstream, in origin form: the
     /// upstream's base path, then the client's path and query.
     fn put_target(&self, uri: &Uri, out: &mut BytesMut) {
-        out.put_slice(self.inner.target.base.as_bytes());
         let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        // `OPTIONS *` asks about the server as a whole: no base path
+        if pq != "*" {
+            out.put_slice(self.inner.target.base.as_bytes());
+        }
         out.put_slice(pq.as_bytes());
     }
 
     /// Forwards one request.
     pub async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let this = &*self.inner;
+        if req.method() == Method::CONNECT {
+            // a tunnel is not a request this proxy forwards
+            return gateway_error(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not forwarded.");
+        }
         let (parts, mut body) = req.into_parts();
         let framing = match (body.is_end_stream(), body.size_hint().exact()) {
             (true, _) => Framing::None,
@@ -180,10 +187,15 @@ impl Proxy {
             Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
         }
         out.put_slice(b"\r\n");
-        let whole = match framing {
-            Framing::None => true,
-            _ => match coalesce(&mut body, &mut out, framing == Framing::Chunked) {
-                Ok(whole) => whole,
+        let streamed = match framing {
+            Framing::None => None,
+            Framing::Length => Some(BodyFraming::Length(body.size_hint().exact().unwrap_or(0))),
+            Framing::Chunked => Some(BodyFraming::Chunked),
+        };
+        let (sent, whole) = match streamed {
+            None => (0, true),
+            Some(f) => match coalesce(&mut body, &mut out, f) {
+                Ok(x) => x,
                 Err(e) => return request_body_error(&e),
             },
         };
@@ -194,7 +206,7 @@ impl Proxy {
         drop(parts);
 
         let started = Instant::now();
-        let exchange = self.exchange(&method, &out, rest.as_mut(), framing, started);
+        let exchange = self.exchange(&method, &out, rest.as_mut(), streamed, sent, started);
         match tokio::time::timeout(this.timeouts.upstream_header, exchange).await {
             Ok(Ok((head, conn))) => {
                 let now = Instant::now();
@@ -249,7 +261,8 @@ impl Proxy {
         method: &Method,
         out: &[u8],
         mut rest: Option<&mut Pin<Box<IdleTimeout<Incoming>>>>,
-        framing: Framing,
+        framing: Option<BodyFraming>,
+        sent: u64,
         now: Instant,
     ) -> Result<(Head, Conn), UpstreamError> {
         let pool = &self.inner.pool;
@@ -262,16 +275,21 @@ impl Proxy {
                 None => (Box::pin(pool.connect()).await?, false),
             };
             let again = reused && replayable;
-            if let Err(e) = conn.write_all(out).await {
-                match again {
+            if let Err((some_went, e)) = conn.write_all(out).await {
+                // a connection the upstream had closed: nothing of the
+                // request reached it, or only what is safe to repeat
+                match again && (!some_went || method.is_idempotent()) {
                     true => continue,
                     false => return Err(e),
                 }
             }
-            if let Some(body) = rest.as_deref_mut() {
-                Box::pin(send_body(&mut conn, body, framing == Framing::Chunked)).await?;
-            }
-            match conn.read_head(method).await {
+            let head = match (rest.as_deref_mut(), framing) {
+                (Some(body), Some(framing)) => {
+                    Box::pin(conn.stream_and_read(body, framing, sent, method)).await
+                }
+                _ => conn.read_head(method).await,
+            };
+            match head {
                 Ok(head) => return Ok((head, conn)),
                 Err(UpstreamError::Closed) if again && method.is_idempotent() => continue,
                 Err(e) => return Err(e),
@@ -286,62 +304,40 @@ fn expects_body(m: &Method) -> bool {
 }
 
 /// Appends the body frames that are ready now to `out` (up to
-/// [`COALESCE`] bytes); true when that was the whole body.
-fn coalesce(body: &mut Incoming, out: &mut BytesMut, chunked: bool) -> Result<bool, BoxError> {
+/// [`COALESCE`] bytes): how many bytes that was, and whether it was the
+/// whole body.
+fn coalesce(
+    body: &mut Incoming,
+    out: &mut BytesMut,
+    framing: BodyFraming,
+) -> Result<(u64, bool), BoxError> {
+    let chunked = framing == BodyFraming::Chunked;
     let mut cx = Context::from_waker(Waker::noop());
-    let mut taken = 0;
-    while taken < COALESCE && !body.is_end_stream() {
+    let mut taken = 0u64;
+    let mut ended = body.is_end_stream();
+    while taken < COALESCE as u64 && !ended {
         match Pin::new(&mut *body).poll_frame(&mut cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
-                    taken += data.len();
+                    taken += data.len() as u64;
                     put_data(out, &data, chunked);
                 }
+                ended = body.is_end_stream();
             }
             Poll::Ready(Some(Err(e))) => return Err(e.into()),
-            Poll::Ready(None) => break,
-            Poll::Pending => return Ok(false),
+            Poll::Ready(None) => ended = true,
+            Poll::Pending => break,
         }
     }
-    let whole = body.is_end_stream();
-    if whole && chunked {
+    if let BodyFraming::Length(n) = framing {
+        if taken > n || (ended && taken != n) {
+            return Err("request body does not match its length".into());
+        }
+    }
+    if ended && chunked {
         out.put_slice(b"0\r\n\r\n");
     }
-    Ok(whole)
-}
-
-fn put_data(out: &mut BytesMut, data: &[u8], chunked: bool) {
-    if data.is_empty() {
-        return;
-    }
-    if chunked {
-        out.put_slice(format!("{:x}\r\n", data.len()).as_bytes());
-        out.put_slice(data);
-        out.put_slice(b"\r\n");
-    } else {
-        out.put_slice(data);
-    }
-}
-
-/// Streams the rest of a request body upstream.
-async fn send_body(
-    conn: &mut Conn,
-    body: &mut Pin<Box<IdleTimeout<Incoming>>>,
-    chunked: bool,
-) -> Result<(), UpstreamError> {
-    let mut out = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(UpstreamError::RequestBody)?;
-        if let Ok(data) = frame.into_data() {
-            out.clear();
-            put_data(&mut out, &data, chunked);
-            conn.write_all(&out).await?;
-        }
-    }
-    if chunked {
-        conn.write_all(b"0\r\n\r\n").await?;
-    }
-    Ok(())
+    Ok((taken, ended))
 }
 
 /// The answer when the client's own body failed.
@@ -402,8 +398,8 @@ pub(crate) fn full(data: impl Into<Bytes>) -> ProxyBody {
 }
 
 /// Writes the request's fields as they go upstream: `Host` first (the
-/// client's, or the authority of an HTTP/2 or absolute-form request, or the
-/// upstream's), then the client's end-to-end fields, then
+/// authority of an HTTP/2 or absolute-form request, or the client's
+/// `Host`, or the upstream's), then the client's end-to-end fields, then
 /// `X-Forwarded-For` with the client appended and `X-Forwarded-Proto`.
 /// Hop-by-hop fields (RFC 9110 §7.6.1, with any named in `Connection`) and
 /// the client's framing fields stay behind; the caller writes the framing.
@@ -416,9 +412,10 @@ fn put_fields(
 ) -> bool {
     let headers = &parts.headers;
     out.put_slice(b"host: ");
-    match (headers.get(header::HOST), parts.uri.authority()) {
-        (Some(h), _) => out.put_slice(h.as_bytes()),
-        (None, Some(a)) => out.put_slice(a.as_str().as_bytes()),
+    // the target's authority wins over `Host` (RFC 9112 §3.2.2)
+    match (parts.uri.authority(), headers.get(header::HOST)) {
+        (Some(a), _) => out.put_slice(a.as_str().as_bytes()),
+        (None, Some(h)) => out.put_slice(h.as_bytes()),
         (None, None) => out.put_slice(upstream.as_str().as_bytes()),
     }
     out.put_slice(b"\r\n");

@@ -137,35 +137,170 @@ impl Conn {
         }
     }
 
-    /// Writes `bytes` whole.
-    pub(crate) async fn write_all(&mut self, bytes: &[u8]) -> Result<(), UpstreamError> {
-        self.io.write_all(bytes).await.map_err(UpstreamError::Io)
+    /// Writes `bytes` whole. On failure it also says whether any of them
+    /// went out (a request none of which was written is safe to send
+    /// again elsewhere).
+    pub(crate) async fn write_all(&mut self, bytes: &[u8]) -> Result<(), (bool, UpstreamError)> {
+        let mut done = 0;
+        while done < bytes.len() {
+            match self.io.write(&bytes[done..]).await {
+                Ok(0) => {
+                    let e = io::Error::from(io::ErrorKind::WriteZero);
+                    return Err((done > 0, UpstreamError::Io(e)));
+                }
+                Ok(n) => done += n,
+                Err(e) => return Err((done > 0, UpstreamError::Io(e))),
+            }
+        }
+        Ok(())
     }
 
     /// Reads until a final (non-`1xx`) response head is complete, and
     /// takes it out of the buffer.
     pub(crate) async fn read_head(&mut self, method: &Method) -> Result<Head, UpstreamError> {
-        let mut received = false;
+        read_head(&mut self.io, &mut self.buf, method).await
+    }
+
+    /// Streams the rest of a request body (`sent` bytes of it went with
+    /// the head) while watching for the answer: an upstream may answer
+    /// before it has read the whole body (a `413`, say), or answer while it
+    /// reads (streaming both ways). An answer that comes before the body
+    /// is all sent ends the sending, and the connection is not reused.
+    pub(crate) async fn stream_and_read<B>(
+        &mut self,
+        body: &mut B,
+        framing: BodyFraming,
+        sent: u64,
+        method: &Method,
+    ) -> Result<Head, UpstreamError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<crate::proxy::BoxError>,
+    {
+        let (mut rd, mut wr) = self.io.split();
+        let send = send_rest(&mut wr, body, framing, sent);
+        let read = read_head(&mut rd, &mut self.buf, method);
+        tokio::pin!(send, read);
+        let mut sending = true;
+        let mut whole = false;
         loop {
-            if !self.buf.is_empty() {
-                received = true;
-                if let Some(head) = parse_head(&mut self.buf, method)? {
+            tokio::select! {
+                biased;
+                head = &mut read => {
+                    let mut head = head?;
+                    head.keep_alive &= whole;
                     return Ok(head);
                 }
-                if self.buf.len() > MAX_HEAD {
-                    return Err(UpstreamError::Protocol("response head too large"));
+                done = &mut send, if sending => {
+                    sending = false;
+                    match done {
+                        Ok(()) => whole = true,
+                        // the client's fault: no answer is waited for
+                        Err(e @ UpstreamError::RequestBody(_)) => return Err(e),
+                        // the upstream stopped reading: its answer may
+                        // still come
+                        Err(_) => {}
+                    }
                 }
             }
-            make_room(&mut self.buf);
-            match self.io.read_buf(&mut self.buf).await {
-                Ok(0) if received => {
-                    return Err(UpstreamError::Protocol("connection closed inside the head"))
-                }
-                Ok(0) => return Err(UpstreamError::Closed),
-                Ok(_) => {}
-                Err(e) if !received && is_reset(&e) => return Err(UpstreamError::Closed),
-                Err(e) => return Err(UpstreamError::Io(e)),
+        }
+    }
+}
+
+/// How a streamed request body is framed upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BodyFraming {
+    /// `Content-Length` of this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// Appends one piece of body to `out`, chunk-framed when `chunked`.
+pub(crate) fn put_data(out: &mut BytesMut, data: &[u8], chunked: bool) {
+    use bytes::BufMut;
+    if data.is_empty() {
+        return;
+    }
+    if chunked {
+        out.put_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        out.put_slice(data);
+        out.put_slice(b"\r\n");
+    } else {
+        out.put_slice(data);
+    }
+}
+
+/// Writes the rest of a request body; a body that ends short of (or runs
+/// past) its declared length fails, so the upstream never takes the next
+/// request's bytes for this one's.
+async fn send_rest<W, B>(
+    wr: &mut W,
+    body: &mut B,
+    framing: BodyFraming,
+    mut sent: u64,
+) -> Result<(), UpstreamError>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<crate::proxy::BoxError>,
+{
+    use http_body_util::BodyExt;
+    let chunked = framing == BodyFraming::Chunked;
+    let mut out = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| UpstreamError::RequestBody(e.into()))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers are not passed on
+        };
+        sent += data.len() as u64;
+        if let BodyFraming::Length(n) = framing {
+            if sent > n {
+                return Err(UpstreamError::RequestBody(
+                    "body longer than its length".into(),
+                ));
             }
+        }
+        out.clear();
+        put_data(&mut out, &data, chunked);
+        wr.write_all(&out).await.map_err(UpstreamError::Io)?;
+    }
+    match framing {
+        BodyFraming::Length(n) if sent != n => Err(UpstreamError::RequestBody(
+            "body shorter than its length".into(),
+        )),
+        BodyFraming::Length(_) => Ok(()),
+        BodyFraming::Chunked => wr.write_all(b"0\r\n\r\n").await.map_err(UpstreamError::Io),
+    }
+}
+
+/// Reads from `rd` into `buf` until a final (non-`1xx`) response head is
+/// complete, and takes it out of the buffer.
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    method: &Method,
+) -> Result<Head, UpstreamError> {
+    let mut received = false;
+    loop {
+        if !buf.is_empty() {
+            received = true;
+            if let Some(head) = parse_head(buf, method)? {
+                return Ok(head);
+            }
+            if buf.len() > MAX_HEAD {
+                return Err(UpstreamError::Protocol("response head too large"));
+            }
+        }
+        make_room(buf);
+        match rd.read_buf(buf).await {
+            Ok(0) if received => {
+                return Err(UpstreamError::Protocol("connection closed inside the head"))
+            }
+            Ok(0) => return Err(UpstreamError::Closed),
+            Ok(_) => {}
+            Err(e) if !received && is_reset(&e) => return Err(UpstreamError::Closed),
+            Err(e) => return Err(UpstreamError::Io(e)),
         }
     }
 }
@@ -215,13 +350,13 @@ impl Pool {
 
     /// An idle connection that is still open and not too old at `now`.
     pub(crate) fn take(&self, now: Instant) -> Option<Conn> {
-        let mut idle = self.idle.lock();
-        while let Some(c) = idle.pop() {
+        loop {
+            // the lock is held for the pop only, not for the check
+            let c = self.idle.lock().pop()?;
             if now.saturating_duration_since(c.since) < self.idle_timeout && !c.is_stale() {
                 return Some(c);
             }
         }
-        None
     }
 
     /// A new connection.
@@ -340,6 +475,16 @@ pub(crate) fn parse_head(
             let vs = (f.value.as_ptr() as usize - base) as u32;
             *span = (ns, ns + name.len() as u32, vs, vs + f.value.len() as u32);
         }
+        if scan.chunked.is_some() && version == Version::HTTP_10 {
+            return Err(UpstreamError::Protocol(
+                "transfer-encoding in an HTTP/1.0 answer",
+            ));
+        }
+        if scan.chunked == Some(false) {
+            return Err(UpstreamError::Protocol(
+                "a transfer coding other than chunked",
+            ));
+        }
         let count = res.headers.len();
         let head = buf.split_to(len).freeze();
         // room for the fields the layers add on the way back
@@ -350,6 +495,11 @@ pub(crate) fn parse_head(
             let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
                 .map_err(|_| UpstreamError::Protocol("bad field value"))?;
             headers.append(name, value);
+        }
+        if scan.chunked.is_some() {
+            // the chunks frame the body; a length beside them means nothing
+            // and must not reach the client (RFC 9112 §6.3)
+            headers.remove(http::header::CONTENT_LENGTH);
         }
         let framing = scan.framing(status, method);
         let keep_alive = scan.keep_alive(version) && framing != Framing::Close;
@@ -366,7 +516,8 @@ pub(crate) fn parse_head(
 #[derive(Default)]
 struct Scan {
     length: Option<u64>,
-    /// `Some(true)` when `Transfer-Encoding` ends in `chunked`.
+    /// `Some(true)` when `Transfer-Encoding` is `chunked` alone,
+    /// `Some(false)` when it names anything else (refused).
     chunked: Option<bool>,
     close: bool,
     keep_alive: bool,
@@ -384,15 +535,17 @@ impl Scan {
                 self.length = Some(n);
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // chunked must be the final coding of the last field
-            let last = value
+            // chunked alone: a body under another coding could be neither
+            // framed nor passed on as it is (the field does not travel)
+            for t in value
                 .split(|&b| b == b',')
                 .map(trim)
-                .rfind(|t| !t.is_empty());
-            match last {
-                Some(t) => self.chunked = Some(t.eq_ignore_ascii_case(b"chunked")),
-                None => self.chunked = self.chunked.or(Some(false)),
+                .filter(|t| !t.is_empty())
+            {
+                let first = self.chunked.is_none();
+                self.chunked = Some(first && t.eq_ignore_ascii_case(b"chunked"));
             }
+            self.chunked = self.chunked.or(Some(false));
         } else if name.eq_ignore_ascii_case(b"connection") {
             for t in value.split(|&b| b == b',') {
                 let t = trim(t);
@@ -412,9 +565,7 @@ impl Scan {
             return Framing::Length(0);
         }
         match (self.chunked, self.length) {
-            (Some(true), _) => Framing::Chunked(Chunk::Size),
-            // a coding other than chunked last: to the end of the connection
-            (Some(false), _) => Framing::Close,
+            (Some(_), _) => Framing::Chunked(Chunk::Size),
             (None, Some(n)) => Framing::Length(n),
             (None, None) => Framing::Close,
         }
@@ -541,7 +692,8 @@ fn decode_chunked(state: &mut Chunk, buf: &mut BytesMut) -> Result<Step, BodyErr
                 *state = Chunk::Size;
             }
             Chunk::Trailers(seen) => {
-                let Some(eol) = find_crlf(buf, MAX_TRAILERS - *seen)? else {
+                let room = MAX_TRAILERS.saturating_sub(*seen);
+                let Some(eol) = find_crlf(buf, room)? else {
                     return Ok(Step::NeedMore);
                 };
                 buf.advance(eol + 2);
@@ -747,20 +899,29 @@ mod tests {
         assert_eq!(h.headers.get_all("x-a").iter().count(), 2);
 
         let h = head(
-            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\n\r\n",
             Method::GET,
         )
         .unwrap()
         .unwrap();
         assert_eq!(h.framing, Framing::Chunked(Chunk::Size));
+        // any other coding, a repeated one, or a coding in a 1.0 answer
+        // is refused
+        for te in ["gzip", "gzip, chunked", "chunked, chunked", ""] {
+            let text = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {te}\r\n\r\n");
+            assert!(head(&text, Method::GET).is_err(), "{te:?}");
+        }
+        let text = "HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+        assert!(head(text, Method::GET).is_err());
+        // chunks win over a length, which is dropped
         let h = head(
-            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
             Method::GET,
         )
         .unwrap()
         .unwrap();
-        assert_eq!(h.framing, Framing::Close);
-        assert!(!h.keep_alive);
+        assert_eq!(h.framing, Framing::Chunked(Chunk::Size));
+        assert!(h.headers.get("content-length").is_none());
         let h = head("HTTP/1.1 200 OK\r\n\r\n", Method::GET)
             .unwrap()
             .unwrap();
@@ -866,6 +1027,19 @@ mod tests {
         let long = vec![b'1'; MAX_CHUNK_LINE + 10];
         let mut f = Framing::Chunked(Chunk::Size);
         assert!(decode_all(&mut f, &long, 64).is_err());
+        // trailers are bounded, however their lines fall on the limit
+        for len in [
+            MAX_TRAILERS - 3,
+            MAX_TRAILERS - 2,
+            MAX_TRAILERS - 1,
+            MAX_TRAILERS,
+        ] {
+            let mut wire = b"0\r\n".to_vec();
+            wire.extend(std::iter::repeat_n(b'x', len));
+            wire.extend_from_slice(b"\r\nx-more: 1\r\n\r\n");
+            let mut f = Framing::Chunked(Chunk::Size);
+            assert!(decode_all(&mut f, &wire, 4096).is_err(), "{len}");
+        }
     }
 
     #[test]

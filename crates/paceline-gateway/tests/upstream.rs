@@ -39,6 +39,10 @@ fn answer(piece: &'static [u8]) -> Answer {
     }
 }
 
+/// Paths answered as soon as their head is read, body unread, and the
+/// connection closed.
+const EARLY: &str = "/early";
+
 /// One request as the upstream read it.
 #[derive(Clone, Debug)]
 struct Seen {
@@ -80,6 +84,11 @@ async fn serve(mut conn: TcpStream, script: fn(&str) -> Answer, seen: Arc<Mutex<
             return;
         };
         let path = req.head.split(' ').nth(1).unwrap_or("").to_string();
+        if path == EARLY {
+            seen.lock().push(req);
+            let _ = conn.write_all(script(EARLY).pieces[0]).await;
+            return;
+        }
         seen.lock().push(req);
         let a = script(&path);
         for (i, p) in a.pieces.iter().enumerate() {
@@ -121,6 +130,9 @@ async fn read_request(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
     let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
     buf.drain(..end + 4);
     let mut body = Vec::new();
+    if head.split(' ').nth(1) == Some(EARLY) {
+        return Some(Seen { head, body });
+    }
     if let Some(n) = head
         .lines()
         .find_map(|l| l.strip_prefix("content-length: "))
@@ -468,5 +480,58 @@ async fn answers_that_break_the_protocol_fail_cleanly() {
     assert_eq!(res.status(), 200);
     assert_eq!(body.unwrap(), "ok");
     assert_eq!(up.accepted.load(Ordering::SeqCst), 5);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_reaches_the_client_while_its_body_still_flows() {
+    let up = upstream(|path| match path {
+        EARLY => answer(
+            b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 3\r\nconnection: close\r\n\r\nbig",
+        ),
+        _ => answer(OK),
+    })
+    .await;
+    let rig = Rig::start("early", &up).await;
+    // a body that sends one piece, then holds the rest back
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    tx.send(Bytes::from_static(b"first piece")).await.unwrap();
+    let (res, body) = rig.send("PUT", EARLY, ChannelBody(rx).boxed()).await;
+    assert_eq!(res.status(), 413, "the upstream's answer, not a timeout");
+    assert_eq!(body.unwrap(), "big");
+    drop(tx);
+    // the connection it was answered on is not used again
+    let (res, _) = rig.get("/after").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_length_beside_chunks_is_not_passed_on() {
+    let up = upstream(|path| match path {
+        "/both" => answer(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\nb\r\nhello world\r\n0\r\n\r\n",
+        ),
+        "/gzip" => answer(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nxyz"),
+        _ => answer(OK),
+    })
+    .await;
+    let rig = Rig::start("both", &up).await;
+    let (res, body) = rig.get("/both").await;
+    assert_eq!(res.status(), 200);
+    assert!(
+        res.headers().get("content-length").is_none(),
+        "{:?}",
+        res.headers()
+    );
+    assert_eq!(
+        body.unwrap(),
+        "hello world",
+        "the whole body, not the first 3 bytes"
+    );
+    // a coding the gateway cannot frame or pass on is refused
+    let (res, _) = rig.get("/gzip").await;
+    assert_eq!(res.status(), 502);
     rig.stop().await;
 }
