@@ -1,16 +1,19 @@
 //! The forwarding service: one request to the upstream and its response
 //! back, both bodies streamed.
 //!
-//! It keeps a pool of keep-alive HTTP/1.1 connections to the upstream (a
-//! stack of idle connections, one going back on it the moment its response
-//! body ends; see [`crate::upstream`]), strips hop-by-hop fields both ways,
-//! appends the client to `X-Forwarded-For`, and bounds every phase:
-//! connecting, waiting for the response head, and every pause inside
-//! either body. An upstream that cannot be reached gives `502`, one too
-//! slow to answer `504`. A request that a reused connection lost before
-//! any answer came (the upstream closed it while it sat idle) is sent
-//! again on another connection when that is safe: its body is not
-//! streaming, and it is idempotent or was never written.
+//! It speaks HTTP/1.1 to the upstream itself, inside the request's task,
+//! over a pool of keep-alive connections (a stack of idle connections, one
+//! going back on it the moment its response body ends). It strips
+//! hop-by-hop fields both ways, appends the client to `X-Forwarded-For`,
+//! and bounds every phase: connecting, waiting for the response head, and
+//! every pause inside either body. A request body streams while the answer
+//! is watched for, so an upstream may answer early. An upstream that cannot
+//! be reached gives `502`, one too slow to answer `504`; an answer whose
+//! framing cannot be trusted (conflicting lengths, transfer codings other
+//! than chunked) gives `502`. A request that a reused connection lost
+//! before any answer came (the upstream closed it while it sat idle) is
+//! sent again on another connection when that is safe: its body is not
+//! streaming, and it is idempotent or none of it was written.
 
 use std::convert::Infallible;
 use std::future::Future;
