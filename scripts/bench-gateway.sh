@@ -38,6 +38,8 @@ HAP_PORT=${HAP_PORT:-18184}
 PATH_Q=/v1/rates
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/gateway-bench-config.sh
+. "$root/scripts/gateway-bench-config.sh"
 bin=${PACELINE_BIN:-$root/target/release/paceline}
 
 need() {
@@ -96,24 +98,7 @@ start_upstream() { # start_upstream DELAY_MS
 
 gateway_conf() { # gateway_conf RATE BURST
   # a token bucket of BURST refilled at RATE/s: q = BURST, w = BURST / RATE
-  cat >"$work/gateway.toml" <<EOF
-key = "ip"
-default_plan = "bench"
-
-[gateway]
-listen = "127.0.0.1:$GW_PORT"
-upstream = "http://127.0.0.1:$UP_PORT"
-watch = false
-
-[gateway.shedding]
-max_in_flight = 0
-
-[plans.bench]
-policies = [{ name = "burst", algorithm = "token_bucket", q = $2, w = $(($2 / $1)) }]
-
-[escalation]
-enabled = false
-EOF
+  bench_gateway_config "$GW_PORT" "$UP_PORT" "$2" $(($2 / $1)) >"$work/gateway.toml"
 }
 
 nginx_conf() { # nginx_conf RATE BURST MODE(static|proxy)

@@ -20,6 +20,8 @@ N=${N:-3000}
 UP_PORT=${UP_PORT:-18191}
 GW_PORT=${GW_PORT:-18192}
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/gateway-bench-config.sh
+. "$root/scripts/gateway-bench-config.sh"
 bin=${PACELINE_BIN:-$root/target/release/paceline}
 
 for tool in valgrind callgrind_control python3 taskset; do
@@ -35,26 +37,6 @@ fi
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 
-config() { # config Q W
-  cat <<EOF
-key = "ip"
-default_plan = "bench"
-
-[gateway]
-listen = "127.0.0.1:$GW_PORT"
-upstream = "http://127.0.0.1:$UP_PORT"
-watch = false
-
-[gateway.shedding]
-max_in_flight = 0
-
-[plans.bench]
-policies = [{ name = "burst", algorithm = "token_bucket", q = $1, w = $2 }]
-
-[escalation]
-enabled = false
-EOF
-}
 
 wait_port() {
   for _ in $(seq 1 200); do
@@ -105,8 +87,8 @@ count() { # count CONFIG REQUESTS: instructions of one gateway run
 "$bin" demo --upstream-only --listen "127.0.0.1:$UP_PORT" >/dev/null 2>&1 &
 wait_port "$UP_PORT"
 
-config 100000000 100 >"$work/admitted.toml"
-config 20 2 >"$work/429.toml"
+bench_gateway_config "$GW_PORT" "$UP_PORT" 100000000 100 >"$work/admitted.toml"
+bench_gateway_config "$GW_PORT" "$UP_PORT" 20 2 >"$work/429.toml"
 printf '%-12s %14s\n' path "instr/request"
 for path in admitted 429; do
   a=$(count "$work/$path.toml" "$N")

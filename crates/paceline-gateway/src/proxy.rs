@@ -83,17 +83,6 @@ struct Target {
 /// once.
 const COALESCE: usize = 64 * 1024;
 
-/// How the request body goes upstream.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    /// No body.
-    None,
-    /// `Content-Length`.
-    Length,
-    /// `Transfer-Encoding: chunked`.
-    Chunked,
-}
-
 impl Proxy {
     /// A proxy to `upstream` (`http://host:port[/base]`); the shedder, if
     /// any, is told every upstream latency.
@@ -158,10 +147,11 @@ impl Proxy {
             return gateway_error(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not forwarded.");
         }
         let (parts, mut body) = req.into_parts();
+        // how the body goes upstream; `None`: there is none
         let framing = match (body.is_end_stream(), body.size_hint().exact()) {
-            (true, _) => Framing::None,
-            (false, Some(_)) => Framing::Length,
-            (false, None) => Framing::Chunked,
+            (true, _) => None,
+            (false, Some(n)) => Some(BodyFraming::Length(n)),
+            (false, None) => Some(BodyFraming::Chunked),
         };
 
         // the head, and as much of the body as is there already
@@ -177,25 +167,19 @@ impl Proxy {
             .or(self.peer);
         let had_length = put_fields(&parts, &this.target.authority, peer, &mut out);
         match framing {
-            Framing::None if had_length || expects_body(&parts.method) => {
+            None if had_length || expects_body(&parts.method) => {
                 out.put_slice(b"content-length: 0\r\n")
             }
-            Framing::None => {}
-            Framing::Length => {
-                let n = body.size_hint().exact().unwrap_or(0);
+            None => {}
+            Some(BodyFraming::Length(n)) => {
                 out.put_slice(b"content-length: ");
                 out.put_slice(itoa::Buffer::new().format(n).as_bytes());
                 out.put_slice(b"\r\n");
             }
-            Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
+            Some(BodyFraming::Chunked) => out.put_slice(b"transfer-encoding: chunked\r\n"),
         }
         out.put_slice(b"\r\n");
-        let streamed = match framing {
-            Framing::None => None,
-            Framing::Length => Some(BodyFraming::Length(body.size_hint().exact().unwrap_or(0))),
-            Framing::Chunked => Some(BodyFraming::Chunked),
-        };
-        let (sent, whole) = match streamed {
+        let (sent, whole) = match framing {
             None => (0, true),
             Some(f) => match coalesce(&mut body, &mut out, f) {
                 Ok(x) => x,
@@ -205,11 +189,10 @@ impl Proxy {
         // a streamed body waits in its own allocation: the common future
         // stays small
         let mut rest = (!whole).then(|| Box::pin(IdleTimeout::new(body, this.timeouts.body_idle)));
-        let method = parts.method.clone();
-        drop(parts);
+        let method = parts.method;
 
         let started = Instant::now();
-        let exchange = self.exchange(&method, &out, rest.as_mut(), streamed, sent, started);
+        let exchange = self.exchange(&method, &out, rest.as_mut(), framing, sent, started);
         match tokio::time::timeout(this.timeouts.upstream_header, exchange).await {
             Ok(Ok((head, conn))) => {
                 let now = Instant::now();

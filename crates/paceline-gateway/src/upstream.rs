@@ -223,7 +223,9 @@ pub(crate) fn put_data(out: &mut BytesMut, data: &[u8], chunked: bool) {
         return;
     }
     if chunked {
-        out.put_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        use std::fmt::Write;
+        // BytesMut grows as it is written to: this cannot fail
+        let _ = write!(out, "{:x}\r\n", data.len());
         out.put_slice(data);
         out.put_slice(b"\r\n");
     } else {
