@@ -38,8 +38,8 @@ HAP_PORT=${HAP_PORT:-18184}
 PATH_Q=/v1/rates
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=scripts/gateway-bench-config.sh
-. "$root/scripts/gateway-bench-config.sh"
+# shellcheck source=scripts/gateway-bench-common.sh
+. "$root/scripts/gateway-bench-common.sh"
 bin=${PACELINE_BIN:-$root/target/release/paceline}
 
 need() {
@@ -65,15 +65,6 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-
-wait_port() {
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  echo "nothing listens on port $1" >&2
-  exit 1
-}
 
 stop_all() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -20,8 +20,8 @@ N=${N:-3000}
 UP_PORT=${UP_PORT:-18191}
 GW_PORT=${GW_PORT:-18192}
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=scripts/gateway-bench-config.sh
-. "$root/scripts/gateway-bench-config.sh"
+# shellcheck source=scripts/gateway-bench-common.sh
+. "$root/scripts/gateway-bench-common.sh"
 bin=${PACELINE_BIN:-$root/target/release/paceline}
 
 for tool in valgrind callgrind_control python3 taskset; do
@@ -37,15 +37,6 @@ fi
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 
-
-wait_port() {
-  for _ in $(seq 1 200); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  echo "nothing listens on port $1" >&2
-  exit 1
-}
 
 send() { # send COUNT: one request after another, each answer read whole
   python3 - "$GW_PORT" "$1" <<'PY'

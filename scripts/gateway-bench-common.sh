@@ -1,5 +1,4 @@
-# Sourced by the gateway benchmark scripts: the gateway configuration they
-# share.
+# Sourced by the gateway benchmark scripts: what they share.
 #
 # bench_gateway_config GW_PORT UP_PORT Q W: a gateway on 127.0.0.1:GW_PORT
 # in front of 127.0.0.1:UP_PORT, keyed by client IP, one token bucket of
@@ -24,4 +23,15 @@ policies = [{ name = "burst", algorithm = "token_bucket", q = $3, w = $4 }]
 [escalation]
 enabled = false
 CONF
+}
+
+# wait_port PORT: until something listens on 127.0.0.1:PORT (up to 10 s;
+# under valgrind the gateway takes a while), or exit.
+wait_port() {
+  for _ in $(seq 1 200); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.05
+  done
+  echo "nothing listens on port $1" >&2
+  exit 1
 }
