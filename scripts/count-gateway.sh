@@ -4,7 +4,14 @@
 # builds of the gateway where wrk's rates are too noisy to tell them apart.
 #
 #   scripts/count-gateway.sh              # admitted (proxied) and 429 paths
+#   PATHS="shipped" scripts/count-gateway.sh   # examples/shiplane.toml as shipped
 #   PACELINE_BIN=/path/to/paceline scripts/count-gateway.sh
+#
+# Paths: `admitted` and `429` use the tuned configuration of
+# gateway-bench-common.sh (per-IP key, one token bucket, no shedding, no
+# escalation); `shipped` is examples/shiplane.toml unchanged but for its
+# addresses (a Free key, two policies, shedding and escalation on), with
+# one key past its burst: the 429s a client that ignores Retry-After gets.
 #
 # One client sends requests one after another on one keep-alive
 # connection. The gateway runs under callgrind twice, for N and 2N
@@ -39,11 +46,12 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$wo
 
 
 send() { # send COUNT: one request after another, each answer read whole
-  python3 - "$GW_PORT" "$1" <<'PY'
+  python3 - "$GW_PORT" "$1" "${AUTH:-}" <<'PY'
 import re, socket, sys
-port, count = int(sys.argv[1]), int(sys.argv[2])
+port, count, auth = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 s = socket.create_connection(("127.0.0.1", port))
-req = b"GET /v1/rates HTTP/1.1\r\nHost: bench\r\n\r\n"
+extra = f"Authorization: Bearer {auth}\r\n".encode() if auth else b""
+req = b"GET /v1/rates HTTP/1.1\r\nHost: bench\r\n" + extra + b"\r\n"
 buf = b""
 for _ in range(count):
     s.sendall(req)
@@ -80,9 +88,12 @@ wait_port "$UP_PORT"
 
 bench_gateway_config "$GW_PORT" "$UP_PORT" 100000000 100 >"$work/admitted.toml"
 bench_gateway_config "$GW_PORT" "$UP_PORT" 20 2 >"$work/429.toml"
+shipped_gateway_config "$GW_PORT" "$UP_PORT" >"$work/shipped.toml"
 printf '%-12s %14s\n' path "instr/request"
-for path in admitted 429; do
-  a=$(count "$work/$path.toml" "$N")
-  b=$(count "$work/$path.toml" $((2 * N)))
+for path in ${PATHS:-admitted 429}; do
+  auth=""
+  [ "$path" = shipped ] && auth=sk_demo_alice
+  a=$(AUTH=$auth count "$work/$path.toml" "$N")
+  b=$(AUTH=$auth count "$work/$path.toml" $((2 * N)))
   printf '%-12s %14d\n' "$path" $(((b - a) / N))
 done

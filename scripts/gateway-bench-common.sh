@@ -25,6 +25,14 @@ enabled = false
 CONF
 }
 
+# shipped_gateway_config GW_PORT UP_PORT: examples/shiplane.toml as shipped,
+# only its listen and upstream addresses changed, to standard output.
+shipped_gateway_config() {
+  sed -e "s|^listen = .*|listen = \"127.0.0.1:$1\"|" \
+      -e "s|^upstream = .*|upstream = \"http://127.0.0.1:$2\"|" \
+      "$root/examples/shiplane.toml"
+}
+
 # wait_port PORT: until something listens on 127.0.0.1:PORT (up to 10 s;
 # under valgrind the gateway takes a while), or exit.
 wait_port() {
