@@ -81,6 +81,9 @@ pub struct Route {
     method: Option<Method>,
     pattern: Arc<str>,
     segments: Vec<Segment>,
+    /// Every segment is a literal: the route matches its pattern's exact
+    /// text, so one comparison of the path decides.
+    literal: bool,
     cost: u64,
     criticality: Criticality,
     anonymous: bool,
@@ -111,10 +114,12 @@ impl Route {
             ),
         };
         let segments = parse_pattern(pattern)?;
+        let literal = segments.iter().all(|s| matches!(s, Segment::Literal(_)));
         Ok(Route {
             method,
             pattern: Arc::from(pattern),
             segments,
+            literal,
             cost: 1,
             criticality: Criticality::Critical,
             anonymous: false,
@@ -148,6 +153,11 @@ impl Route {
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         if self.method.as_ref().is_some_and(|m| m != method) {
             return false;
+        }
+        if self.literal {
+            // splitting two equal texts on '/' gives equal segments, and
+            // only equal texts split into equal segments
+            return *self.pattern == *path;
         }
         let mut parts = path.split('/');
         for seg in &self.segments {
@@ -264,6 +274,30 @@ mod tests {
         assert!(!exact.matches(&Method::POST, "/v1"));
         let p = Route::new("GET", "/v1/labels/{id}").unwrap();
         assert!(!p.matches(&Method::GET, "/v1/labels/"));
+    }
+
+    /// The walk over segments, as every pattern is matched without the
+    /// literal shortcut.
+    fn walk(r: &Route, method: &Method, path: &str) -> bool {
+        let slow = Route {
+            literal: false,
+            ..r.clone()
+        };
+        slow.matches(method, path)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn literal_patterns_match_as_the_segment_walk_does(
+            pattern in "(/[a-z:.]{0,3}){1,4}",
+            path in "(/[a-z:.]{0,3}){0,5}/?",
+        ) {
+            let r = Route::new("GET", &pattern).unwrap();
+            proptest::prop_assert!(r.literal);
+            for p in [path.as_str(), pattern.as_str()] {
+                proptest::prop_assert_eq!(r.matches(&Method::GET, p), walk(&r, &Method::GET, p), "{}", p);
+            }
+        }
     }
 
     #[test]
