@@ -434,7 +434,10 @@ mod tests {
     #[test]
     fn a_line_chart_names_its_series() {
         let svg = Chart::lines("Drop probability", "accept ratio", "drop probability")
-            .series(Series::new("K = 2", vec![(0.0, 1.0), (0.5, 0.0), (1.0, 0.0)]))
+            .series(Series::new(
+                "K = 2",
+                vec![(0.0, 1.0), (0.5, 0.0), (1.0, 0.0)],
+            ))
             .render();
         assert!(svg.starts_with("<svg"));
         assert!(svg.contains("K = 2"));
