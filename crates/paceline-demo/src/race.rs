@@ -134,7 +134,7 @@ impl Race {
                     retries: c.retries.load(Ordering::Relaxed) + sdk_retries,
                     local_drops,
                     jobs_failed: 0,
-                    // the page keeps its own time series (the samples)
+                    // no buckets: the page keeps its own time series
                     timeline: Timeline::default(),
                     served: Some(c.served.load(Ordering::Relaxed)),
                     tokens_left: Some(c.remaining.load(Ordering::Relaxed)),
@@ -416,6 +416,7 @@ mod tests {
             assert_eq!((f.jobs, f.jobs_done, f.requests), (50, 0, 0));
             assert_eq!(f.finished_at_s, None);
             assert_eq!((f.served, f.tokens_left), (Some(0), Some(0)));
+            assert!(f.timeline.is_empty());
         }
         assert!(!race.running());
     }

@@ -29,7 +29,9 @@ pub struct FleetReport {
     pub local_drops: u64,
     /// Jobs given up on (an error the client says no wait can fix).
     pub jobs_failed: u64,
-    /// Requests per time bucket.
+    /// Requests per time bucket; the JSON leaves it out when none were
+    /// kept (the live race keeps no buckets).
+    #[serde(default, skip_serializing_if = "Timeline::is_empty")]
     pub timeline: Timeline,
     /// 2xx responses counted as they left the edge; the live race of
     /// `paceline demo` fills it, the simulator's JSON leaves it out.
@@ -58,6 +60,14 @@ pub struct Timeline {
 }
 
 impl Timeline {
+    /// Whether nothing was kept: no bucket width and no counts.
+    pub fn is_empty(&self) -> bool {
+        self.bucket_s == 0.0
+            && [&self.sent, &self.served, &self.rejected, &self.dropped]
+                .iter()
+                .all(|v| v.is_empty())
+    }
+
     pub(crate) fn bump(v: &mut Vec<u64>, bucket: usize) {
         if v.len() <= bucket {
             v.resize(bucket + 1, 0);
