@@ -16,6 +16,7 @@ use crate::report::{round3, FleetReport, Timeline};
 
 /// What a client says before a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Before<T> {
     /// Send it now; hand the ticket back with the answer.
     Send(T),
@@ -27,6 +28,7 @@ pub enum Before<T> {
 
 /// What a client says about an answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum After {
     /// The job is done.
     Done,
@@ -158,6 +160,8 @@ impl<C: FleetClient> Fleet<C> {
             local_drops: 0,
             jobs_failed: 0,
             timeline: Timeline::default(),
+            served: None,
+            tokens_left: None,
         };
         Fleet {
             queued: spec.jobs,

@@ -48,6 +48,7 @@ impl Fault {
 
 /// What the gateway did with one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Verdict {
     /// Admitted and charged: 200.
     Served,
@@ -73,6 +74,7 @@ pub enum Verdict {
 
 /// One request's fate, with the limiter's decision when it ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Answer {
     /// What happened.
     pub verdict: Verdict,
@@ -95,6 +97,7 @@ impl Answer {
 
 /// Counters of what the gateway answered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GatewayStats {
     /// Requests that reached the gateway.
     pub received: u64,

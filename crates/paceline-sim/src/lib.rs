@@ -16,8 +16,9 @@
 //! (per-second capacity shared fairly between keys), [`gateway`] (the
 //! edge, injected faults, the real limiter and emitter), [`sdk`] (the real
 //! client in the loop), [`fleet`] (workers doing jobs through a client),
-//! the [`scenario`]s behind `paceline sim`, their [`report`]s, and
-//! plain-text [`table`]s and [`svg`] plots to show them.
+//! the [`scenario`]s behind `paceline sim` and their [`report`]s; each
+//! scenario renders its report as a plain-text table and an SVG plot
+//! (`table` and `svg` in its module, on helpers private to the crate).
 //!
 //! ```
 //! use paceline_sim::scenario::race::{self, RaceParams};
@@ -39,5 +40,5 @@ pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod sdk;
-pub mod svg;
-pub mod table;
+mod svg;
+mod table;

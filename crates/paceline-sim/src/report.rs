@@ -29,12 +29,23 @@ pub struct FleetReport {
     pub local_drops: u64,
     /// Jobs given up on (an error the client says no wait can fix).
     pub jobs_failed: u64,
-    /// Requests per time bucket.
+    /// Requests per time bucket; the JSON leaves it out when none were
+    /// kept (the live race keeps no buckets).
+    #[serde(default, skip_serializing_if = "Timeline::is_empty")]
     pub timeline: Timeline,
+    /// 2xx responses counted as they left the edge; the live race of
+    /// `paceline demo` fills it, the simulator's JSON leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served: Option<u64>,
+    /// What was left of the fleet's bucket as the last response published
+    /// it; the live race fills it, the simulator's JSON leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_left: Option<u64>,
 }
 
 /// Counts per time bucket, from the start of the run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Timeline {
     /// Bucket width in seconds.
     pub bucket_s: f64,
@@ -49,6 +60,14 @@ pub struct Timeline {
 }
 
 impl Timeline {
+    /// Whether nothing was kept: no bucket width and no counts.
+    pub fn is_empty(&self) -> bool {
+        self.bucket_s == 0.0
+            && [&self.sent, &self.served, &self.rejected, &self.dropped]
+                .iter()
+                .all(|v| v.is_empty())
+    }
+
     pub(crate) fn bump(v: &mut Vec<u64>, bucket: usize) {
         if v.len() <= bucket {
             v.resize(bucket + 1, 0);
@@ -75,6 +94,7 @@ impl Timeline {
 
 /// `paceline sim race`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RaceReport {
     /// Cooperative first, then naive.
     pub fleets: Vec<FleetReport>,
@@ -87,6 +107,7 @@ pub struct RaceReport {
 
 /// `paceline sim export`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ExportReport {
     /// The fastest the export can finish.
     pub floor_s: f64,
@@ -98,6 +119,7 @@ pub struct ExportReport {
 
 /// `paceline sim herd`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct HerdReport {
     /// `no_jitter` first, then `jitter`.
     pub series: Vec<HerdSeries>,
@@ -111,6 +133,7 @@ pub struct HerdReport {
 
 /// Retries per second after the rejection, for one retry strategy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct HerdSeries {
     /// `no_jitter` or `jitter`.
     pub name: String,
@@ -122,6 +145,7 @@ pub struct HerdSeries {
 
 /// Requests arriving in one second.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PerSecond {
     /// Start of the second, counted from the rejection.
     pub t_s: u64,
@@ -131,6 +155,7 @@ pub struct PerSecond {
 
 /// `paceline sim throttle`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ThrottleReport {
     /// One curve per K.
     pub curves: Vec<ThrottleCurve>,
@@ -140,6 +165,7 @@ pub struct ThrottleReport {
 
 /// The drop probability against the accept ratio, for one K.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ThrottleCurve {
     /// The multiplier.
     pub k: f64,
@@ -149,6 +175,7 @@ pub struct ThrottleCurve {
 
 /// One point of a throttle curve.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ThrottlePoint {
     /// Accepts divided by requests, as the client counted them.
     pub accept_ratio: f64,

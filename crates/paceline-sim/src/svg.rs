@@ -3,17 +3,8 @@
 //!
 //! Why by hand: a plot of a few series needs a hundred lines of SVG, and
 //! writing them directly keeps the output byte-for-byte stable for a seed
-//! (no plotting library's version in the way).
-//!
-//! ```
-//! use paceline_sim::svg::{Chart, Series};
-//!
-//! let svg = Chart::lines("Drop probability", "accept ratio", "drop probability")
-//!     .series(Series::new("K = 2", vec![(0.0, 1.0), (0.5, 0.0), (1.0, 0.0)]))
-//!     .render();
-//! assert!(svg.starts_with("<svg"));
-//! assert!(svg.contains("K = 2"));
-//! ```
+//! (no plotting library's version in the way). Private to the crate: the
+//! scenarios' `svg` functions are what the command line draws.
 
 use std::fmt::Write;
 
@@ -38,7 +29,7 @@ enum Kind {
 
 /// One named series of `(x, y)` points.
 #[derive(Clone, Debug)]
-pub struct Series {
+pub(crate) struct Series {
     name: String,
     points: Vec<(f64, f64)>,
     dashed: bool,
@@ -49,7 +40,7 @@ pub struct Series {
 
 impl Series {
     /// A solid line through `points` (in x order).
-    pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
+    pub(crate) fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
         Series {
             name: name.into(),
             points,
@@ -60,22 +51,22 @@ impl Series {
         }
     }
     /// Draws the line dashed.
-    pub fn dashed(mut self) -> Self {
+    pub(crate) fn dashed(mut self) -> Self {
         self.dashed = true;
         self
     }
     /// Marks each point with a dot.
-    pub fn markers(mut self) -> Self {
+    pub(crate) fn markers(mut self) -> Self {
         self.markers = true;
         self
     }
     /// Draws a step: each point's value holds until the next x.
-    pub fn step(mut self) -> Self {
+    pub(crate) fn step(mut self) -> Self {
         self.step = true;
         self
     }
     /// Uses palette colour `i` (to pair series of one subject).
-    pub fn color(mut self, i: usize) -> Self {
+    pub(crate) fn color(mut self, i: usize) -> Self {
         self.color = Some(i);
         self
     }
@@ -83,7 +74,7 @@ impl Series {
 
 /// A chart: title, axis labels and series.
 #[derive(Clone, Debug)]
-pub struct Chart {
+pub(crate) struct Chart {
     kind: Kind,
     title: String,
     x_label: String,
@@ -95,13 +86,13 @@ pub struct Chart {
 
 impl Chart {
     /// A line chart.
-    pub fn lines(title: &str, x_label: &str, y_label: &str) -> Self {
+    pub(crate) fn lines(title: &str, x_label: &str, y_label: &str) -> Self {
         Chart::new(Kind::Lines, title, x_label, y_label)
     }
 
     /// A bar chart: each x is a bucket `bar_width` wide starting at x, the
     /// series side by side within it.
-    pub fn bars(title: &str, x_label: &str, y_label: &str, bar_width: f64) -> Self {
+    pub(crate) fn bars(title: &str, x_label: &str, y_label: &str, bar_width: f64) -> Self {
         let mut c = Chart::new(Kind::Bars, title, x_label, y_label);
         c.bar_width = bar_width;
         c
@@ -120,19 +111,19 @@ impl Chart {
     }
 
     /// Shades the stretch of x from `from` to `to`, labelled at its top.
-    pub fn band(mut self, from: f64, to: f64, label: &str) -> Self {
+    pub(crate) fn band(mut self, from: f64, to: f64, label: &str) -> Self {
         self.bands.push((from, to, label.into()));
         self
     }
 
     /// Adds a series.
-    pub fn series(mut self, s: Series) -> Self {
+    pub(crate) fn series(mut self, s: Series) -> Self {
         self.series.push(s);
         self
     }
 
     /// The SVG document.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let (x0, x1, y1) = self.extent();
         let xt = ticks(x0, x1);
         let yt = ticks(0.0, y1);
@@ -439,6 +430,18 @@ fn esc(t: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_chart_names_its_series() {
+        let svg = Chart::lines("Drop probability", "accept ratio", "drop probability")
+            .series(Series::new(
+                "K = 2",
+                vec![(0.0, 1.0), (0.5, 0.0), (1.0, 0.0)],
+            ))
+            .render();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("K = 2"));
+    }
 
     #[test]
     fn ticks_are_round() {

@@ -1,16 +1,10 @@
 //! Plain-text tables for the terminal: a header row, aligned columns, the
 //! first column left-aligned and the rest right-aligned (they hold numbers).
-//!
-//! ```
-//! let t = paceline_sim::table::render(
-//!     &["measure", "cooperative", "naive"],
-//!     &[vec!["requests sent".into(), "50".into(), "412".into()]],
-//! );
-//! assert!(t.lines().nth(2).unwrap().ends_with("412"));
-//! ```
+//! Private to the crate: the scenarios' `table` functions are what the
+//! command line prints.
 
 /// Renders `rows` under `header`.
-pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn render(header: &[&str], rows: &[Vec<String>]) -> String {
     let cols = header.len();
     let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
@@ -48,7 +42,7 @@ fn push_row(out: &mut String, row: &[String], width: &[usize]) {
 }
 
 /// A count with thousands separators.
-pub fn count(n: u64) -> String {
+pub(crate) fn count(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, ch) in s.chars().enumerate() {
@@ -63,6 +57,15 @@ pub fn count(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_align_right() {
+        let t = render(
+            &["measure", "cooperative", "naive"],
+            &[vec!["requests sent".into(), "50".into(), "412".into()]],
+        );
+        assert!(t.lines().nth(2).unwrap().ends_with("412"));
+    }
 
     #[test]
     fn columns_align() {

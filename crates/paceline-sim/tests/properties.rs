@@ -27,7 +27,7 @@ proptest! {
             ..RaceParams::default()
         };
         let r = race::run(&p, seed);
-        let floor = race::floor_s(jobs, quota, window_s);
+        let floor = race::floor_s(jobs, quota, quota as f64 / window_s as f64);
         for f in &r.fleets {
             prop_assert_eq!(f.jobs_done, jobs, "{}", f.name);
             let at = f.finished_at_s.expect("finished");

@@ -76,7 +76,8 @@ pub fn run(params: &ExportParams, seed: u64) -> ExportReport {
         vec![Policy::token_bucket("burst", params.quota, params.window_s).expect("a valid bucket")],
     )
     .expect("one policy");
-    let floor = floor_s(params.records, params.quota, params.window_s);
+    let rate_per_s = params.quota as f64 / params.window_s as f64;
+    let floor = floor_s(params.records, params.quota, rate_per_s);
     let contest = Contest {
         plan,
         workers: params.workers,

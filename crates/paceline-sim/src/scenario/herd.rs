@@ -62,6 +62,7 @@ impl Default for HerdParams {
 
 /// How a client picks its retry instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Strategy {
     /// Exactly `Retry-After`.
     NoJitter,

@@ -72,6 +72,7 @@ impl Default for IncidentParams {
 
 /// What the incident did to the client's traffic.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct IncidentReport {
     /// First attempts per second before the incident.
     pub normal_rps: f64,

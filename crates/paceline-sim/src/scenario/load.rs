@@ -51,6 +51,7 @@ impl Default for LoadParams {
 
 /// What the load did.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LoadReport {
     /// Requests sent by all clients.
     pub requests: u64,

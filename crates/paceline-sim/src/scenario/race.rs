@@ -65,11 +65,28 @@ impl Default for RaceParams {
     }
 }
 
-/// The fastest `jobs` jobs can finish under a bucket of `quota` per
-/// `window_s`: the burst at once, the rest at the refill rate.
-pub fn floor_s(jobs: u64, quota: u64, window_s: u64) -> f64 {
-    let rate = quota as f64 / window_s as f64;
-    jobs.saturating_sub(quota) as f64 / rate
+impl RaceParams {
+    /// The bucket's refill rate, tokens per second (`quota / window_s`).
+    pub fn rate_per_s(&self) -> f64 {
+        self.quota as f64 / self.window_s as f64
+    }
+
+    /// The race's floor: [`floor_s`] for these numbers.
+    pub fn floor_s(&self) -> f64 {
+        floor_s(self.jobs, self.quota, self.rate_per_s())
+    }
+}
+
+/// The fastest `jobs` jobs (one request each) can finish under a token
+/// bucket of depth `burst` refilling `rate_per_s` tokens a second: the
+/// burst at once, the rest at the refill rate.
+///
+/// ```
+/// // 8 at once, then 42 at 4/s
+/// assert_eq!(paceline_sim::scenario::race::floor_s(50, 8, 4.0), 10.5);
+/// ```
+pub fn floor_s(jobs: u64, burst: u64, rate_per_s: f64) -> f64 {
+    jobs.saturating_sub(burst) as f64 / rate_per_s
 }
 
 /// The cooperative and the naive fleet, side by side, each on its own key.
@@ -114,7 +131,7 @@ pub fn run(params: &RaceParams, seed: u64) -> RaceReport {
         vec![Policy::token_bucket("burst", params.quota, params.window_s).expect("a valid bucket")],
     )
     .expect("one policy");
-    let floor = floor_s(params.jobs, params.quota, params.window_s);
+    let floor = params.floor_s();
     let contest = Contest {
         plan,
         workers: params.workers,

@@ -20,6 +20,7 @@ use anyhow::{bail, Context};
 use paceline_client::adapter::reqwest::PacelineMiddleware;
 use paceline_client::{Client as Sdk, ClientError, Event};
 use paceline_core::{Nanos, SystemClock};
+use paceline_sim::scenario::race::floor_s;
 use parking_lot::Mutex;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
 use reqwest::Method;
@@ -430,11 +431,6 @@ fn watch(sdk: &Sdk, bar: &indicatif::ProgressBar, verbose: bool) {
             bar.println(line);
         }
     });
-}
-
-/// The least time `jobs` can take: `burst` at once, the rest at `rate`.
-fn floor_s(jobs: u64, burst: u64, rate: f64) -> f64 {
-    jobs.saturating_sub(burst) as f64 / rate
 }
 
 async fn seed(

@@ -14,9 +14,10 @@ use std::net::SocketAddr;
 
 use anyhow::Context;
 
-use super::race;
-use paceline_gateway::demo::{self, DemoOptions, DemoUpstream, DEMO_KEYS};
-use paceline_gateway::{Gateway, GatewayHandle};
+use paceline_demo::race;
+use paceline_demo::stack::DemoStack;
+use paceline_gateway::demo::{self, DemoOptions, DEMO_KEYS};
+use paceline_sim::scenario::race::{self as scenario, RaceParams};
 
 /// Arguments of `paceline demo`.
 #[derive(clap::Args, Debug)]
@@ -47,46 +48,6 @@ pub(crate) struct Args {
     /// Exit after the race instead of serving on.
     #[arg(long, conflicts_with_all = ["no_race", "upstream_only"])]
     exit: bool,
-}
-
-/// The demo API and the gateway in front of it, both running.
-struct DemoStack {
-    /// The gateway's address (what clients call).
-    gateway: SocketAddr,
-    handle: GatewayHandle,
-    served: tokio::task::JoinHandle<std::io::Result<()>>,
-    /// Kept alive while the stack runs.
-    _api: DemoUpstream,
-}
-
-impl DemoStack {
-    /// Starts the demo API on a free loopback port and the gateway (with
-    /// `examples/shiplane.toml`) on `listen`.
-    async fn start(listen: SocketAddr) -> anyhow::Result<DemoStack> {
-        let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-            .await
-            .context("starting the demo API")?;
-        let config = demo::shiplane_config(listen, api.addr())?;
-        let gateway = Gateway::bind(config)
-            .await
-            .with_context(|| format!("binding {listen}"))?;
-        let addr = gateway.local_addr();
-        let handle = gateway.handle();
-        let served = tokio::spawn(gateway.run(std::future::pending()));
-        Ok(DemoStack {
-            gateway: addr,
-            handle,
-            served,
-            _api: api,
-        })
-    }
-
-    /// Stops the gateway, letting requests in flight finish.
-    async fn stop(self) -> anyhow::Result<()> {
-        self.handle.shutdown();
-        self.served.await.context("the gateway task failed")??;
-        Ok(())
-    }
 }
 
 /// Runs `paceline demo`.
@@ -128,9 +89,10 @@ async fn race_demo(
     stack: &DemoStack,
     interrupted: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<i32> {
-    let cfg = race::RaceConfig::default();
-    let floor_s = cfg.floor_s();
-    let race = race::Race::new(cfg);
+    let params = RaceParams::default();
+    let floor_s = params.floor_s();
+    let (workers, jobs) = (params.workers, params.jobs);
+    let race = race::Race::new(params);
     let (listener, url) = match race::bind(&args.race_listen.to_string()).await {
         Ok(bound) => bound,
         Err(_) => race::bind(&SocketAddr::new(args.race_listen.ip(), 0).to_string()).await?,
@@ -140,7 +102,7 @@ async fn race_demo(
         print_banner(stack);
         println!("paceline demo: race dashboard on {url}/");
         println!(
-            "paceline demo: racing two fleets of 10 workers, 50 jobs each (floor {floor_s:.1} s)…"
+            "paceline demo: racing two fleets of {workers} workers, {jobs} jobs each (floor {floor_s:.1} s)…"
         );
     }
     let results = race::run(race.clone(), &url).await?;
@@ -150,7 +112,8 @@ async fn race_demo(
         return Ok(0);
     }
     println!();
-    print!("{}", race::table(&results, floor_s));
+    print!("{}", scenario::table(&results));
+    println!("floor for the jobs: {floor_s:.1} s");
     if args.exit {
         return Ok(0);
     }
@@ -176,7 +139,7 @@ async fn upstream_only(
 }
 
 fn print_banner(stack: &DemoStack) {
-    let url = format!("http://{}", stack.gateway);
+    let url = format!("http://{}", stack.gateway());
     println!("paceline demo: gateway on {url}");
     println!("paceline demo: keys (Free plan: burst 20 per 2 s, 10,000 per UTC day):");
     for k in DEMO_KEYS {

@@ -5,5 +5,4 @@ pub(crate) mod bulk;
 pub(crate) mod demo;
 pub(crate) mod gateway;
 pub(crate) mod inspect;
-pub(crate) mod race;
 pub(crate) mod sim;
