@@ -5,6 +5,7 @@
 #   scripts/bench-gateway.sh            # 10 s per run, 3 rounds
 #   DURATION=5s ROUNDS=1 scripts/bench-gateway.sh
 #   RUNS="429 0" scripts/bench-gateway.sh   # only the 429 path and +0 ms
+#   RUNS=shipped scripts/bench-gateway.sh   # examples/shiplane.toml as shipped
 #
 # Every round measures every server once, in turn; the summary at the end
 # gives each one's median over the rounds (runs on a shared machine move by
@@ -18,15 +19,20 @@
 #   admitted path: the same servers with a limit nobody reaches, every
 #                  request proxied to the demo API; compared with calling
 #                  the demo API directly, with and without a service time.
-# The limit is per client IP for all three (HAProxy's is a request rate
-# over the burst window, the closest it has to a token bucket); the
-# gateway's escalation is off, as the peers have none. Pinned to one core,
-# the gateway runs a single-threaded runtime.
+#   shipped 429:   the gateway with examples/shiplane.toml as shipped (a
+#                  Free key: burst and daily policies, five routes,
+#                  shedding and escalation on), one Free key sending as
+#                  fast as it can; the peers keyed by the same header with
+#                  the same 10 r/s, burst 20.
+# The limit is per client IP for all three in the first two (HAProxy's is a
+# request rate over the burst window, the closest it has to a token
+# bucket); there the gateway's escalation is off, as the peers have none.
+# Pinned to one core, the gateway runs a single-threaded runtime.
 # Needs: wrk, nginx, haproxy (Debian packages), taskset, a release build.
 set -euo pipefail
 
 DURATION=${DURATION:-10s}
-RUNS=${RUNS:-429 0 2}
+RUNS=${RUNS:-429 shipped 0 2}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-50}
 SERVER_CPU=${SERVER_CPU:-0}
@@ -92,7 +98,7 @@ gateway_conf() { # gateway_conf RATE BURST
   bench_gateway_config "$GW_PORT" "$UP_PORT" "$2" $(($2 / $1)) >"$work/gateway.toml"
 }
 
-nginx_conf() { # nginx_conf RATE BURST MODE(static|proxy)
+nginx_conf() { # nginx_conf RATE BURST MODE(static|proxy) [KEY]
   mkdir -p "$work/www/v1"
   printf '{"rates":[{"id":"rate_ups_ground","amount":"7.45"}]}' >"$work/www/v1/rates"
   chmod -R a+rX "$work/www"
@@ -110,7 +116,7 @@ error_log $work/nginx-error.log warn;
 events { worker_connections 4096; }
 http {
   access_log off;
-  limit_req_zone \$binary_remote_addr zone=one:10m rate=$1r/s;
+  limit_req_zone ${4:-\$binary_remote_addr} zone=one:10m rate=$1r/s;
   limit_req_status 429;
   upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; }
   server {
@@ -124,9 +130,10 @@ http {
 EOF
 }
 
-haproxy_conf() { # haproxy_conf RATE BURST
+haproxy_conf() { # haproxy_conf RATE BURST [KEY]
   # over a window of BURST/RATE seconds at most BURST requests
-  local window=$(($2 / $1))
+  local window=$(($2 / $1)) type=ip track=src
+  if [ -n "${3:-}" ]; then type="string len 64" track=$3; fi
   cat >"$work/haproxy.cfg" <<EOF
 global
   nbthread 1
@@ -139,8 +146,8 @@ defaults
   http-reuse always
 frontend fe
   bind 127.0.0.1:$HAP_PORT
-  stick-table type ip size 100k expire 60s store http_req_rate(${window}s)
-  http-request track-sc0 src
+  stick-table type $type size 100k expire 60s store http_req_rate(${window}s)
+  http-request track-sc0 $track
   http-request deny deny_status 429 if { sc_http_req_rate(0) gt $2 }
   default_backend be
 backend be
@@ -151,10 +158,12 @@ EOF
 # --- measuring --------------------------------------------------------------
 
 rows=()
-measure() { # measure PATH_NAME SERVER PORT
+measure() { # measure PATH_NAME SERVER PORT [HEADER]
   local out rps p50 p99 non2xx
+  local header=()
+  [ -n "${4:-}" ] && header=(-H "$4")
   out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" --latency \
-    "http://127.0.0.1:$3$PATH_Q")
+    "${header[@]}" "http://127.0.0.1:$3$PATH_Q")
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
   p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
@@ -212,6 +221,25 @@ run_429() {
   stop_all
 }
 
+run_shipped() {
+  local name="shipped 429 (Free key)" auth="Authorization: Bearer sk_demo_alice"
+  start_upstream 0
+  shipped_gateway_config "$GW_PORT" "$UP_PORT" >"$work/gateway.toml"
+  start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
+  measure "$name" paceline "$GW_PORT" "$auth"
+  stop_all
+  start_upstream 0
+  nginx_conf 10 20 static '$http_authorization'
+  start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
+  measure "$name" "nginx limit_req" "$NGX_PORT" "$auth"
+  stop_all
+  start_upstream 0
+  haproxy_conf 10 20 'req.hdr(authorization)'
+  start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
+  measure "$name" "haproxy" "$HAP_PORT" "$auth"
+  stop_all
+}
+
 run_admitted() { # run_admitted DELAY_MS
   local name="admitted, upstream +$1 ms"
   start_upstream "$1"
@@ -239,6 +267,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for r in $RUNS; do
     case $r in
       429) run_429 ;;
+      shipped) run_shipped ;;
       *) run_admitted "$r" ;;
     esac
   done
