@@ -7,9 +7,10 @@
 //! is refused with a [`ConfigError`] naming the field and telling its
 //! [kind](ConfigErrorKind).
 //!
-//! The module's parts: [`model`](LimitsConfig), the serde model and its
-//! defaults; the compiler behind [`LimitsBuilder`], which turns each plan
-//! into one compiled value; the typed [`ConfigError`].
+//! The parts: `model`, the serde model [`LimitsConfig`] with the defaults
+//! of every field; `compile`, the [`LimitsBuilder`] that validates and
+//! turns each plan into one compiled value; `error`, the typed
+//! [`ConfigError`].
 //!
 //! ```
 //! use paceline_server::{Limits, LimitsConfig, Route};
@@ -270,10 +271,104 @@ mod tests {
         assert_eq!(field_of(|v| v["usage_path"] = "usage".into()), "usage_path");
     }
 
+    fn kind_of(patch: impl FnOnce(&mut serde_json::Value)) -> ConfigErrorKind {
+        let mut v = base();
+        patch(&mut v);
+        build(v).unwrap_err().kind()
+    }
+
+    #[test]
+    fn every_mistake_has_its_kind() {
+        use ConfigErrorKind as K;
+        fn policy(v: &mut serde_json::Value) -> &mut serde_json::Value {
+            &mut v["plans"]["free"]["policies"][0]
+        }
+        assert_eq!(
+            kind_of(|v| v["keys"]["sk_2"] = "gold".into()),
+            K::UnknownPlan
+        );
+        assert_eq!(
+            kind_of(|v| v["default_plan"] = "gold".into()),
+            K::UnknownPlan
+        );
+        assert_eq!(
+            kind_of(|v| v["routes"][0]["plan"] = "nope".into()),
+            K::UnknownPlan
+        );
+        assert_eq!(kind_of(|v| policy(v)["w"] = 0.into()), K::InvalidPolicy);
+        assert_eq!(
+            kind_of(|v| policy(v)["algorithm"] = "leaky".into()),
+            K::InvalidPolicy
+        );
+        assert_eq!(
+            kind_of(|v| policy(v)["unit"] = "bytes".into()),
+            K::InvalidPolicy
+        );
+        assert_eq!(
+            kind_of(|v| v["plans"]["free"]["policies"][1]["name"] = "burst".into()),
+            K::Duplicate
+        );
+        assert_eq!(
+            kind_of(|v| v["plans"]["free"]["policies"] = serde_json::json!([])),
+            K::Missing
+        );
+        assert_eq!(
+            kind_of(|v| v["routes"][0]["plan"] = serde_json::Value::Null),
+            K::Missing
+        );
+        assert_eq!(
+            kind_of(|v| v["routes"][1]["path"] = "v1".into()),
+            K::InvalidValue
+        );
+        assert_eq!(
+            kind_of(|v| v["routes"][1]["plan"] = "login".into()),
+            K::InvalidValue
+        );
+        assert_eq!(
+            kind_of(|v| v["trusted_proxies"][0] = "ten".into()),
+            K::InvalidValue
+        );
+        assert_eq!(kind_of(|v| v["key"] = "cookie".into()), K::InvalidValue);
+        assert_eq!(
+            kind_of(|v| v["usage_path"] = "usage".into()),
+            K::InvalidValue
+        );
+        assert_eq!(kind_of(|v| v["problem_base"] = "".into()), K::InvalidValue);
+        assert_eq!(kind_of(|v| v["soft_limit"] = 1.5.into()), K::OutOfRange);
+        assert_eq!(
+            kind_of(|v| v["escalation"] = serde_json::json!({"extend_after": 0})),
+            K::OutOfRange
+        );
+        let mut v = base();
+        v["routes"][1]["method"] = "B AD".into();
+        assert_eq!(build(v).unwrap_err().field(), "routes[1].method");
+    }
+
+    #[test]
+    fn a_file_leaving_everything_out_means_the_builders_defaults() {
+        let file = serde_json::from_str::<LimitsConfig>("{}")
+            .unwrap()
+            .build()
+            .unwrap();
+        let code = Limits::builder().build().unwrap();
+        assert_eq!(file.usage_path(), code.usage_path());
+        assert_eq!(file.soft_limit(), code.soft_limit());
+        assert_eq!(file.problem_base(), code.problem_base());
+        assert_eq!(file.dialects(), code.dialects());
+        assert_eq!(file.escalation(), code.escalation());
+        let d = serde_json::from_str::<LimitsConfig>(r#"{"dialects": {"draft03": true}}"#)
+            .unwrap()
+            .dialects;
+        assert_eq!((d.ietf, d.x_ratelimit, d.draft03), (true, false, true));
+    }
+
     #[test]
     fn unknown_fields_are_refused() {
         let mut v = base();
         v["plans"]["free"]["policies"][0]["qq"] = 1.into();
+        assert!(serde_json::from_value::<LimitsConfig>(v).is_err());
+        let mut v = base();
+        v["dialects"] = serde_json::json!({"ietf": true, "x-ratelimit": true});
         assert!(serde_json::from_value::<LimitsConfig>(v).is_err());
     }
 
