@@ -686,35 +686,40 @@ criticality = "SHEDDABLE"
 
     #[test]
     fn every_error_has_its_kind() {
-        let kind = |from: &str, to: &str| patched(from, to).kind();
-        assert_eq!(kind("[keys]", "[keys"), Kind::Syntax);
-        assert_eq!(
-            kind("max_in_flight = 64", "max_inflight = 64"),
-            Kind::UnknownField
-        );
-        assert_eq!(kind("[keys]", "[kesy]"), Kind::UnknownField);
-        assert_eq!(kind("q = 10000", "q = \"lots\""), Kind::Mismatch);
-        assert_eq!(kind("path = \"/v1/rates\"", ""), Kind::Mismatch);
-        assert_eq!(
-            kind("sk_1 = \"free\"", "sk_1 = \"gold\""),
-            Kind::UnknownPlan
-        );
-        assert_eq!(kind("q = 20, w = 2", "q = 20, w = 0"), Kind::InvalidPolicy);
-        assert_eq!(kind("anonymous = true\n", ""), Kind::InvalidValue);
-        assert_eq!(kind("plan = \"login\"", ""), Kind::Missing);
-        assert_eq!(kind("127.0.0.1:0", "localhost"), Kind::InvalidValue);
-        assert_eq!(
-            kind("max_in_flight = 64", "max_in_flight = 64\nreserve = 2.0"),
-            Kind::OutOfRange
-        );
-        assert_eq!(
-            kind("[gateway]\n", "soft_limit = 2.0\n[gateway]\n"),
-            Kind::OutOfRange
-        );
-        assert_eq!(
-            kind("[plans.login]", "[plans.free.x]\n[plans.login]"),
-            Kind::UnknownField
-        );
+        let cases = [
+            ("[keys]", "[keys", Kind::Syntax),
+            (
+                "max_in_flight = 64",
+                "max_inflight = 64",
+                Kind::UnknownField,
+            ),
+            ("[keys]", "[kesy]", Kind::UnknownField),
+            (
+                "[plans.login]",
+                "[plans.free.x]\n[plans.login]",
+                Kind::UnknownField,
+            ),
+            ("q = 10000", "q = \"lots\"", Kind::Mismatch),
+            ("path = \"/v1/rates\"", "", Kind::Mismatch),
+            ("sk_1 = \"free\"", "sk_1 = \"gold\"", Kind::UnknownPlan),
+            ("q = 20, w = 2", "q = 20, w = 0", Kind::InvalidPolicy),
+            ("anonymous = true\n", "", Kind::InvalidValue),
+            ("plan = \"login\"", "", Kind::Missing),
+            ("127.0.0.1:0", "localhost", Kind::InvalidValue),
+            (
+                "max_in_flight = 64",
+                "max_in_flight = 64\nreserve = 2.0",
+                Kind::OutOfRange,
+            ),
+            (
+                "[gateway]\n",
+                "soft_limit = 2.0\n[gateway]\n",
+                Kind::OutOfRange,
+            ),
+        ];
+        for (from, to, kind) in cases {
+            assert_eq!(patched(from, to).kind(), kind, "{from:?} to {to:?}");
+        }
         assert_eq!(err("[plans]\n").kind(), Kind::Mismatch);
         let missing = GatewayConfig::load(Path::new("/nonexistent/paceline/gw.toml"));
         assert_eq!(missing.unwrap_err().kind(), Kind::Unreadable);

@@ -283,6 +283,20 @@ async fn overload_sheds_sheddable_first_and_charges_no_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shed_answer_is_a_proper_503() {
     let rig = Rig::start("shed503", Duration::from_millis(300), 1000, 1000, 1).await;
+    let (rig, res, body) = quote_while_one_is_in_flight(rig).await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(header(&res, "retry-after"), "1");
+    assert_eq!(header(&res, "cache-control"), "no-store");
+    let p: Value = serde_json::from_slice(&body).unwrap();
+    assert!(p["type"].as_str().unwrap().ends_with("overloaded"));
+    assert_eq!(p["retry_after_s"], 1);
+    rig.stop().await;
+}
+
+/// Asks for a quote while a slow label request holds the one unit of
+/// capacity of a rig started with one in flight and a delay; the label
+/// request is seen to succeed.
+async fn quote_while_one_is_in_flight(rig: Rig) -> (Rig, Response<()>, Bytes) {
     let rig = Arc::new(rig);
     let r = rig.clone();
     let slow = tokio::spawn(async move { r.get("/v1/labels/lbl_77120", "sk_a").await.0 });
@@ -293,15 +307,9 @@ async fn a_shed_answer_is_a_proper_503() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (res, body) = rig.get("/v1/rates", "sk_a").await;
-    assert_eq!(res.status(), 503);
-    assert_eq!(header(&res, "retry-after"), "1");
-    assert_eq!(header(&res, "cache-control"), "no-store");
-    let p: Value = serde_json::from_slice(&body).unwrap();
-    assert!(p["type"].as_str().unwrap().ends_with("overloaded"));
-    assert_eq!(p["retry_after_s"], 1);
     assert_eq!(slow.await.unwrap().status(), 200);
     let rig = Arc::try_unwrap(rig).ok().unwrap();
-    rig.stop().await;
+    (rig, res, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -342,21 +350,10 @@ async fn a_reloaded_problem_base_reaches_the_shedders_503s() {
     let base = "https://errors.example.test/p/";
     std::fs::write(&rig.file, format!("problem_base = \"{base}\"\n{text}")).unwrap();
     assert_eq!(rig.handle.reload(), ReloadEvent::Applied { notes: vec![] });
-    let rig = Arc::new(rig);
-    let r = rig.clone();
-    let slow = tokio::spawn(async move { r.get("/v1/labels/lbl_77120", "sk_a").await.0 });
-    for _ in 0..200 {
-        if rig.handle.shedder().in_flight() >= 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let (res, body) = rig.get("/v1/rates", "sk_a").await;
+    let (rig, res, body) = quote_while_one_is_in_flight(rig).await;
     assert_eq!(res.status(), 503);
     let p: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(p["type"], format!("{base}overloaded"));
-    assert_eq!(slow.await.unwrap().status(), 200);
-    let rig = Arc::try_unwrap(rig).ok().unwrap();
     rig.stop().await;
 }
 
