@@ -9,8 +9,13 @@
 //! The file has a `[gateway]` table (listen address, upstream, store,
 //! timeouts, shedding, webhook, metrics) and, at the top level, the limits
 //! model of `paceline-server` (`plans`, `keys`, `routes`, `trusted_proxies`,
-//! `dialects`, ...). Keys may also come from a separate file
-//! (`gateway.keys_file`, a TOML table of `key = "plan"`).
+//! `dialects`, ...): this module reads the `[gateway]` table and hands the
+//! rest of the file to [`LimitsConfig`] as it is, so the limits' fields and
+//! defaults are defined there alone. Keys may also come from a separate
+//! file (`gateway.keys_file`, a TOML table of `key = "plan"`).
+//!
+//! Every error carries a [`ConfigErrorKind`], so a caller can tell a
+//! missing plan from a malformed file without reading the message.
 //!
 //! ```
 //! use paceline_gateway::GatewayConfig;
@@ -29,6 +34,7 @@
 //! "#;
 //! let err = GatewayConfig::parse(text, "gw.toml", None).unwrap_err();
 //! assert_eq!(err.to_string(), r#"gw.toml:11:1: keys.sk_2: no plan named "gold"; plans are ["free"]"#);
+//! assert_eq!(err.kind(), paceline_server::ConfigErrorKind::UnknownPlan);
 //! ```
 
 use std::collections::BTreeMap;
@@ -39,17 +45,16 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use http::Uri;
-use paceline_server::{
-    DialectsConfig, EscalationConfig, Limits, LimitsConfig, PlanConfig, RouteConfig,
-    DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH,
-};
-use serde::Deserialize;
+use paceline_server::{ConfigErrorKind as Kind, Limits, LimitsConfig};
+use serde::{Deserialize, Deserializer};
 
 use crate::locate::Doc;
+use crate::split::{split, Expected};
 
 /// A configuration mistake, located in its file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigFileError {
+    kind: Kind,
     file: String,
     line: usize,
     column: usize,
@@ -58,6 +63,10 @@ pub struct ConfigFileError {
 }
 
 impl ConfigFileError {
+    /// What kind of mistake it is.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
     /// The file at fault (as given).
     pub fn file(&self) -> &str {
         &self.file
@@ -82,6 +91,7 @@ impl ConfigFileError {
 
     fn unreadable(file: &str, e: &std::io::Error) -> Self {
         ConfigFileError {
+            kind: Kind::Unreadable,
             file: file.to_string(),
             line: 0,
             column: 0,
@@ -190,8 +200,6 @@ pub struct Settings {
     pub shedding: SheddingSettings,
     /// Whether to watch the file and reload when it changes.
     pub watch: bool,
-    /// The prefix of problem `type` URIs (shared with the limits).
-    pub problem_base: String,
 }
 
 /// A loaded, validated configuration.
@@ -209,34 +217,20 @@ pub struct GatewayConfig {
 // The file model
 // ---------------------------------------------------------------------------
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The whole file: the `[gateway]` table, and the limits at the top level.
 struct FileModel {
     gateway: GatewayModel,
-    #[serde(default)]
-    plans: BTreeMap<String, PlanConfig>,
-    #[serde(default)]
-    keys: BTreeMap<String, String>,
-    #[serde(default)]
-    routes: Vec<RouteConfig>,
-    #[serde(default)]
-    key: Option<String>,
-    #[serde(default)]
-    default_plan: Option<String>,
-    #[serde(default)]
-    anonymous_plan: Option<String>,
-    #[serde(default)]
-    trusted_proxies: Vec<String>,
-    #[serde(default)]
-    dialects: DialectsConfig,
-    #[serde(default)]
-    soft_limit: Option<f64>,
-    #[serde(default)]
-    usage_path: Option<String>,
-    #[serde(default)]
-    problem_base: Option<String>,
-    #[serde(default)]
-    escalation: EscalationConfig,
+    limits: LimitsConfig,
+}
+
+/// The top-level fields, `gateway` first (see [`split`]).
+static TOP_FIELDS: Expected = Expected::new();
+
+impl<'de> Deserialize<'de> for FileModel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (gateway, limits) = split(d, "gateway", &TOP_FIELDS)?;
+        Ok(FileModel { gateway, limits })
+    }
 }
 
 #[derive(Deserialize)]
@@ -300,9 +294,16 @@ impl<'a> Source<'a> {
         }
     }
 
-    fn at_offset(&self, offset: usize, field: Option<String>, msg: String) -> ConfigFileError {
+    fn at_offset(
+        &self,
+        kind: Kind,
+        offset: usize,
+        field: Option<String>,
+        msg: String,
+    ) -> ConfigFileError {
         let (line, column) = self.doc.line_col(offset);
         ConfigFileError {
+            kind,
             file: self.name.to_string(),
             line,
             column,
@@ -311,12 +312,13 @@ impl<'a> Source<'a> {
         }
     }
 
-    fn at_field(&self, field: &str, msg: impl Into<String>) -> ConfigFileError {
+    fn at_field(&self, kind: Kind, field: &str, msg: impl Into<String>) -> ConfigFileError {
         let (line, column) = self
             .doc
             .span_of(field)
             .map_or((1, 1), |s| self.doc.line_col(s.start));
         ConfigFileError {
+            kind,
             file: self.name.to_string(),
             line,
             column,
@@ -328,12 +330,20 @@ impl<'a> Source<'a> {
     fn toml_error(&self, e: &toml::de::Error) -> ConfigFileError {
         let msg = e.message().trim().to_string();
         match e.span() {
-            Some(span) => {
-                // a syntax error (the text did not parse) has no field
-                let field = (!self.doc.is_parsed()).then(String::new);
-                self.at_offset(span.start, field, msg)
+            // a syntax error (the text did not parse) has no field
+            Some(span) if !self.doc.is_parsed() => {
+                self.at_offset(Kind::Syntax, span.start, Some(String::new()), msg)
             }
+            // the deserializer fails on a key only when the field is unknown
+            Some(span) if self.doc.is_key(&span) => {
+                self.at_offset(Kind::UnknownField, span.start, None, msg)
+            }
+            Some(span) => self.at_offset(Kind::Mismatch, span.start, None, msg),
             None => ConfigFileError {
+                kind: match self.doc.is_parsed() {
+                    true => Kind::Mismatch,
+                    false => Kind::Syntax,
+                },
                 file: self.name.to_string(),
                 line: 1,
                 column: 1,
@@ -368,20 +378,21 @@ impl GatewayConfig {
         dir: Option<&Path>,
     ) -> Result<GatewayConfig, ConfigFileError> {
         let src = Source::new(name, text);
-        let mut model: FileModel = src.parse()?;
-        let mut settings = settings(&src, &model.gateway)?;
-        if let Some(base) = &model.problem_base {
-            settings.problem_base = base.clone();
-        }
+        let FileModel {
+            gateway,
+            limits: mut model,
+        } = src.parse()?;
+        let settings = settings(&src, &gateway)?;
         let mut sources = Vec::new();
         let keys_text;
         let keys_name;
         let mut keys_src = None;
-        if let Some(file) = &model.gateway.keys_file {
+        if let Some(file) = &gateway.keys_file {
             let path = dir.unwrap_or(Path::new("")).join(file);
             keys_name = path.display().to_string();
             keys_text = std::fs::read_to_string(&path).map_err(|e| {
                 src.at_field(
+                    Kind::Unreadable,
                     "gateway.keys_file",
                     format!("cannot read {keys_name}: {e}; expected a TOML file of key = \"plan\" lines"),
                 )
@@ -390,24 +401,28 @@ impl GatewayConfig {
             let extra: BTreeMap<String, String> = ks.parse()?;
             for (k, p) in extra {
                 if model.keys.contains_key(&k) {
-                    return Err(ks.at_field(&k, "this key is also listed under [keys]"));
+                    return Err(ks.at_field(
+                        Kind::Duplicate,
+                        &k,
+                        "this key is also listed under [keys]",
+                    ));
                 }
                 model.keys.insert(k, p);
             }
             sources.push(path);
             keys_src = Some(ks);
         }
-        let limits = limits_config(model).build().map_err(|e| {
+        let limits = model.build().map_err(|e| {
             let field = e.field();
             // a key that came from the keys file is reported there
             if let (Some(ks), Some(k)) = (&keys_src, field.strip_prefix("keys.")) {
                 if !src.doc.has(field) && ks.doc.has(k) {
-                    let mut err = ks.at_field(k, e.message());
+                    let mut err = ks.at_field(e.kind(), k, e.message());
                     err.field = field.to_string();
                     return err;
                 }
             }
-            src.at_field(field, e.message())
+            src.at_field(e.kind(), field, e.message())
         })?;
         Ok(GatewayConfig {
             settings,
@@ -417,31 +432,11 @@ impl GatewayConfig {
     }
 }
 
-fn limits_config(m: FileModel) -> LimitsConfig {
-    LimitsConfig {
-        plans: m.plans,
-        keys: m.keys,
-        routes: m.routes,
-        key: m.key.unwrap_or_else(|| "api_key".to_string()),
-        default_plan: m.default_plan,
-        anonymous_plan: m.anonymous_plan,
-        trusted_proxies: m.trusted_proxies,
-        dialects: m.dialects,
-        soft_limit: m.soft_limit.unwrap_or(DEFAULT_SOFT_LIMIT),
-        usage_path: m
-            .usage_path
-            .unwrap_or_else(|| DEFAULT_USAGE_PATH.to_string()),
-        problem_base: m
-            .problem_base
-            .unwrap_or_else(|| DEFAULT_PROBLEM_BASE.to_string()),
-        escalation: m.escalation,
-    }
-}
-
 fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileError> {
     let addr = |field: &str, s: &str| {
         s.parse::<SocketAddr>().map_err(|_| {
             src.at_field(
+                Kind::InvalidValue,
                 field,
                 format!(
                     "{s:?} is not a socket address; expected IP:PORT such as \"127.0.0.1:8080\""
@@ -450,12 +445,18 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
         })
     };
     let listen = addr("gateway.listen", &g.listen)?;
-    let upstream = http_uri(&g.upstream)
-        .map_err(|m| src.at_field("gateway.upstream", format!("{:?}: {m}", g.upstream)))?;
+    let upstream = http_uri(&g.upstream).map_err(|m| {
+        src.at_field(
+            Kind::InvalidValue,
+            "gateway.upstream",
+            format!("{:?}: {m}", g.upstream),
+        )
+    })?;
     let store = match g.store.as_deref() {
         None | Some("memory") => StoreKind::Memory,
         Some(other) => {
             return Err(src.at_field(
+                Kind::InvalidValue,
                 "gateway.store",
                 format!("{other:?}: the gateway supports store = \"memory\""),
             ))
@@ -470,8 +471,13 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
         .soft_limit_webhook
         .as_deref()
         .map(|s| {
-            http_uri(s)
-                .map_err(|m| src.at_field("gateway.soft_limit_webhook", format!("{s:?}: {m}")))
+            http_uri(s).map_err(|m| {
+                src.at_field(
+                    Kind::InvalidValue,
+                    "gateway.soft_limit_webhook",
+                    format!("{s:?}: {m}"),
+                )
+            })
         })
         .transpose()?;
     Ok(Settings {
@@ -483,7 +489,6 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
         timeouts: timeouts(src, &g.timeouts)?,
         shedding: shedding(src, &g.shedding)?,
         watch: g.watch,
-        problem_base: DEFAULT_PROBLEM_BASE.to_string(),
     })
 }
 
@@ -492,6 +497,7 @@ fn timeouts(src: &Source<'_>, t: &TimeoutsModel) -> Result<Timeouts, ConfigFileE
     let ms = |field: &str, v: Option<u64>, default: Duration| match v {
         None => Ok(default),
         Some(0) => Err(src.at_field(
+            Kind::OutOfRange,
             &format!("gateway.timeouts.{field}"),
             "a timeout of 0 ms would fail every request; expected a number of milliseconds above 0",
         )),
@@ -516,6 +522,7 @@ fn shedding(src: &Source<'_>, s: &SheddingModel) -> Result<SheddingSettings, Con
     let reserve = s.reserve.unwrap_or(d.reserve);
     if !(0.0..=0.9).contains(&reserve) {
         return Err(src.at_field(
+            Kind::OutOfRange,
             "gateway.shedding.reserve",
             format!("{reserve} is not a share between 0 and 0.9; use 0.2 to keep 20% for critical routes"),
         ));
@@ -523,6 +530,7 @@ fn shedding(src: &Source<'_>, s: &SheddingModel) -> Result<SheddingSettings, Con
     let retry_after_s = s.retry_after_s.unwrap_or(d.retry_after_s);
     if retry_after_s == 0 {
         return Err(src.at_field(
+            Kind::OutOfRange,
             "gateway.shedding.retry_after_s",
             "Retry-After must be at least 1 second",
         ));
@@ -677,6 +685,69 @@ criticality = "SHEDDABLE"
     }
 
     #[test]
+    fn every_error_has_its_kind() {
+        let cases = [
+            ("[keys]", "[keys", Kind::Syntax),
+            (
+                "max_in_flight = 64",
+                "max_inflight = 64",
+                Kind::UnknownField,
+            ),
+            ("[keys]", "[kesy]", Kind::UnknownField),
+            (
+                "[plans.login]",
+                "[plans.free.x]\n[plans.login]",
+                Kind::UnknownField,
+            ),
+            ("q = 10000", "q = \"lots\"", Kind::Mismatch),
+            ("path = \"/v1/rates\"", "", Kind::Mismatch),
+            ("sk_1 = \"free\"", "sk_1 = \"gold\"", Kind::UnknownPlan),
+            ("q = 20, w = 2", "q = 20, w = 0", Kind::InvalidPolicy),
+            ("anonymous = true\n", "", Kind::InvalidValue),
+            ("plan = \"login\"", "", Kind::Missing),
+            ("127.0.0.1:0", "localhost", Kind::InvalidValue),
+            (
+                "max_in_flight = 64",
+                "max_in_flight = 64\nreserve = 2.0",
+                Kind::OutOfRange,
+            ),
+            (
+                "[gateway]\n",
+                "soft_limit = 2.0\n[gateway]\n",
+                Kind::OutOfRange,
+            ),
+        ];
+        for (from, to, kind) in cases {
+            assert_eq!(patched(from, to).kind(), kind, "{from:?} to {to:?}");
+        }
+        assert_eq!(err("[plans]\n").kind(), Kind::Mismatch);
+        let missing = GatewayConfig::load(Path::new("/nonexistent/paceline/gw.toml"));
+        assert_eq!(missing.unwrap_err().kind(), Kind::Unreadable);
+    }
+
+    #[test]
+    fn an_unknown_top_level_field_names_the_gateway_table_too() {
+        let e = patched("[gateway]\n", "plan = 1\n[gateway]\n");
+        assert_eq!((e.line(), e.column(), e.field()), (1, 1, "plan"));
+        assert!(
+            e.message()
+                .starts_with("unknown field `plan`, expected one of `gateway`, `plans`, `keys`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_limits_defaults_are_the_server_models() {
+        let c = GatewayConfig::parse(GOOD, "t.toml", None).unwrap();
+        let d = LimitsConfig::default().build().unwrap();
+        assert_eq!(c.limits.problem_base(), d.problem_base());
+        assert_eq!(c.limits.soft_limit(), d.soft_limit());
+        assert_eq!(c.limits.usage_path(), d.usage_path());
+        assert_eq!(c.limits.dialects(), d.dialects());
+        assert_eq!(c.limits.escalation(), d.escalation());
+    }
+
+    #[test]
     fn keys_can_come_from_a_file() {
         let dir = std::env::temp_dir().join(format!("pl-gw-keys-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -685,6 +756,16 @@ criticality = "SHEDDABLE"
         let e = GatewayConfig::parse(&text, "t.toml", Some(&dir)).unwrap_err();
         assert!(e.file().ends_with("keys.toml"), "{e}");
         assert_eq!((e.line(), e.field()), (2, "keys.sk_3"));
+        assert_eq!(e.kind(), Kind::UnknownPlan);
+        std::fs::write(dir.join("keys.toml"), "sk_1 = \"free\"\n").unwrap();
+        let e = GatewayConfig::parse(&text, "t.toml", Some(&dir)).unwrap_err();
+        assert_eq!((e.kind(), e.line()), (Kind::Duplicate, 1));
+        std::fs::remove_file(dir.join("keys.toml")).unwrap();
+        let e = GatewayConfig::parse(&text, "t.toml", Some(&dir)).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::Unreadable, "gateway.keys_file")
+        );
         std::fs::write(dir.join("keys.toml"), "sk_2 = \"free\"\n").unwrap();
         let c = GatewayConfig::parse(&text, "t.toml", Some(&dir)).unwrap();
         assert_eq!(c.limits.plan_for_key("sk_2").unwrap().name(), "free");

@@ -40,6 +40,7 @@ pub mod metrics;
 pub mod proxy;
 mod server;
 pub mod shed;
+mod split;
 mod upstream;
 pub mod webhook;
 

@@ -129,6 +129,14 @@ impl<'a> Doc<'a> {
         self.parsed
     }
 
+    /// Whether `span` is exactly where a key is written (and not also the
+    /// span of its value, as for a table of an array of tables).
+    pub(crate) fn is_key(&self, span: &Range<usize>) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.key.as_ref() == Some(span) && e.value.as_ref() != Some(span))
+    }
+
     /// Whether the document holds a value at exactly `path`.
     pub(crate) fn has(&self, path: &str) -> bool {
         self.entries.iter().any(|e| e.path == path)

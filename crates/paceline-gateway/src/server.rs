@@ -7,10 +7,13 @@
 //! served on the same port.
 //!
 //! A reload (SIGHUP, a change to the file, or [`GatewayHandle::reload`])
-//! swaps plans, keys, routes and shedding settings in place: the counters
-//! live in one store that outlives every configuration, and no connection
-//! is dropped. A configuration that fails validation is refused and the
-//! old one keeps serving.
+//! swaps the limits (plans, keys, routes, dialects, problem base, ...),
+//! the shedding settings, the webhook and the keys file in place: the
+//! counters live in one store that outlives every configuration, and no
+//! connection is dropped. The settings only a restart applies (listen,
+//! upstream, store, metrics, timeouts, escalation, soft limit) are named in
+//! [`ReloadEvent::Applied`]. A configuration that fails validation is
+//! refused and the old one keeps serving.
 
 use std::future::Future;
 use std::io;
@@ -25,7 +28,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use paceline_core::{Clock, MemoryStore, SystemClock};
-use paceline_server::{Criticality, RateLimit, RateLimiter};
+use paceline_server::{Limits, RateLimit, RateLimiter};
 use parking_lot::RwLock;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -281,17 +284,7 @@ impl Gateway {
 
 fn shed_layer(h: &GatewayHandle) -> LoadShedLayer {
     let limiter = h.inner.limiter.clone();
-    let classify = Arc::new(move |m: &http::Method, path: &str| {
-        limiter
-            .limits()
-            .route(m, path)
-            .map_or(Criticality::Critical, |r| r.criticality())
-    });
-    LoadShedLayer::new(
-        h.inner.shedder.clone(),
-        classify,
-        h.inner.settings.read().problem_base.as_str(),
-    )
+    LoadShedLayer::new(h.inner.shedder.clone(), Arc::new(move || limiter.limits()))
 }
 
 impl GatewayHandle {
@@ -327,36 +320,25 @@ impl GatewayHandle {
         event
     }
 
-    /// Applies a validated configuration: limits, shedding and the webhook
-    /// at once; returns the settings that need a restart.
+    /// Applies a validated configuration: the limits (read by the limiter
+    /// and the shedder alike), shedding, the webhook, the keys file and
+    /// watching at once; returns the settings that changed and need a
+    /// restart.
     pub fn apply(&self, cfg: GatewayConfig) -> Vec<String> {
         let new = cfg.settings;
-        let mut notes = Vec::new();
-        {
+        let (notes, webhook_changed) = {
             let old = self.inner.settings.read();
-            let mut note = |name: &str, changed: bool| {
-                if changed {
-                    notes.push(format!("gateway.{name} changed; restart to apply it"));
-                }
-            };
-            note("listen", old.listen != new.listen);
-            note("upstream", old.upstream != new.upstream);
-            note("metrics_listen", old.metrics_listen != new.metrics_listen);
-            note("timeouts", old.timeouts != new.timeouts);
-            note("problem_base", old.problem_base != new.problem_base);
-        }
-        // the limiter keeps these from its construction
-        let before = self.inner.limiter.limits();
-        if before.escalation() != cfg.limits.escalation() {
-            notes.push("escalation changed; restart to apply it".to_string());
-        }
-        if before.soft_limit() != cfg.limits.soft_limit() {
-            notes.push("soft_limit changed; restart to apply it".to_string());
-        }
-        if let Some(uri) = &new.soft_limit_webhook {
-            self.inner
-                .limiter
-                .set_soft_limit_hook(crate::webhook::webhook(uri.clone()));
+            let notes = restart_notes(&old, &self.inner.limiter.limits(), &new, &cfg.limits);
+            (notes, old.soft_limit_webhook != new.soft_limit_webhook)
+        };
+        if webhook_changed {
+            match &new.soft_limit_webhook {
+                Some(uri) => self
+                    .inner
+                    .limiter
+                    .set_soft_limit_hook(crate::webhook::webhook(uri.clone())),
+                None => self.inner.limiter.clear_soft_limit_hook(),
+            }
         }
         self.inner.limiter.reload(cfg.limits);
         self.inner.shedder.set_settings(new.shedding);
@@ -379,6 +361,49 @@ impl GatewayHandle {
             })
             .collect()
     }
+}
+
+/// The settings that changed from `old` to `new` and take a restart to
+/// apply, as notes. Every setting of [`Settings`] is named here, so a new
+/// one is either applied by [`GatewayHandle::apply`] or noted.
+fn restart_notes(
+    old: &Settings,
+    old_limits: &Limits,
+    new: &Settings,
+    limits: &Limits,
+) -> Vec<String> {
+    let Settings {
+        listen,
+        upstream,
+        store,
+        metrics_listen,
+        timeouts,
+        // applied: the hook is replaced or removed
+        soft_limit_webhook: _,
+        // applied: the shedder's settings are replaced
+        shedding: _,
+        // applied: read at every tick of the watcher
+        watch: _,
+    } = new;
+    let mut notes = Vec::new();
+    let mut note = |name: &str, changed: bool| {
+        if changed {
+            notes.push(format!("{name} changed; restart to apply it"));
+        }
+    };
+    // bound, built or spawned once, when the gateway starts
+    note("gateway.listen", old.listen != *listen);
+    note("gateway.upstream", old.upstream != *upstream);
+    note("gateway.store", old.store != *store);
+    note(
+        "gateway.metrics_listen",
+        old.metrics_listen != *metrics_listen,
+    );
+    note("gateway.timeouts", old.timeouts != *timeouts);
+    // the limiter keeps these from its construction
+    note("escalation", old_limits.escalation() != limits.escalation());
+    note("soft_limit", old_limits.soft_limit() != limits.soft_limit());
+    notes
 }
 
 /// Reloads on SIGHUP and, when watching is on, when a source file changes.

@@ -283,6 +283,20 @@ async fn overload_sheds_sheddable_first_and_charges_no_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shed_answer_is_a_proper_503() {
     let rig = Rig::start("shed503", Duration::from_millis(300), 1000, 1000, 1).await;
+    let (rig, res, body) = quote_while_one_is_in_flight(rig).await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(header(&res, "retry-after"), "1");
+    assert_eq!(header(&res, "cache-control"), "no-store");
+    let p: Value = serde_json::from_slice(&body).unwrap();
+    assert!(p["type"].as_str().unwrap().ends_with("overloaded"));
+    assert_eq!(p["retry_after_s"], 1);
+    rig.stop().await;
+}
+
+/// Asks for a quote while a slow label request holds the one unit of
+/// capacity of a rig started with one in flight and a delay; the label
+/// request is seen to succeed.
+async fn quote_while_one_is_in_flight(rig: Rig) -> (Rig, Response<()>, Bytes) {
     let rig = Arc::new(rig);
     let r = rig.clone();
     let slow = tokio::spawn(async move { r.get("/v1/labels/lbl_77120", "sk_a").await.0 });
@@ -293,15 +307,9 @@ async fn a_shed_answer_is_a_proper_503() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (res, body) = rig.get("/v1/rates", "sk_a").await;
-    assert_eq!(res.status(), 503);
-    assert_eq!(header(&res, "retry-after"), "1");
-    assert_eq!(header(&res, "cache-control"), "no-store");
-    let p: Value = serde_json::from_slice(&body).unwrap();
-    assert!(p["type"].as_str().unwrap().ends_with("overloaded"));
-    assert_eq!(p["retry_after_s"], 1);
     assert_eq!(slow.await.unwrap().status(), 200);
     let rig = Arc::try_unwrap(rig).ok().unwrap();
-    rig.stop().await;
+    (rig, res, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,6 +340,85 @@ async fn reload_changes_a_quota_and_keeps_counters() {
         other => panic!("{other:?}"),
     }
     assert_eq!(rig.usage_left("sk_a").await, vec![994, 44]);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_problem_base_reaches_the_shedders_503s() {
+    let rig = Rig::start("shed-base", Duration::from_millis(300), 1000, 1000, 1).await;
+    let text = config_text(rig.api.addr(), 1000, 1000, 1);
+    let base = "https://errors.example.test/p/";
+    std::fs::write(&rig.file, format!("problem_base = \"{base}\"\n{text}")).unwrap();
+    assert_eq!(rig.handle.reload(), ReloadEvent::Applied { notes: vec![] });
+    let (rig, res, body) = quote_while_one_is_in_flight(rig).await;
+    assert_eq!(res.status(), 503);
+    let p: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(p["type"], format!("{base}overloaded"));
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_names_every_setting_it_cannot_apply() {
+    let rig = Rig::start("restart", Duration::ZERO, 1000, 100, 0).await;
+    let up = rig.api.addr();
+    let text = config_text(up, 1000, 100, 8)
+        .replacen("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:1\"", 1)
+        .replacen(&format!("http://{up}"), "http://127.0.0.1:2", 1)
+        .replacen(
+            "watch = false",
+            "watch = false\nmetrics_listen = \"127.0.0.1:0\"\n\
+             soft_limit_webhook = \"http://127.0.0.1:3/hook\"\n\
+             [gateway.timeouts]\nconnect_ms = 500",
+            1,
+        );
+    let text = format!("soft_limit = 0.5\n[escalation]\nenabled = false\n{text}");
+    std::fs::write(&rig.file, text).unwrap();
+    let notes = match rig.handle.reload() {
+        ReloadEvent::Applied { notes } => notes,
+        other => panic!("{other:?}"),
+    };
+    let names = [
+        "gateway.listen",
+        "gateway.upstream",
+        "gateway.metrics_listen",
+        "gateway.timeouts",
+        "escalation",
+        "soft_limit",
+    ];
+    let expected: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n} changed; restart to apply it"))
+        .collect();
+    assert_eq!(notes, expected);
+    // the rest is applied: shedding, and the limits for the limiter
+    assert_eq!(rig.handle.shedder().settings().max_in_flight, 8);
+    assert_eq!(rig.handle.limiter().limits().soft_limit(), Some(0.5));
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_removed_by_a_reload_is_not_called() {
+    let rig = Rig::start("unhook", Duration::ZERO, 1000, 10, 0).await;
+    let up = rig.api.addr();
+    let plain = config_text(up, 1000, 10, 0);
+    let hooked = plain.replacen(
+        "watch = false",
+        &format!("watch = false\nsoft_limit_webhook = \"http://{up}/hooks/soft-limit\""),
+        1,
+    );
+    std::fs::write(&rig.file, hooked).unwrap();
+    assert_eq!(rig.handle.reload(), ReloadEvent::Applied { notes: vec![] });
+    std::fs::write(&rig.file, plain).unwrap();
+    assert_eq!(rig.handle.reload(), ReloadEvent::Applied { notes: vec![] });
+    let mut warned = 0;
+    for _ in 0..9 {
+        let (res, _) = rig.get("/v1/rates", "sk_a").await;
+        assert_eq!(res.status(), 200);
+        warned += usize::from(res.headers().contains_key("ratelimit-warning"));
+    }
+    assert_eq!(warned, 2, "the soft limit is still published");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rig.api.soft_limit_events().is_empty());
     rig.stop().await;
 }
 

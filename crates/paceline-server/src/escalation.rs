@@ -13,6 +13,7 @@
 use paceline_core::Nanos;
 use serde::Deserialize;
 
+use crate::config::{ConfigError, ConfigErrorKind};
 use crate::identity::KeyHash;
 use crate::state::{BoundedMap, Expiring};
 
@@ -48,8 +49,14 @@ impl Default for EscalationConfig {
 }
 
 impl EscalationConfig {
-    pub(crate) fn validate(&self) -> Result<(), (String, String)> {
-        let err = |f: &str, m: &str| Err((format!("escalation.{f}"), m.to_string()));
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let err = |f: &str, m: &str| {
+            Err(ConfigError::new(
+                ConfigErrorKind::OutOfRange,
+                format!("escalation.{f}"),
+                m,
+            ))
+        };
         if self.extend_after == 0 {
             return err("extend_after", "must be at least 1");
         }
@@ -270,6 +277,9 @@ mod tests {
             block_after: 2,
             ..cfg()
         };
-        assert_eq!(bad.validate().unwrap_err().0, "escalation.block_after");
+        assert_eq!(
+            bad.validate().unwrap_err().field(),
+            "escalation.block_after"
+        );
     }
 }

@@ -63,7 +63,7 @@ pub mod telemetry;
 mod time;
 
 pub use config::{
-    ConfigError, DialectsConfig, Limits, LimitsBuilder, LimitsConfig, PlanConfig, PolicyConfig,
+    ConfigError, ConfigErrorKind, Limits, LimitsBuilder, LimitsConfig, PlanConfig, PolicyConfig,
     RouteConfig, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH,
 };
 pub use escalation::{EscalationConfig, Level};

@@ -162,7 +162,7 @@ struct Ask {
 
 impl Ask {
     fn plan<'a>(&self, p: &'a Prepared) -> &'a paceline_core::Plan {
-        &p.limits.inner.plans[self.plan]
+        &p.limits.inner.plans[self.plan].plan
     }
     fn key<'a>(&self, p: &'a Prepared) -> &'a str {
         p.who.as_ref().map_or("", |w| w.key(&p.limits.inner))
@@ -200,6 +200,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// crosses the soft limit.
     pub fn set_soft_limit_hook(&self, hook: SoftLimitHook) {
         *self.shared.hook.write() = Some(hook);
+    }
+
+    /// Removes the soft-limit callback: crossings are still counted and
+    /// published, and no callback is fired.
+    pub fn clear_soft_limit_hook(&self) {
+        *self.shared.hook.write() = None;
     }
 
     /// Swaps in new limits. Counters survive for every plan whose state
@@ -270,7 +276,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     fn span(&self, p: &Prepared) -> tracing::Span {
         match &p.who {
             Some(who) => {
-                let name = &p.limits.inner.names[who.plan].0;
+                let name = &p.limits.inner.plans[who.plan].name;
                 tracing::debug_span!("paceline.decide", plan = %name, key = %who.hash, cost = p.route.cost)
             }
             None => tracing::Span::none(),
@@ -335,16 +341,17 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 false => Stage::Done(Verdict::Respond(respond::unauthorized(&lim.problem_base))),
             };
         }
-        if p.unknown_len && lim.plans[who.plan].counts_bytes() {
+        if p.unknown_len && lim.plans[who.plan].plan.counts_bytes() {
             return Stage::Done(Verdict::Reject(respond::length_required(&lim.problem_base)));
         }
         match sh.escalator.before(who.hash, now) {
             Some(hold) => {
-                let plan = &lim.plans[who.plan];
+                let compiled = &lim.plans[who.plan];
+                let plan = &compiled.plan;
                 if hold.fresh {
                     escalated(
-                        &lim.names[who.plan].0,
-                        &lim.metric_keys[who.plan],
+                        &compiled.name,
+                        &compiled.metric_keys,
                         who.hash,
                         hold.level,
                         hold.wait,
@@ -367,20 +374,17 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     fn conclude(&self, p: &Prepared, ask: Ask, result: Result<Decision, StoreError>) -> Verdict {
         let lim = &p.limits.inner;
         let who = p.who.as_ref().expect("the store is asked only for someone");
-        let plan = &lim.plans[who.plan];
-        let (plan_name, policy_names) = &lim.names[who.plan];
-        let mk = &lim.metric_keys[who.plan];
+        let compiled = &lim.plans[who.plan];
+        let plan = &compiled.plan;
+        let (plan_name, policy_names) = (&compiled.name, &compiled.policy_names);
+        let mk = &compiled.metric_keys;
         let sh = &*self.shared;
         let now = ask.now;
         if p.usage {
             return match result {
-                Ok(d) => Verdict::Respond(respond::usage(
-                    plan,
-                    &lim.meta[who.plan],
-                    &d,
-                    now,
-                    &lim.dialects,
-                )),
+                Ok(d) => {
+                    Verdict::Respond(respond::usage(plan, &compiled.meta, &d, now, &lim.dialects))
+                }
                 Err(e) => {
                     telemetry::store_error(mk);
                     tracing::warn!(error = %e, "usage: store unavailable");
@@ -462,7 +466,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         );
         Verdict::Reject(respond::rejection(
             plan,
-            &lim.meta[who.plan],
+            &compiled.meta,
             &d,
             &lim.dialects,
             who.publish,
@@ -479,8 +483,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         d: &Decision,
         now: Nanos,
     ) -> Option<HeaderValue> {
-        let lim = &p.limits.inner;
-        let plan = &lim.plans[who.plan];
+        let compiled = &p.limits.inner.plans[who.plan];
+        let plan = &compiled.plan;
         let sh = &*self.shared;
         let mut field = String::new();
         for (i, (pol, s)) in plan.policies().iter().zip(&d.statuses).enumerate() {
@@ -494,8 +498,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             field.push_str(&format!("\"{}\";used={used};q={}", pol.name(), pol.quota()));
             let ends = now.saturating_add(s.reset_after);
             if sh.soft.first_in_window(who.hash, i, now, ends) {
-                let plan_name = &lim.names[who.plan].0;
-                telemetry::soft_limit(&lim.metric_keys[who.plan], i);
+                let plan_name = &compiled.name;
+                telemetry::soft_limit(&compiled.metric_keys, i);
                 tracing::info!(plan = %plan_name, policy = pol.name(), key = %who.hash, used, quota = pol.quota(), "soft limit crossed");
                 if let Some(hook) = sh.hook.read().as_ref() {
                     (hook.0)(&SoftLimitEvent {
@@ -517,7 +521,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// A guard that gives back an admitted request's concurrency units.
     pub(crate) fn release_guard(&self, a: &Admitted) -> Option<ReleaseGuard> {
         let (key, cost) = a.release.clone()?;
-        let plan = a.limits.inner.plans[a.plan].clone();
+        let plan = a.limits.inner.plans[a.plan].plan.clone();
         let this = self.clone();
         Some(ReleaseGuard::new(async move {
             let sh = &*this.shared;
@@ -532,8 +536,8 @@ impl Admitted {
     /// Adds the rate-limit fields (and a soft-limit warning) to a response.
     pub(crate) fn decorate(&self, headers: &mut HeaderMap) {
         let lim = &self.limits.inner;
-        let plan = &lim.plans[self.plan];
-        let meta = &lim.meta[self.plan];
+        let compiled = &lim.plans[self.plan];
+        let (plan, meta) = (&compiled.plan, &compiled.meta);
         respond::write_fields(
             plan,
             meta,

@@ -92,11 +92,34 @@ pub struct Route {
 
 /// Why a route could not be built.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RouteError(String);
+pub struct RouteError {
+    message: String,
+    /// The method is at fault (else the path pattern).
+    method: bool,
+}
+
+impl RouteError {
+    fn method(message: String) -> Self {
+        RouteError {
+            message,
+            method: true,
+        }
+    }
+    fn path(message: String) -> Self {
+        RouteError {
+            message,
+            method: false,
+        }
+    }
+    /// Whether the method is at fault (else the path pattern).
+    pub fn is_method(&self) -> bool {
+        self.method
+    }
+}
 
 impl fmt::Display for RouteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -110,7 +133,7 @@ impl Route {
             "*" | "" => None,
             m => Some(
                 Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                    .map_err(|_| RouteError(format!("{m:?} is not an HTTP method")))?,
+                    .map_err(|_| RouteError::method(format!("{m:?} is not an HTTP method")))?,
             ),
         };
         let segments = parse_pattern(pattern)?;
@@ -199,7 +222,9 @@ impl Route {
 
 fn parse_pattern(pattern: &str) -> Result<Vec<Segment>, RouteError> {
     if !pattern.starts_with('/') {
-        return Err(RouteError(format!("path {pattern:?} must start with '/'")));
+        return Err(RouteError::path(format!(
+            "path {pattern:?} must start with '/'"
+        )));
     }
     let parts: Vec<&str> = pattern.split('/').collect();
     let last = parts.len() - 1;
@@ -209,7 +234,7 @@ fn parse_pattern(pattern: &str) -> Result<Vec<Segment>, RouteError> {
         .map(|(i, p)| {
             let rest = *p == "*" || (p.starts_with("{*") && p.ends_with('}'));
             if rest && i != last {
-                Err(RouteError(format!(
+                Err(RouteError::path(format!(
                     "path {pattern:?}: a wildcard may only be the last segment"
                 )))
             } else if rest {
@@ -217,7 +242,7 @@ fn parse_pattern(pattern: &str) -> Result<Vec<Segment>, RouteError> {
             } else if p.starts_with('{') && p.ends_with('}') && p.len() > 2 {
                 Ok(Segment::One)
             } else if p.contains(['{', '}']) {
-                Err(RouteError(format!(
+                Err(RouteError::path(format!(
                     "path {pattern:?}: a parameter must fill its whole segment, as {{id}}"
                 )))
             } else {

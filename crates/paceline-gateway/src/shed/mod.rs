@@ -48,7 +48,7 @@ use std::time::Duration;
 use paceline_server::Criticality;
 use parking_lot::RwLock;
 
-pub use service::{overloaded, Classify, LoadShed, LoadShedLayer, ShedBody};
+pub use service::{overloaded, CurrentLimits, LoadShed, LoadShedLayer, ShedBody};
 
 use crate::config::SheddingSettings;
 

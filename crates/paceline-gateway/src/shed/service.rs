@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use paceline_server::Criticality;
+use paceline_server::{Criticality, Limits};
 use paceline_wire::problem::{Problem, ProblemKind, PROBLEM_CONTENT_TYPE};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
@@ -18,8 +18,9 @@ use tower_service::Service;
 
 use super::{ShedGuard, Shedder};
 
-/// Says how critical a request is (from the route table).
-pub type Classify = Arc<dyn Fn(&Method, &str) -> Criticality + Send + Sync>;
+/// Gives the limits in force when a request arrives: their routes say how
+/// critical it is, their problem base prefixes the `type` of a shed answer.
+pub type CurrentLimits = Arc<dyn Fn() -> Limits + Send + Sync>;
 
 /// Wraps a service in [`LoadShed`].
 #[derive(Clone)]
@@ -29,8 +30,7 @@ pub struct LoadShedLayer {
 
 struct LayerInner {
     shedder: Shedder,
-    classify: Classify,
-    problem_base: Box<str>,
+    limits: CurrentLimits,
 }
 
 impl fmt::Debug for LoadShedLayer {
@@ -42,15 +42,11 @@ impl fmt::Debug for LoadShedLayer {
 }
 
 impl LoadShedLayer {
-    /// A layer shedding with `shedder`; `classify` gives each request's
-    /// criticality, `problem_base` prefixes the problem `type`.
-    pub fn new(shedder: Shedder, classify: Classify, problem_base: &str) -> Self {
+    /// A layer shedding with `shedder`; `limits` gives the limits in
+    /// force, read for each request (so a reload reaches it at once).
+    pub fn new(shedder: Shedder, limits: CurrentLimits) -> Self {
         LoadShedLayer {
-            inner: Arc::new(LayerInner {
-                shedder,
-                classify,
-                problem_base: problem_base.into(),
-            }),
+            inner: Arc::new(LayerInner { shedder, limits }),
         }
     }
 }
@@ -96,15 +92,19 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let layer = &*self.layer.inner;
-        let c = match layer.shedder.settings().max_in_flight {
-            0 => Criticality::Critical, // shedding is off: no need to look
-            _ => (layer.classify)(req.method(), req.uri().path()),
+        let limits = match layer.shedder.settings().max_in_flight {
+            0 => None, // shedding is off: no need to look
+            _ => Some((layer.limits)()),
         };
+        let c = limits.as_ref().map_or(Criticality::Critical, |l| {
+            criticality(l, req.method(), req.uri().path())
+        });
         let Some(guard) = layer.shedder.try_admit(c) else {
             metrics::counter!(crate::metrics::SHED, "criticality" => c.as_str()).increment(1);
             let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
             let retry = layer.shedder.settings().retry_after_s;
-            let res = overloaded(&layer.problem_base, retry, close);
+            let limits = limits.unwrap_or_else(|| (layer.limits)());
+            let res = overloaded(limits.problem_base(), retry, close);
             return ShedFuture::Shed { res: Some(res) };
         };
         ShedFuture::Inner {
@@ -151,6 +151,13 @@ where
             }
         }
     }
+}
+
+/// How critical a request is, by the first route it matches.
+fn criticality(limits: &Limits, method: &Method, path: &str) -> Criticality {
+    limits
+        .route(method, path)
+        .map_or(Criticality::Critical, |r| r.criticality())
 }
 
 fn has_body(h: &HeaderMap) -> bool {

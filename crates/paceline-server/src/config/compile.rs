@@ -1,0 +1,289 @@
+//! Validation: a [`LimitsBuilder`] checks a configuration and compiles it
+//! into the [`Limits`] the layer reads on every request.
+//!
+//! Compiling does once what would otherwise be done per request: each plan
+//! becomes a [`CompiledPlan`] holding, beside the plan, the names its
+//! metrics are labelled with, the parts of its responses that never change
+//! and its metric keys; each configured key is resolved to its plan and
+//! hashed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use paceline_core::Plan;
+use paceline_wire::emit::Dialects;
+
+use super::error::{ConfigError, ConfigErrorKind as Kind};
+use super::{
+    key_prefix, KeyEntry, Limits, LimitsInner, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT,
+    DEFAULT_USAGE_PATH,
+};
+use crate::escalation::EscalationConfig;
+use crate::identity::{KeySource, TrustedProxies};
+use crate::route::Route;
+
+/// A plan with everything the responses and the telemetry need of it,
+/// prepared when the configuration is built.
+#[derive(Debug)]
+pub(crate) struct CompiledPlan {
+    pub(crate) plan: Plan,
+    /// The plan's name, shared with metric labels.
+    pub(crate) name: Arc<str>,
+    /// Its policies' names, in order, shared with metric labels.
+    pub(crate) policy_names: Vec<Arc<str>>,
+    /// The parts of its responses that never change.
+    pub(crate) meta: crate::respond::PlanMeta,
+    /// Its metric keys.
+    pub(crate) metric_keys: crate::telemetry::PlanKeys,
+}
+
+impl CompiledPlan {
+    fn new(plan: Plan, problem_base: &str, dialects: &Dialects) -> CompiledPlan {
+        let name: Arc<str> = Arc::from(plan.name());
+        let policy_names: Vec<Arc<str>> = plan
+            .policies()
+            .iter()
+            .map(|q| Arc::from(q.name()))
+            .collect();
+        let meta = crate::respond::PlanMeta::new(&plan, problem_base, dialects);
+        let metric_keys = crate::telemetry::PlanKeys::new(&name, &policy_names);
+        CompiledPlan {
+            plan,
+            name,
+            policy_names,
+            meta,
+            metric_keys,
+        }
+    }
+}
+
+/// Builds [`Limits`] step by step; [`LimitsBuilder::build`] validates.
+#[derive(Debug)]
+pub struct LimitsBuilder {
+    plans: Vec<Plan>,
+    keys: Vec<(String, String)>,
+    routes: Vec<Route>,
+    key_source: KeySource,
+    default_plan: Option<String>,
+    anonymous_plan: Option<String>,
+    trusted: TrustedProxies,
+    dialects: Dialects,
+    soft_limit: Option<f64>,
+    usage_path: Option<String>,
+    problem_base: String,
+    escalation: EscalationConfig,
+}
+
+impl Default for LimitsBuilder {
+    fn default() -> Self {
+        LimitsBuilder {
+            plans: Vec::new(),
+            keys: Vec::new(),
+            routes: Vec::new(),
+            key_source: KeySource::ApiKey,
+            default_plan: None,
+            anonymous_plan: None,
+            trusted: TrustedProxies::none(),
+            dialects: Dialects::default(),
+            soft_limit: Some(DEFAULT_SOFT_LIMIT),
+            usage_path: Some(DEFAULT_USAGE_PATH.to_string()),
+            problem_base: DEFAULT_PROBLEM_BASE.to_string(),
+            escalation: EscalationConfig::default(),
+        }
+    }
+}
+
+impl LimitsBuilder {
+    /// Adds a plan.
+    pub fn plan(mut self, plan: Plan) -> Self {
+        self.plans.push(plan);
+        self
+    }
+    /// Puts `key` (an API key, or a header value or IP address with other
+    /// key sources) on the plan named `plan`.
+    pub fn key(mut self, key: &str, plan: &str) -> Self {
+        self.keys.push((key.to_string(), plan.to_string()));
+        self
+    }
+    /// Adds a route (first match wins).
+    pub fn route(mut self, route: Route) -> Self {
+        self.routes.push(route);
+        self
+    }
+    /// Where the key comes from (default: the bearer token).
+    pub fn key_source(mut self, source: KeySource) -> Self {
+        self.key_source = source;
+        self
+    }
+    /// The plan for keys not listed.
+    pub fn default_plan(mut self, plan: &str) -> Self {
+        self.default_plan = Some(plan.to_string());
+        self
+    }
+    /// The per-IP plan for requests without a known key (no counters are
+    /// published for it). Without one, such requests pass unlimited.
+    pub fn anonymous_plan(mut self, plan: &str) -> Self {
+        self.anonymous_plan = Some(plan.to_string());
+        self
+    }
+    /// The proxies whose forwarding headers are believed.
+    pub fn trusted_proxies(mut self, trusted: TrustedProxies) -> Self {
+        self.trusted = trusted;
+        self
+    }
+    /// The header dialects to publish.
+    pub fn dialects(mut self, dialects: Dialects) -> Self {
+        self.dialects = dialects;
+        self
+    }
+    /// The soft-limit threshold (share of a quota, in (0, 1]); `None` turns
+    /// soft limits off.
+    pub fn soft_limit(mut self, threshold: Option<f64>) -> Self {
+        self.soft_limit = threshold;
+        self
+    }
+    /// The usage endpoint's path; `None` turns it off.
+    pub fn usage_path(mut self, path: Option<&str>) -> Self {
+        self.usage_path = path.map(str::to_string);
+        self
+    }
+    /// The prefix of problem `type` URIs.
+    pub fn problem_base(mut self, base: &str) -> Self {
+        self.problem_base = base.to_string();
+        self
+    }
+    /// Escalation settings.
+    pub fn escalation(mut self, escalation: EscalationConfig) -> Self {
+        self.escalation = escalation;
+        self
+    }
+
+    /// Validates and builds.
+    pub fn build(self) -> Result<Limits, ConfigError> {
+        let index = plan_index(&self.plans)?;
+        let find = |field: &str, name: &str| {
+            index.get(name).copied().ok_or_else(|| {
+                ConfigError::new(
+                    Kind::UnknownPlan,
+                    field,
+                    format!("no plan named {name:?}; plans are {:?}", names(&self.plans)),
+                )
+            })
+        };
+        let mut keys = HashMap::with_capacity_and_hasher(self.keys.len(), Default::default());
+        let mut key_entries = Vec::with_capacity(self.keys.len());
+        let prefix = key_prefix(&self.key_source);
+        for (k, p) in &self.keys {
+            if k.is_empty() {
+                return Err(ConfigError::new(
+                    Kind::InvalidValue,
+                    "keys",
+                    "a key may not be empty",
+                ));
+            }
+            let entry = KeyEntry::new(prefix, k, find(&format!("keys.{k}"), p)?);
+            match keys.get(k.as_str()) {
+                // a key given twice: the later plan wins
+                Some(&i) => key_entries[i] = entry,
+                None => {
+                    keys.insert(k.clone(), key_entries.len());
+                    key_entries.push(entry);
+                }
+            }
+        }
+        let default_plan = self
+            .default_plan
+            .as_deref()
+            .map(|p| find("default_plan", p))
+            .transpose()?;
+        let anonymous_plan = self
+            .anonymous_plan
+            .as_deref()
+            .map(|p| find("anonymous_plan", p))
+            .transpose()?;
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for (i, r) in self.routes.into_iter().enumerate() {
+            let anon = match (r.is_anonymous(), r.plan()) {
+                (true, Some(p)) => Some(find(&format!("routes[{i}].plan"), p)?),
+                (true, None) if anonymous_plan.is_none() => {
+                    return Err(ConfigError::new(
+                        Kind::Missing,
+                        format!("routes[{i}].plan"),
+                        "an anonymous route needs a plan, or set anonymous_plan",
+                    ))
+                }
+                _ => None,
+            };
+            routes.push((r, anon));
+        }
+        validate_soft(self.soft_limit)?;
+        if let Some(p) = &self.usage_path {
+            if !p.starts_with('/') {
+                return Err(ConfigError::new(
+                    Kind::InvalidValue,
+                    "usage_path",
+                    format!("{p:?} must start with '/'"),
+                ));
+            }
+        }
+        if self.problem_base.is_empty() {
+            return Err(ConfigError::new(
+                Kind::InvalidValue,
+                "problem_base",
+                "must not be empty",
+            ));
+        }
+        self.escalation.validate()?;
+        let plans = self
+            .plans
+            .into_iter()
+            .map(|p| CompiledPlan::new(p, &self.problem_base, &self.dialects))
+            .collect();
+        Ok(Limits {
+            inner: Arc::new(LimitsInner {
+                plans,
+                keys,
+                key_entries,
+                routes,
+                key_source: self.key_source,
+                default_plan,
+                anonymous_plan,
+                trusted: self.trusted,
+                dialects: self.dialects,
+                soft_limit: self.soft_limit,
+                usage_path: self.usage_path,
+                problem_base: self.problem_base,
+                escalation: self.escalation,
+            }),
+        })
+    }
+}
+
+fn names(plans: &[Plan]) -> Vec<&str> {
+    plans.iter().map(|p| p.name()).collect()
+}
+
+fn plan_index(plans: &[Plan]) -> Result<HashMap<String, usize>, ConfigError> {
+    let mut index = HashMap::new();
+    for (i, p) in plans.iter().enumerate() {
+        if index.insert(p.name().to_string(), i).is_some() {
+            return Err(ConfigError::new(
+                Kind::Duplicate,
+                format!("plans.{}", p.name()),
+                "defined twice",
+            ));
+        }
+    }
+    Ok(index)
+}
+
+fn validate_soft(t: Option<f64>) -> Result<(), ConfigError> {
+    match t {
+        Some(t) if !(t > 0.0 && t <= 1.0) => Err(ConfigError::new(
+            Kind::OutOfRange,
+            "soft_limit",
+            format!("{t} is not a share in (0, 1]; use 0.8 for 80%, or 0 to turn soft limits off"),
+        )),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,359 @@
+//! The serde model of the limits: what a file holds, with every default.
+//!
+//! A file (TOML, JSON, any serde format) is read into [`LimitsConfig`]; the
+//! defaults of a field left out are applied here and nowhere else, and
+//! [`LimitsConfig::build`] turns the strings of the file (algorithm names,
+//! units, key sources) into the values [`LimitsBuilder`](super::LimitsBuilder) validates. A
+//! program embedding the limits in a larger file (the gateway) hands the
+//! rest of its file to this model unchanged.
+
+use std::collections::BTreeMap;
+
+use http::header::HeaderName;
+use paceline_core::{Algorithm, FailMode, Plan, PlanError, Policy, PolicyError, PolicyKind, Unit};
+use paceline_wire::emit::Dialects;
+use serde::Deserialize;
+
+use super::error::{ConfigError, ConfigErrorKind as Kind};
+use super::{Limits, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH};
+use crate::escalation::EscalationConfig;
+use crate::identity::{KeySource, TrustedProxies};
+use crate::route::{Criticality, Route};
+
+/// The configuration as a file holds it (TOML, JSON, YAML: any serde
+/// format). [`LimitsConfig::build`] validates it into [`Limits`].
+///
+/// Every field may be left out; [`LimitsConfig::default`] holds what a
+/// field left out means.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Plans by name.
+    pub plans: BTreeMap<String, PlanConfig>,
+    /// Keys to plan names.
+    pub keys: BTreeMap<String, String>,
+    /// Routes, first match wins.
+    pub routes: Vec<RouteConfig>,
+    /// Where the key comes from: `api_key` (default), `ip`, `route`, or
+    /// `header:<name>`.
+    pub key: String,
+    /// The plan for keys not listed under `keys`.
+    pub default_plan: Option<String>,
+    /// The per-IP plan for requests without a known key.
+    pub anonymous_plan: Option<String>,
+    /// Networks whose `X-Forwarded-For`/`Forwarded` are believed.
+    pub trusted_proxies: Vec<String>,
+    /// Which header dialects to publish (`ietf`, `x_ratelimit`, `draft03`;
+    /// by default the IETF fields alone).
+    #[serde(with = "DialectsModel")]
+    pub dialects: Dialects,
+    /// Soft-limit threshold as a share of a quota; 0 turns it off.
+    pub soft_limit: f64,
+    /// The usage endpoint's path; empty turns it off.
+    pub usage_path: String,
+    /// The prefix of problem `type` URIs.
+    pub problem_base: String,
+    /// Escalation settings.
+    pub escalation: EscalationConfig,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            plans: BTreeMap::new(),
+            keys: BTreeMap::new(),
+            routes: Vec::new(),
+            key: "api_key".into(),
+            default_plan: None,
+            anonymous_plan: None,
+            trusted_proxies: Vec::new(),
+            dialects: Dialects::default(),
+            soft_limit: DEFAULT_SOFT_LIMIT,
+            usage_path: DEFAULT_USAGE_PATH.into(),
+            problem_base: DEFAULT_PROBLEM_BASE.into(),
+            escalation: EscalationConfig::default(),
+        }
+    }
+}
+
+/// A plan as a file holds it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanConfig {
+    /// The plan's policies, in the order the headers list them.
+    pub policies: Vec<PolicyConfig>,
+}
+
+/// A policy as a file holds it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// The name published in headers (`burst`, `daily`).
+    pub name: String,
+    /// `token_bucket`, `fixed_window`, `daily`, `sliding_log`,
+    /// `sliding_counter` or `concurrency`.
+    pub algorithm: String,
+    /// The quota.
+    pub q: u64,
+    /// The window in seconds (not for `daily` or `concurrency`).
+    #[serde(default)]
+    pub w: Option<u64>,
+    /// For `daily`: the time of day (UTC, `HH:MM`) the quota resets.
+    #[serde(default)]
+    pub reset_at: Option<String>,
+    /// `requests` (default) or `content-bytes`.
+    #[serde(default)]
+    pub unit: Option<String>,
+    /// `burst` or `quota`, overriding the classification by window length.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Shadow mode: decide, publish and count, never reject.
+    #[serde(default)]
+    pub shadow: bool,
+    /// `open` (default) or `closed`: what a store outage means.
+    #[serde(default)]
+    pub fail: Option<String>,
+}
+
+/// A route as a file holds it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The method, or `*` (default) for any.
+    #[serde(default = "any_method")]
+    pub method: String,
+    /// The path pattern (`/v1/labels/{id}`, `/v1/{*rest}`).
+    pub path: String,
+    /// The cost (default 1).
+    #[serde(default = "one")]
+    pub cost: u64,
+    /// `CRITICAL_PLUS`, `CRITICAL` (default), `SHEDDABLE_PLUS`, `SHEDDABLE`.
+    #[serde(default)]
+    pub criticality: Criticality,
+    /// Limit per client IP and publish no counters (login pages).
+    #[serde(default)]
+    pub anonymous: bool,
+    /// The per-IP plan of an anonymous route.
+    #[serde(default)]
+    pub plan: Option<String>,
+}
+
+fn any_method() -> String {
+    "*".into()
+}
+fn one() -> u64 {
+    1
+}
+
+/// How a file spells [`Dialects`]: its own fields, each optional (a field
+/// left out keeps the value of `Dialects::default`). The derive checks
+/// these fields against the wire type, so the two cannot drift apart.
+#[derive(Deserialize)]
+#[serde(remote = "Dialects", deny_unknown_fields, default)]
+struct DialectsModel {
+    ietf: bool,
+    x_ratelimit: bool,
+    draft03: bool,
+}
+
+impl Default for DialectsModel {
+    fn default() -> Self {
+        let Dialects {
+            ietf,
+            x_ratelimit,
+            draft03,
+        } = Dialects::default();
+        DialectsModel {
+            ietf,
+            x_ratelimit,
+            draft03,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Validates into [`Limits`].
+    pub fn build(self) -> Result<Limits, ConfigError> {
+        let mut b = Limits::builder();
+        for (name, plan) in &self.plans {
+            b = b.plan(build_plan(name, plan)?);
+        }
+        for (k, p) in &self.keys {
+            b = b.key(k, p);
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            b = b.route(build_route(i, r)?);
+        }
+        b = b.key_source(parse_key_source(&self.key)?);
+        if let Some(p) = &self.default_plan {
+            b = b.default_plan(p);
+        }
+        if let Some(p) = &self.anonymous_plan {
+            b = b.anonymous_plan(p);
+        }
+        let trusted = TrustedProxies::parse(&self.trusted_proxies)
+            .map_err(|m| ConfigError::new(Kind::InvalidValue, "trusted_proxies", m))?;
+        b.trusted_proxies(trusted)
+            .dialects(self.dialects)
+            .soft_limit((self.soft_limit != 0.0).then_some(self.soft_limit))
+            .usage_path((!self.usage_path.is_empty()).then_some(self.usage_path.as_str()))
+            .problem_base(&self.problem_base)
+            .escalation(self.escalation)
+            .build()
+    }
+}
+
+fn parse_key_source(s: &str) -> Result<KeySource, ConfigError> {
+    match s {
+        "api_key" => Ok(KeySource::ApiKey),
+        "ip" => Ok(KeySource::ClientIp),
+        "route" => Ok(KeySource::Route),
+        other => {
+            let name = other.strip_prefix("header:").ok_or_else(|| {
+                ConfigError::new(
+                    Kind::InvalidValue,
+                    "key",
+                    format!("{other:?}: use api_key, ip, route or header:<name>"),
+                )
+            })?;
+            HeaderName::from_bytes(name.trim().as_bytes())
+                .map(KeySource::Header)
+                .map_err(|_| {
+                    ConfigError::new(
+                        Kind::InvalidValue,
+                        "key",
+                        format!("{name:?} is not a header name"),
+                    )
+                })
+        }
+    }
+}
+
+fn build_route(i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
+    let field = |f: &str| format!("routes[{i}].{f}");
+    let route = Route::new(&r.method, &r.path).map_err(|e| {
+        let f = if e.is_method() { "method" } else { "path" };
+        ConfigError::new(Kind::InvalidValue, field(f), e.to_string())
+    })?;
+    let route = route.with_cost(r.cost).with_criticality(r.criticality);
+    if r.anonymous {
+        Ok(route.anonymous(r.plan.as_deref()))
+    } else if r.plan.is_some() {
+        Err(ConfigError::new(
+            Kind::InvalidValue,
+            field("plan"),
+            "only anonymous routes name a plan",
+        ))
+    } else {
+        Ok(route)
+    }
+}
+
+fn build_plan(name: &str, plan: &PlanConfig) -> Result<Plan, ConfigError> {
+    let policies = plan
+        .policies
+        .iter()
+        .enumerate()
+        .map(|(i, p)| build_policy(&format!("plans.{name}.policies[{i}]"), p))
+        .collect::<Result<Vec<_>, _>>()?;
+    Plan::new(name, policies).map_err(|e| {
+        let kind = match e {
+            PlanError::DuplicatePolicy(_) => Kind::Duplicate,
+            PlanError::Empty => Kind::Missing,
+            PlanError::TooMany(_) => Kind::OutOfRange,
+            _ => Kind::InvalidPolicy,
+        };
+        ConfigError::new(kind, format!("plans.{name}"), e.to_string())
+    })
+}
+
+fn build_policy(field: &str, p: &PolicyConfig) -> Result<Policy, ConfigError> {
+    let err = |f: &str, m: String| ConfigError::new(Kind::InvalidPolicy, format!("{field}.{f}"), m);
+    let need_w = || {
+        p.w.ok_or_else(|| err("w", format!("{} needs a window w in seconds", p.algorithm)))
+    };
+    let algorithm = match p.algorithm.as_str() {
+        "token_bucket" => Algorithm::TokenBucket,
+        "fixed_window" => Algorithm::FixedWindow { offset_s: 0 },
+        "daily" => Algorithm::FixedWindow {
+            offset_s: p.reset_at.as_deref().map(parse_hhmm).transpose().map_err(|m| err("reset_at", m))?.unwrap_or(0),
+        },
+        "sliding_log" => Algorithm::SlidingLog,
+        "sliding_counter" => Algorithm::SlidingCounter,
+        "concurrency" => Algorithm::Concurrency,
+        other => {
+            return Err(err(
+                "algorithm",
+                format!("{other:?}: use token_bucket, fixed_window, daily, sliding_log, sliding_counter or concurrency"),
+            ))
+        }
+    };
+    if p.reset_at.is_some() && p.algorithm != "daily" {
+        return Err(err(
+            "reset_at",
+            "only a daily policy has a reset time".into(),
+        ));
+    }
+    let w = match p.algorithm.as_str() {
+        "daily" | "concurrency" if p.w.is_some() => {
+            return Err(err(
+                "w",
+                format!("a {} policy has a fixed window; remove w", p.algorithm),
+            ))
+        }
+        "daily" => paceline_core::policy::DAY_SECS,
+        "concurrency" => 1,
+        _ => need_w()?,
+    };
+    let mut policy = Policy::new(&p.name, algorithm, p.q, w).map_err(|e| {
+        let f = match e {
+            PolicyError::ZeroQuota | PolicyError::LogTooLarge(_) | PolicyError::RateTooHigh => "q",
+            PolicyError::ZeroWindow | PolicyError::WindowTooLong => "w",
+            PolicyError::BadOffset => "reset_at",
+            _ => "name",
+        };
+        err(f, e.to_string())
+    })?;
+    if let Some(u) = &p.unit {
+        let unit = match u.as_str() {
+            "requests" => Unit::Requests,
+            "content-bytes" => Unit::ContentBytes,
+            "concurrent-requests" => Unit::ConcurrentRequests,
+            other => {
+                return Err(err(
+                    "unit",
+                    format!("{other:?}: use requests, content-bytes or concurrent-requests"),
+                ))
+            }
+        };
+        policy = policy
+            .with_unit(unit)
+            .map_err(|e| err("unit", e.to_string()))?;
+    }
+    if let Some(k) = &p.kind {
+        policy = policy.with_kind(match k.as_str() {
+            "burst" => PolicyKind::Burst,
+            "quota" => PolicyKind::Quota,
+            other => return Err(err("kind", format!("{other:?}: use burst or quota"))),
+        });
+    }
+    if let Some(f) = &p.fail {
+        policy = policy.with_fail_mode(match f.as_str() {
+            "open" => FailMode::Open,
+            "closed" => FailMode::Closed,
+            other => return Err(err("fail", format!("{other:?}: use open or closed"))),
+        });
+    }
+    Ok(policy.with_shadow(p.shadow))
+}
+
+fn parse_hhmm(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?}: write the UTC time of day as HH:MM");
+    let (h, m) = s.split_once(':').ok_or_else(bad)?;
+    let h: u64 = h.parse().map_err(|_| bad())?;
+    let m: u64 = m.parse().map_err(|_| bad())?;
+    if h > 23 || m > 59 {
+        return Err(bad());
+    }
+    Ok(h * 3600 + m * 60)
+}
