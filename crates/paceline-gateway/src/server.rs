@@ -75,6 +75,9 @@ pub struct Gateway {
     metrics: Option<(TcpListener, SocketAddr)>,
     handle: GatewayHandle,
     on_reload: Option<ReloadCallback>,
+    /// The configuration files' stamps when they were read: a change
+    /// after that, even one made before the watcher first looks, reloads.
+    stamps: Vec<Option<(SystemTime, u64)>>,
     #[cfg(unix)]
     hangup: Option<tokio::signal::unix::Signal>,
 }
@@ -155,6 +158,7 @@ impl Gateway {
             listener,
             addr,
             metrics,
+            stamps: handle.stamps(),
             handle,
             on_reload: None,
             #[cfg(unix)]
@@ -210,6 +214,7 @@ impl Gateway {
         tasks.push(tokio::spawn(watch_config(
             h.clone(),
             self.on_reload.clone(),
+            self.stamps,
             #[cfg(unix)]
             self.hangup,
         )));
@@ -410,11 +415,11 @@ fn restart_notes(
 async fn watch_config(
     h: GatewayHandle,
     on_reload: Option<ReloadCallback>,
+    mut stamps: Vec<Option<(SystemTime, u64)>>,
     #[cfg(unix)] mut hangup: Option<tokio::signal::unix::Signal>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut stamps = h.stamps();
     loop {
         #[cfg(unix)]
         let hup = async {

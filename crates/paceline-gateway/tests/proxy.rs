@@ -344,6 +344,37 @@ async fn reload_changes_a_quota_and_keeps_counters() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_saved_before_the_watcher_first_looks_is_reloaded() {
+    let dir = std::env::temp_dir().join(format!("pl-gw-early-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gateway.toml");
+    let up: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let text = |hour| config_text(up, 1000, hour, 0).replace("watch = false", "watch = true");
+    std::fs::write(&file, text(100)).unwrap();
+    let gw = Gateway::bind(GatewayConfig::load(&file).unwrap())
+        .await
+        .unwrap();
+    // saved between reading the file and serving: the watcher must see it
+    std::fs::write(&file, text(7)).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let gw = gw.on_reload(move |e| {
+        let _ = tx.send(e.clone());
+    });
+    let handle = gw.handle();
+    let served = tokio::spawn(gw.run(std::future::pending()));
+    let event = tokio::time::timeout(LIMIT, rx.recv()).await;
+    assert_eq!(
+        event.expect("a reload in time"),
+        Some(ReloadEvent::Applied { notes: vec![] })
+    );
+    let hour = handle.limiter().limits().plan("free").unwrap().policies()[1].quota();
+    assert_eq!(hour, 7);
+    handle.shutdown();
+    let _ = tokio::time::timeout(LIMIT, served).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reloaded_problem_base_reaches_the_shedders_503s() {
     let rig = Rig::start("shed-base", Duration::from_millis(300), 1000, 1000, 1).await;
     let text = config_text(rig.api.addr(), 1000, 1000, 1);
