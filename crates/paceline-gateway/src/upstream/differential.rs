@@ -21,6 +21,9 @@ use crate::config::Timeouts;
 /// of the body.
 const LIMIT: Duration = Duration::from_secs(5);
 
+/// Field names and values, in order.
+type Fields = Vec<(String, String)>;
+
 /// What the proxy gets from an upstream client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Got {
@@ -28,10 +31,10 @@ enum Got {
     Answer {
         status: u16,
         /// The end-to-end fields, as the proxy passes them on, in order.
-        fields: Vec<(String, String)>,
+        fields: Fields,
         /// The body's bytes and trailer fields, or `None` when the body
         /// failed.
-        body: Option<(Vec<u8>, Vec<(String, String)>)>,
+        body: Option<(Vec<u8>, Fields)>,
     },
     /// No answer; the proxy answers for it.
     Failed(Class),
@@ -51,6 +54,8 @@ enum Class {
 struct Case {
     name: &'static str,
     method: Method,
+    /// The request body.
+    body: &'static [u8],
     /// What the upstream writes once it has read the request head.
     wire: Vec<u8>,
     /// The upstream closes the connection after writing (else it holds it
@@ -62,7 +67,7 @@ struct Case {
     hyper: Option<(Got, &'static str)>,
 }
 
-fn fields(list: &[(&str, &str)]) -> Vec<(String, String)> {
+fn fields(list: &[(&str, &str)]) -> Fields {
     list.iter()
         .map(|(n, v)| (n.to_string(), v.to_string()))
         .collect()
@@ -92,6 +97,7 @@ fn case(name: &'static str, wire: &[u8], own: Got) -> Case {
     Case {
         name,
         method: Method::GET,
+        body: b"",
         wire: wire.to_vec(),
         close: false,
         own,
@@ -107,6 +113,12 @@ impl Case {
 
     fn method(mut self, m: Method) -> Case {
         self.method = m;
+        self
+    }
+
+    fn post(mut self, body: &'static [u8]) -> Case {
+        self.method = Method::POST;
+        self.body = body;
         self
     }
 
@@ -150,6 +162,18 @@ fn corpus() -> Vec<Case> {
                 b"ok",
             ),
         ),
+        case(
+            "a POST with a body",
+            b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
+            whole(201, &[("content-length", "2")], b"ok"),
+        )
+        .post(b"hello"),
+        case(
+            "an empty POST",
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+            whole(204, &[], b""),
+        )
+        .post(b""),
         case(
             "no reason phrase",
             b"HTTP/1.1 201\r\ncontent-length: 0\r\n\r\n",
@@ -385,9 +409,14 @@ fn corpus() -> Vec<Case> {
     ]
 }
 
-/// Accepts one connection, reads a request head, writes `wire`, and
-/// closes or holds the connection as `close` says.
-async fn scripted(l: TcpListener, wire: Vec<u8>, close: bool) {
+/// Accepts one connection, reads a request head and hands it to `seen`,
+/// writes `wire`, and closes or holds the connection as `close` says.
+async fn scripted(
+    l: TcpListener,
+    wire: Vec<u8>,
+    close: bool,
+    seen: tokio::sync::oneshot::Sender<Vec<u8>>,
+) {
     let Ok((mut conn, _)) = l.accept().await else {
         return;
     };
@@ -399,6 +428,9 @@ async fn scripted(l: TcpListener, wire: Vec<u8>, close: bool) {
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0);
+    buf.truncate(end + 4);
+    let _ = seen.send(buf);
     if conn.write_all(&wire).await.is_err() || close {
         return;
     }
@@ -416,7 +448,7 @@ async fn hold(mut conn: TcpStream) {
 }
 
 /// The fields of `h` in order; a long value stands as its length.
-fn pairs(h: &http::HeaderMap) -> Vec<(String, String)> {
+fn pairs(h: &http::HeaderMap) -> Fields {
     h.iter()
         .map(|(n, v)| {
             let v = match v.len() {
@@ -429,7 +461,7 @@ fn pairs(h: &http::HeaderMap) -> Vec<(String, String)> {
 }
 
 /// What the proxy gets from `client` for a `method` request.
-async fn run<U: Upstream<Full<Bytes>>>(client: &U, method: &Method) -> Got {
+async fn run<U: Upstream<Full<Bytes>>>(client: &U, method: &Method, body: &'static [u8]) -> Got {
     let (parts, ()) = Request::builder()
         .method(method.clone())
         .uri("/x")
@@ -441,7 +473,7 @@ async fn run<U: Upstream<Full<Bytes>>>(client: &U, method: &Method) -> Got {
         parts: &parts,
         peer: None,
     };
-    let answer = match client.send(req, Full::new(Bytes::new())).await {
+    let answer = match client.send(req, Full::new(Bytes::from_static(body))).await {
         Ok(a) => a,
         Err(UpstreamError::Connect(_)) => return Got::Failed(Class::Unreachable),
         Err(UpstreamError::RequestBody(e)) => panic!("no request body to fail: {e}"),
@@ -465,8 +497,9 @@ async fn run<U: Upstream<Full<Bytes>>>(client: &U, method: &Method) -> Got {
     }
 }
 
-/// Runs `wire` through one client made by `make` for the upstream.
-async fn through<U, F>(case: &Case, make: F) -> Got
+/// Runs a case through one client made by `make` for its upstream: what
+/// the proxy gets, and the request head the upstream read.
+async fn through<U, F>(case: &Case, make: F) -> (Got, Vec<u8>)
 where
     U: Upstream<Full<Bytes>>,
     F: FnOnce(&Uri, &Timeouts) -> U,
@@ -475,13 +508,16 @@ where
     let uri: Uri = format!("http://{}", l.local_addr().unwrap())
         .parse()
         .unwrap();
-    let upstream = tokio::spawn(scripted(l, case.wire.clone(), case.close));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let upstream = tokio::spawn(scripted(l, case.wire.clone(), case.close, tx));
     let client = make(&uri, &Timeouts::default());
-    let got = tokio::time::timeout(LIMIT, run(&client, &case.method))
+    let got = tokio::time::timeout(LIMIT, run(&client, &case.method, case.body))
         .await
         .unwrap_or_else(|_| panic!("{}: no outcome within {LIMIT:?}", case.name));
     upstream.abort();
-    got
+    // the head was read before any answer was written
+    let head = rx.await.unwrap_or_default();
+    (got, head)
 }
 
 fn own(uri: &Uri, t: &Timeouts) -> Client {
@@ -496,8 +532,19 @@ fn hyper(uri: &Uri, t: &Timeouts) -> HyperClient<Full<Bytes>> {
 async fn both_clients_give_the_proxy_what_the_corpus_says() {
     let mut wrong = Vec::new();
     for case in corpus() {
-        let ours = through(&case, own).await;
-        let theirs = through(&case, hyper).await;
+        let (ours, sent) = through(&case, own).await;
+        let (theirs, hyper_sent) = through(&case, hyper).await;
+        if !sent.starts_with(case.method.as_str().as_bytes()) || !sent.ends_with(b"\r\n\r\n") {
+            wrong.push(format!("{}: no request head read", case.name));
+        }
+        if sent != hyper_sent {
+            wrong.push(format!(
+                "{}: the own client sent {:?}, hyper {:?}",
+                case.name,
+                String::from_utf8_lossy(&sent),
+                String::from_utf8_lossy(&hyper_sent)
+            ));
+        }
         let (expected, why) = match &case.hyper {
             Some((got, why)) => (got, *why),
             None => (&case.own, "the same"),
@@ -526,8 +573,8 @@ async fn an_upstream_that_is_not_there_is_unreachable_for_both() {
         .unwrap();
     drop(l);
     let t = Timeouts::default();
-    let ours = tokio::time::timeout(LIMIT, run(&own(&uri, &t), &Method::GET)).await;
-    let theirs = tokio::time::timeout(LIMIT, run(&hyper(&uri, &t), &Method::GET)).await;
+    let ours = tokio::time::timeout(LIMIT, run(&own(&uri, &t), &Method::GET, b"")).await;
+    let theirs = tokio::time::timeout(LIMIT, run(&hyper(&uri, &t), &Method::GET, b"")).await;
     assert_eq!(ours.unwrap(), Got::Failed(Class::Unreachable));
     assert_eq!(theirs.unwrap(), Got::Failed(Class::Unreachable));
 }
