@@ -23,7 +23,7 @@
 
 mod body;
 mod client;
-pub(crate) mod codec;
+mod codec;
 mod conn;
 mod error;
 mod idle;
