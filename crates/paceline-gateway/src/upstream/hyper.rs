@@ -1,6 +1,6 @@
 //! A second [`Upstream`] over hyper's pooled client
-//! (`hyper_util::client::legacy`), sending the same request head by the
-//! same codec rules, for tests to hold the own client against: where the
+//! (`hyper_util::client::legacy`), sending the fields of the head the
+//! codec writes, for tests to hold the own client against: where the
 //! two disagree on an answer, one of them changed or the difference is
 //! meant (the own client refuses some framing hyper takes).
 
@@ -9,14 +9,15 @@ use std::io;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, Request, Uri};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Uri};
 use http_body::Body;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use quanta::Instant;
 
-use super::codec::{put_fields, put_framing, BodyFraming, Target};
+use super::codec::{write_head, BodyFraming, Target};
 use super::error::{BoxError, UpstreamError};
 use super::idle::{BodyIdle, IdleTimeout};
 use super::{Answer, Outgoing, Upstream};
@@ -61,14 +62,24 @@ where
 
     async fn send(&self, req: Outgoing<'_>, body: B) -> Result<Answer<Incoming>, UpstreamError> {
         let parts = req.parts;
-        let mut headers = HeaderMap::new();
-        let had_length = put_fields(parts, self.target.authority(), req.peer, &mut headers);
-        put_framing(
-            &mut headers,
-            BodyFraming::of(&body),
-            had_length,
-            &parts.method,
-        );
+        // the head as the own client writes it, read back into fields:
+        // hyper writes them as they are, framing included
+        let mut head = BytesMut::with_capacity(512);
+        let framing = BodyFraming::of(&body);
+        write_head(&mut head, &self.target, parts, req.peer, framing);
+        let mut fields = vec![httparse::EMPTY_HEADER; parts.headers.len() + 8];
+        let mut parsed = httparse::Request::new(&mut fields);
+        if !matches!(parsed.parse(&head), Ok(httparse::Status::Complete(_))) {
+            return Err(UpstreamError::Protocol("request head not written whole"));
+        }
+        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        for f in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(f.name.as_bytes());
+            let value = HeaderValue::from_bytes(f.value);
+            if let (Ok(name), Ok(value)) = (name, value) {
+                headers.append(name, value);
+            }
+        }
         // hyper takes the absolute form and writes the origin form
         let mut uri = BytesMut::new();
         uri.put_slice(b"http://");

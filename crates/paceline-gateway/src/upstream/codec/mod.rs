@@ -13,8 +13,6 @@ pub(crate) use framing::{Chunk, Framing, Step};
 pub(crate) use head::{parse_head, Head, MAX_HEAD};
 pub use hop::strip_hop_by_hop;
 pub(crate) use request::{put_data, write_head, BodyFraming, Target};
-#[cfg(test)]
-pub(crate) use request::{put_fields, put_framing};
 
 #[cfg(test)]
 mod tests {

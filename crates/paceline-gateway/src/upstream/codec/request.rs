@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 
 use bytes::{BufMut, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderName};
 use http::uri::{Authority, PathAndQuery};
 use http::{Method, Uri};
 use http_body::Body;
@@ -86,35 +86,10 @@ impl BodyFraming {
     }
 }
 
-/// Where request fields are written: the wire (`name: value` lines) or a
-/// field map.
-pub(crate) trait FieldSink {
-    /// Adds one field.
-    fn field(&mut self, name: &HeaderName, value: &[u8]);
-}
-
-impl FieldSink for BytesMut {
-    fn field(&mut self, name: &HeaderName, value: &[u8]) {
-        self.put_slice(name.as_str().as_bytes());
-        self.put_slice(b": ");
-        self.put_slice(value);
-        self.put_slice(b"\r\n");
-    }
-}
-
-impl FieldSink for HeaderMap {
-    fn field(&mut self, name: &HeaderName, value: &[u8]) {
-        // every value written comes from a field value, an authority or
-        // an address list: none is refused
-        if let Ok(v) = HeaderValue::from_bytes(value) {
-            self.append(name.clone(), v);
-        }
-    }
-}
-
 /// Writes a whole request head to `out`: the request line, the fields
-/// ([`put_fields`]), the body's framing ([`put_framing`]) and the empty
-/// line.
+/// ([`put_fields`]), the field that frames the body (its length, or
+/// `chunked`; a request without a body says `content-length: 0` when the
+/// client sent a length or its method expects a body) and the empty line.
 pub(crate) fn write_head(
     out: &mut BytesMut,
     target: &Target,
@@ -127,28 +102,19 @@ pub(crate) fn write_head(
     target.put_target(&parts.uri, out);
     out.put_slice(b" HTTP/1.1\r\n");
     let had_length = put_fields(parts, target.authority(), peer, out);
-    put_framing(out, framing, had_length, &parts.method);
-    out.put_slice(b"\r\n");
-}
-
-/// Writes the field that frames the body: its length, or `chunked`; a
-/// request without a body says `content-length: 0` when the client sent a
-/// length or its method expects a body.
-pub(crate) fn put_framing<S: FieldSink>(
-    out: &mut S,
-    framing: Option<BodyFraming>,
-    had_length: bool,
-    method: &Method,
-) {
     match framing {
-        None if had_length || expects_body(method) => out.field(&header::CONTENT_LENGTH, b"0"),
+        None if had_length || expects_body(&parts.method) => {
+            out.put_slice(b"content-length: 0\r\n")
+        }
         None => {}
-        Some(BodyFraming::Length(n)) => out.field(
-            &header::CONTENT_LENGTH,
-            itoa::Buffer::new().format(n).as_bytes(),
-        ),
-        Some(BodyFraming::Chunked) => out.field(&header::TRANSFER_ENCODING, b"chunked"),
+        Some(BodyFraming::Length(n)) => {
+            out.put_slice(b"content-length: ");
+            out.put_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.put_slice(b"\r\n");
+        }
+        Some(BodyFraming::Chunked) => out.put_slice(b"transfer-encoding: chunked\r\n"),
     }
+    out.put_slice(b"\r\n");
 }
 
 /// Methods whose requests are expected to carry a body.
@@ -179,20 +145,21 @@ pub(crate) fn put_data(out: &mut BytesMut, data: &[u8], chunked: bool) {
 /// Hop-by-hop fields (RFC 9110 §7.6.1, with any named in `Connection`) and
 /// the client's framing fields stay behind; the caller writes the framing.
 /// True when the client sent a `Content-Length`.
-pub(crate) fn put_fields<S: FieldSink>(
+fn put_fields(
     parts: &http::request::Parts,
     upstream: &Authority,
     peer: Option<IpAddr>,
-    out: &mut S,
+    out: &mut BytesMut,
 ) -> bool {
     let headers = &parts.headers;
+    out.put_slice(b"host: ");
     // the target's authority wins over `Host` (RFC 9112 §3.2.2)
-    let host = match (parts.uri.authority(), headers.get(header::HOST)) {
-        (Some(a), _) => a.as_str().as_bytes(),
-        (None, Some(h)) => h.as_bytes(),
-        (None, None) => upstream.as_str().as_bytes(),
-    };
-    out.field(&header::HOST, host);
+    match (parts.uri.authority(), headers.get(header::HOST)) {
+        (Some(a), _) => out.put_slice(a.as_str().as_bytes()),
+        (None, Some(h)) => out.put_slice(h.as_bytes()),
+        (None, None) => out.put_slice(upstream.as_str().as_bytes()),
+    }
+    out.put_slice(b"\r\n");
     // fields the client named in `Connection` (rare: looked up only then)
     let named: Vec<HeaderName> = match headers.contains_key(header::CONNECTION) {
         false => Vec::new(),
@@ -219,16 +186,23 @@ pub(crate) fn put_fields<S: FieldSink>(
             }
             continue;
         }
-        out.field(name, value.as_bytes());
+        out.put_slice(name.as_str().as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value.as_bytes());
+        out.put_slice(b"\r\n");
     }
     if let Some(ip) = peer {
         let mut f = forwarded.unwrap_or_default();
         paceline_server::identity::push_ip(&mut f, ip);
-        out.field(&X_FORWARDED_FOR, f.as_bytes());
+        out.put_slice(b"x-forwarded-for: ");
+        out.put_slice(f.as_bytes());
+        out.put_slice(b"\r\n");
     } else if let Some(f) = forwarded {
-        out.field(&X_FORWARDED_FOR, f.trim_end_matches(", ").as_bytes());
+        out.put_slice(b"x-forwarded-for: ");
+        out.put_slice(f.trim_end_matches(", ").as_bytes());
+        out.put_slice(b"\r\n");
     }
-    out.field(&X_FORWARDED_PROTO, b"http");
+    out.put_slice(b"x-forwarded-proto: http\r\n");
     had_length
 }
 
