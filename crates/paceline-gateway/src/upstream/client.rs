@@ -1,0 +1,197 @@
+//! The own HTTP/1.1 client, the [`Upstream`] the proxy runs on: the head
+//! written by the codec with as much of the body as is there already, on a
+//! pooled connection or a new one, sent again when a reused connection
+//! lost it before any answer came and that is safe; the answer's body read
+//! straight from the connection.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::uri::Authority;
+use http::{Method, Uri};
+use http_body::Body;
+use quanta::Instant;
+
+use super::body::UpstreamBody;
+use super::codec::{put_data, write_head, BodyFraming, Head, Target};
+use super::conn::Conn;
+use super::error::{BoxError, UpstreamError};
+use super::idle::IdleTimeout;
+use super::pool::Pool;
+use super::{Answer, Outgoing, Upstream};
+use crate::config::Timeouts;
+
+/// The most request body bytes sent with the head when they are there at
+/// once.
+const COALESCE: usize = 64 * 1024;
+
+/// The own client to one upstream, with its pool of keep-alive
+/// connections.
+pub(crate) struct Client {
+    pool: Arc<Pool>,
+    target: Target,
+    body_idle: Duration,
+}
+
+impl Client {
+    /// A client for `upstream` (`http://host:port[/base]`), bounding
+    /// connecting, pooled idleness and pauses inside the request body by
+    /// `timeouts`.
+    pub(crate) fn new(upstream: &Uri, timeouts: &Timeouts) -> Client {
+        let target = Target::new(upstream);
+        let pool = Pool::new(
+            target.host(),
+            target.port(),
+            timeouts.connect,
+            timeouts.pool_idle,
+        );
+        Client {
+            pool: Arc::new(pool),
+            target,
+            body_idle: timeouts.body_idle,
+        }
+    }
+
+    /// The upstream's authority.
+    pub(crate) fn authority(&self) -> &Authority {
+        self.target.authority()
+    }
+
+    /// Sends the head `out` (and the body still to stream, if any) on a
+    /// pooled connection or a new one, and reads the answer's head.
+    async fn exchange<B>(
+        &self,
+        method: &Method,
+        out: &[u8],
+        mut rest: Option<&mut Pin<Box<IdleTimeout<B>>>>,
+        framing: Option<BodyFraming>,
+        sent: u64,
+        now: Instant,
+    ) -> Result<(Head, Conn), UpstreamError>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let pool = &self.pool;
+        // a request can go again only while all of it is in `out`
+        let replayable = rest.is_none();
+        loop {
+            let (mut conn, reused) = match pool.take(now) {
+                Some(c) => (c, true),
+                // boxed: the rare path keeps the common future small
+                None => (Box::pin(pool.connect()).await?, false),
+            };
+            let again = reused && replayable;
+            if let Err((some_went, e)) = conn.write_all(out).await {
+                // a connection the upstream had closed: nothing of the
+                // request reached it, or only what is safe to repeat
+                match again && (!some_went || method.is_idempotent()) {
+                    true => continue,
+                    false => return Err(e),
+                }
+            }
+            let head = match (rest.as_deref_mut(), framing) {
+                (Some(body), Some(framing)) => {
+                    Box::pin(conn.stream_and_read(body, framing, sent, method)).await
+                }
+                _ => conn.read_head(method).await,
+            };
+            match head {
+                Ok(head) => return Ok((head, conn)),
+                Err(UpstreamError::Closed) if again && method.is_idempotent() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl<B> Upstream<B> for Client
+where
+    B: Body<Data = Bytes> + Unpin + Send,
+    B::Error: Into<BoxError>,
+{
+    type Body = UpstreamBody;
+
+    async fn send(
+        &self,
+        req: Outgoing<'_>,
+        mut body: B,
+    ) -> Result<Answer<UpstreamBody>, UpstreamError> {
+        let parts = req.parts;
+        let framing = BodyFraming::of(&body);
+        // the head, and as much of the body as is there already
+        let mut out = BytesMut::with_capacity(512);
+        write_head(&mut out, &self.target, parts, req.peer, framing);
+        let (sent, whole) = match framing {
+            None => (0, true),
+            Some(f) => coalesce(&mut body, &mut out, f).map_err(UpstreamError::RequestBody)?,
+        };
+        // a streamed body waits in its own allocation: the common future
+        // stays small
+        let mut rest = (!whole).then(|| Box::pin(IdleTimeout::new(body, self.body_idle)));
+        let method = &parts.method;
+
+        let started = Instant::now();
+        let (head, conn) = self
+            .exchange(method, &out, rest.as_mut(), framing, sent, started)
+            .await?;
+        let now = Instant::now();
+        let Head {
+            status,
+            headers,
+            framing,
+            keep_alive,
+        } = head;
+        let body = UpstreamBody::new(conn, framing, keep_alive, self.pool.clone(), now);
+        Ok(Answer {
+            status,
+            headers,
+            body,
+            waited: now.saturating_duration_since(started),
+        })
+    }
+}
+
+/// Appends the body frames that are ready now to `out` (up to
+/// [`COALESCE`] bytes): how many bytes that was, and whether it was the
+/// whole body.
+fn coalesce<B>(
+    body: &mut B,
+    out: &mut BytesMut,
+    framing: BodyFraming,
+) -> Result<(u64, bool), BoxError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let chunked = framing == BodyFraming::Chunked;
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut taken = 0u64;
+    let mut ended = body.is_end_stream();
+    while taken < COALESCE as u64 && !ended {
+        match Pin::new(&mut *body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    taken += data.len() as u64;
+                    put_data(out, &data, chunked);
+                }
+                ended = body.is_end_stream();
+            }
+            Poll::Ready(Some(Err(e))) => return Err(e.into()),
+            Poll::Ready(None) => ended = true,
+            Poll::Pending => break,
+        }
+    }
+    if let BodyFraming::Length(n) = framing {
+        if taken > n || (ended && taken != n) {
+            return Err("request body does not match its length".into());
+        }
+    }
+    if ended && chunked {
+        out.put_slice(b"0\r\n\r\n");
+    }
+    Ok((taken, ended))
+}

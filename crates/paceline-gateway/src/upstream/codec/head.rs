@@ -1,0 +1,332 @@
+//! The answer-head parser: a final response head out of the bytes read so
+//! far, interim (`1xx`) heads skipped, and what the head says about how
+//! its body is framed (RFC 9112 §6.3) and whether the connection lives on.
+
+use bytes::{Buf, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
+
+use super::framing::{Chunk, Framing};
+use crate::upstream::error::UpstreamError;
+
+/// The longest response head accepted.
+pub(crate) const MAX_HEAD: usize = 64 * 1024;
+/// The most fields in a response head.
+const MAX_FIELDS: usize = 100;
+
+/// A final response head and how its body is framed.
+#[derive(Debug)]
+pub(crate) struct Head {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) framing: Framing,
+    /// The connection may carry another request once the body is read.
+    pub(crate) keep_alive: bool,
+}
+
+/// Parses a response head at the start of `buf`: `Ok(None)` when more
+/// bytes are needed. Interim (`1xx`) heads are consumed and skipped.
+pub(crate) fn parse_head(
+    buf: &mut BytesMut,
+    method: &Method,
+) -> Result<Option<Head>, UpstreamError> {
+    loop {
+        // left uninitialised: the parser writes only the fields it finds
+        let mut fields =
+            [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+        let mut res = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut res,
+            buf,
+            &mut fields,
+        );
+        let len = match parsed {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(UpstreamError::Protocol("too many fields"))
+            }
+            Err(_) => return Err(UpstreamError::Protocol("unparsable head")),
+        };
+        let code = res.code.unwrap_or(0);
+        let status =
+            StatusCode::from_u16(code).map_err(|_| UpstreamError::Protocol("bad status code"))?;
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(UpstreamError::Protocol("protocol switch not supported"));
+        }
+        if status.is_informational() {
+            buf.advance(len);
+            continue;
+        }
+        let version = match res.version {
+            Some(0) => Version::HTTP_10,
+            _ => Version::HTTP_11,
+        };
+        // one pass: where each field is (its value will share the head's
+        // bytes instead of being copied), and what frames the body
+        let base = buf.as_ptr() as usize;
+        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_FIELDS];
+        let mut scan = Scan::default();
+        for (span, f) in spans.iter_mut().zip(res.headers.iter()) {
+            let name = f.name.as_bytes();
+            scan.field(name, f.value)?;
+            let ns = (name.as_ptr() as usize - base) as u32;
+            let vs = (f.value.as_ptr() as usize - base) as u32;
+            *span = (ns, ns + name.len() as u32, vs, vs + f.value.len() as u32);
+        }
+        if scan.chunked.is_some() && version == Version::HTTP_10 {
+            return Err(UpstreamError::Protocol(
+                "transfer-encoding in an HTTP/1.0 answer",
+            ));
+        }
+        if scan.chunked == Some(false) {
+            return Err(UpstreamError::Protocol(
+                "a transfer coding other than chunked",
+            ));
+        }
+        let count = res.headers.len();
+        let head = buf.split_to(len).freeze();
+        // room for the fields the layers add on the way back
+        let mut headers = HeaderMap::with_capacity(count + 6);
+        for &(ns, ne, vs, ve) in &spans[..count] {
+            let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
+                .map_err(|_| UpstreamError::Protocol("bad field name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
+                .map_err(|_| UpstreamError::Protocol("bad field value"))?;
+            headers.append(name, value);
+        }
+        if scan.chunked.is_some() {
+            // the chunks frame the body; a length beside them means nothing
+            // and must not reach the client (RFC 9112 §6.3)
+            headers.remove(http::header::CONTENT_LENGTH);
+        }
+        let framing = scan.framing(status, method);
+        let keep_alive = scan.keep_alive(version) && framing != Framing::Close;
+        return Ok(Some(Head {
+            status,
+            headers,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// What a response head says about its body and its connection.
+#[derive(Default)]
+struct Scan {
+    length: Option<u64>,
+    /// `Some(true)` when `Transfer-Encoding` is `chunked` alone,
+    /// `Some(false)` when it names anything else (refused).
+    chunked: Option<bool>,
+    close: bool,
+    keep_alive: bool,
+}
+
+impl Scan {
+    fn field(&mut self, name: &[u8], value: &[u8]) -> Result<(), UpstreamError> {
+        if name.eq_ignore_ascii_case(b"content-length") {
+            for part in value.split(|&b| b == b',') {
+                let n = parse_decimal(trim(part))
+                    .ok_or(UpstreamError::Protocol("bad content-length"))?;
+                if self.length.is_some_and(|l| l != n) {
+                    return Err(UpstreamError::Protocol("conflicting content-length"));
+                }
+                self.length = Some(n);
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // chunked alone: a body under another coding could be neither
+            // framed nor passed on as it is (the field does not travel)
+            for t in value
+                .split(|&b| b == b',')
+                .map(trim)
+                .filter(|t| !t.is_empty())
+            {
+                let first = self.chunked.is_none();
+                self.chunked = Some(first && t.eq_ignore_ascii_case(b"chunked"));
+            }
+            self.chunked = self.chunked.or(Some(false));
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for t in value.split(|&b| b == b',') {
+                let t = trim(t);
+                self.close |= t.eq_ignore_ascii_case(b"close");
+                self.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+        Ok(())
+    }
+
+    /// How the body is delimited (RFC 9112 §6.3).
+    fn framing(&self, status: StatusCode, method: &Method) -> Framing {
+        if method == Method::HEAD
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            return Framing::Length(0);
+        }
+        match (self.chunked, self.length) {
+            (Some(_), _) => Framing::Chunked(Chunk::Size),
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::Close,
+        }
+    }
+
+    /// Whether the upstream keeps the connection open after this answer.
+    fn keep_alive(&self, version: Version) -> bool {
+        match version {
+            Version::HTTP_10 => self.keep_alive && !self.close,
+            _ => !self.close,
+        }
+    }
+}
+
+fn trim(b: &[u8]) -> &[u8] {
+    let start = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &b[start..end]
+}
+
+fn parse_decimal(b: &[u8]) -> Option<u64> {
+    if b.is_empty() || b.len() > 19 {
+        return None;
+    }
+    b.iter().try_fold(0u64, |n, &c| {
+        c.is_ascii_digit().then(|| n * 10 + u64::from(c - b'0'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str, method: Method) -> Result<Option<Head>, UpstreamError> {
+        let mut b = BytesMut::from(text);
+        parse_head(&mut b, &method)
+    }
+
+    #[test]
+    fn heads_are_parsed_with_their_framing() {
+        let h = head(
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-a: 1\r\nx-a: 2\r\n\r\nok",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(h.status, 200);
+        assert_eq!(h.framing, Framing::Length(2));
+        assert!(h.keep_alive);
+        assert_eq!(h.headers.get_all("x-a").iter().count(), 2);
+
+        let h = head(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(h.framing, Framing::Chunked(Chunk::Size));
+        // any other coding, a repeated one, or a coding in a 1.0 answer
+        // is refused
+        for te in ["gzip", "gzip, chunked", "chunked, chunked", ""] {
+            let text = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {te}\r\n\r\n");
+            assert!(head(&text, Method::GET).is_err(), "{te:?}");
+        }
+        let text = "HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+        assert!(head(text, Method::GET).is_err());
+        // chunks win over a length, which is dropped
+        let h = head(
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(h.framing, Framing::Chunked(Chunk::Size));
+        assert!(h.headers.get("content-length").is_none());
+        let h = head("HTTP/1.1 200 OK\r\n\r\n", Method::GET)
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Close);
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", Method::HEAD)
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Length(0));
+        let h = head("HTTP/1.1 304 Not Modified\r\n\r\n", Method::GET)
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Length(0));
+        assert!(h.keep_alive);
+        let h = head("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", Method::GET)
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive, "1.0 closes unless asked to keep alive");
+        let h = head(
+            "HTTP/1.0 200 OK\r\ncontent-length: 0\r\nconnection: keep-alive\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(h.keep_alive);
+        let h = head(
+            "HTTP/1.1 200 OK\r\nconnection: Close\r\ncontent-length: 0\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!h.keep_alive);
+    }
+
+    #[test]
+    fn interim_answers_are_skipped_and_partial_heads_wait() {
+        let mut b = BytesMut::from(
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n",
+        );
+        let h = parse_head(&mut b, &Method::POST).unwrap().unwrap();
+        assert_eq!(h.status, 201);
+        assert!(b.is_empty());
+        assert!(head("HTTP/1.1 200 OK\r\ncontent-le", Method::GET)
+            .unwrap()
+            .is_none());
+        assert!(head("HTTP/1.1 100 Continue\r\n\r\n", Method::GET)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn malformed_heads_are_refused() {
+        for text in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 1.5\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n",
+            "HTTP/1.1 2x0 What\r\n\r\n",
+            "SMTP ready\r\n\r\n",
+        ] {
+            assert!(head(text, Method::GET).is_err(), "{text:?}");
+        }
+        // repeated but equal lengths are one length
+        let h = head(
+            "HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(h.framing, Framing::Length(2));
+    }
+
+    #[test]
+    fn decimal_lengths() {
+        assert_eq!(parse_decimal(b"0"), Some(0));
+        assert_eq!(parse_decimal(b"18446744073709551615"), None, "20 digits");
+        assert_eq!(
+            parse_decimal(b"1844674407370955161"),
+            Some(1844674407370955161)
+        );
+        assert_eq!(parse_decimal(b"+1"), None);
+        assert_eq!(parse_decimal(b""), None);
+    }
+}

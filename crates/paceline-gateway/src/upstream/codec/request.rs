@@ -1,0 +1,283 @@
+//! The request-head writer: the request line in origin form under the
+//! upstream's base path, the client's end-to-end fields with `Host` and
+//! `X-Forwarded-*`, and the framing of the body that follows (its length,
+//! or chunks, each written by [`put_data`]).
+
+use std::net::IpAddr;
+
+use bytes::{BufMut, BytesMut};
+use http::header::{self, HeaderName};
+use http::uri::{Authority, PathAndQuery};
+use http::{Method, Uri};
+use http_body::Body;
+
+use super::hop::{connection_named, is_hop_by_hop};
+
+/// Where requests go: the upstream's authority and base path.
+#[derive(Debug)]
+pub(crate) struct Target {
+    authority: Authority,
+    /// The upstream's base path without a trailing `/` (often empty).
+    base: String,
+}
+
+impl Target {
+    /// The target of `upstream` (`http://host:port[/base]`).
+    pub(crate) fn new(upstream: &Uri) -> Target {
+        let parts = upstream.clone().into_parts();
+        Target {
+            authority: parts
+                .authority
+                .unwrap_or_else(|| Authority::from_static("127.0.0.1")),
+            base: parts
+                .path_and_query
+                .map(|p| p.path().trim_end_matches('/').to_string())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The upstream's authority.
+    pub(crate) fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// The host to connect to (an IPv6 address without its brackets).
+    pub(crate) fn host(&self) -> &str {
+        let host = self.authority.host();
+        host.strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host)
+    }
+
+    /// The port to connect to.
+    pub(crate) fn port(&self) -> u16 {
+        self.authority.port_u16().unwrap_or(80)
+    }
+
+    /// Writes the request target sent upstream, in origin form: the
+    /// upstream's base path, then the client's path and query.
+    pub(crate) fn put_target(&self, uri: &Uri, out: &mut BytesMut) {
+        let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        // `OPTIONS *` asks about the server as a whole: no base path
+        if pq != "*" {
+            out.put_slice(self.base.as_bytes());
+        }
+        out.put_slice(pq.as_bytes());
+    }
+}
+
+/// How a streamed request body is framed upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BodyFraming {
+    /// `Content-Length` of this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+impl BodyFraming {
+    /// How `body` goes upstream; `None`: there is none.
+    pub(crate) fn of<B: Body>(body: &B) -> Option<BodyFraming> {
+        match (body.is_end_stream(), body.size_hint().exact()) {
+            (true, _) => None,
+            (false, Some(n)) => Some(BodyFraming::Length(n)),
+            (false, None) => Some(BodyFraming::Chunked),
+        }
+    }
+}
+
+/// Writes a whole request head to `out`: the request line, the fields
+/// ([`put_fields`]), the field that frames the body (its length, or
+/// `chunked`; a request without a body says `content-length: 0` when the
+/// client sent a length or its method expects a body) and the empty line.
+pub(crate) fn write_head(
+    out: &mut BytesMut,
+    target: &Target,
+    parts: &http::request::Parts,
+    peer: Option<IpAddr>,
+    framing: Option<BodyFraming>,
+) {
+    out.put_slice(parts.method.as_str().as_bytes());
+    out.put_u8(b' ');
+    target.put_target(&parts.uri, out);
+    out.put_slice(b" HTTP/1.1\r\n");
+    let had_length = put_fields(parts, target.authority(), peer, out);
+    match framing {
+        None if had_length || expects_body(&parts.method) => {
+            out.put_slice(b"content-length: 0\r\n")
+        }
+        None => {}
+        Some(BodyFraming::Length(n)) => {
+            out.put_slice(b"content-length: ");
+            out.put_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.put_slice(b"\r\n");
+        }
+        Some(BodyFraming::Chunked) => out.put_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.put_slice(b"\r\n");
+}
+
+/// Methods whose requests are expected to carry a body.
+fn expects_body(m: &Method) -> bool {
+    m == Method::POST || m == Method::PUT || m == Method::PATCH
+}
+
+/// Appends one piece of body to `out`, chunk-framed when `chunked`.
+pub(crate) fn put_data(out: &mut BytesMut, data: &[u8], chunked: bool) {
+    if data.is_empty() {
+        return;
+    }
+    if chunked {
+        use std::fmt::Write;
+        // BytesMut grows as it is written to: this cannot fail
+        let _ = write!(out, "{:x}\r\n", data.len());
+        out.put_slice(data);
+        out.put_slice(b"\r\n");
+    } else {
+        out.put_slice(data);
+    }
+}
+
+/// Writes the request's fields as they go upstream: `Host` first (the
+/// authority of an HTTP/2 or absolute-form request, or the client's
+/// `Host`, or the upstream's), then the client's end-to-end fields, then
+/// `X-Forwarded-For` with the client appended and `X-Forwarded-Proto`.
+/// Hop-by-hop fields (RFC 9110 §7.6.1, with any named in `Connection`) and
+/// the client's framing fields stay behind; the caller writes the framing.
+/// True when the client sent a `Content-Length`.
+fn put_fields(
+    parts: &http::request::Parts,
+    upstream: &Authority,
+    peer: Option<IpAddr>,
+    out: &mut BytesMut,
+) -> bool {
+    let headers = &parts.headers;
+    out.put_slice(b"host: ");
+    // the target's authority wins over `Host` (RFC 9112 §3.2.2)
+    match (parts.uri.authority(), headers.get(header::HOST)) {
+        (Some(a), _) => out.put_slice(a.as_str().as_bytes()),
+        (None, Some(h)) => out.put_slice(h.as_bytes()),
+        (None, None) => out.put_slice(upstream.as_str().as_bytes()),
+    }
+    out.put_slice(b"\r\n");
+    // fields the client named in `Connection` (rare: looked up only then)
+    let named: Vec<HeaderName> = match headers.contains_key(header::CONNECTION) {
+        false => Vec::new(),
+        true => connection_named(headers),
+    };
+    let mut had_length = false;
+    let mut forwarded: Option<String> = None;
+    for (name, value) in headers {
+        if name == header::HOST || name == X_FORWARDED_PROTO || is_hop_by_hop(name) {
+            continue;
+        }
+        if name == header::CONTENT_LENGTH {
+            had_length = true;
+            continue;
+        }
+        if !named.is_empty() && named.contains(name) {
+            continue;
+        }
+        if name == X_FORWARDED_FOR {
+            let f = forwarded.get_or_insert_with(String::new);
+            if let Ok(v) = value.to_str() {
+                f.push_str(v);
+                f.push_str(", ");
+            }
+            continue;
+        }
+        out.put_slice(name.as_str().as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value.as_bytes());
+        out.put_slice(b"\r\n");
+    }
+    if let Some(ip) = peer {
+        let mut f = forwarded.unwrap_or_default();
+        paceline_server::identity::push_ip(&mut f, ip);
+        out.put_slice(b"x-forwarded-for: ");
+        out.put_slice(f.as_bytes());
+        out.put_slice(b"\r\n");
+    } else if let Some(f) = forwarded {
+        out.put_slice(b"x-forwarded-for: ");
+        out.put_slice(f.trim_end_matches(", ").as_bytes());
+        out.put_slice(b"\r\n");
+    }
+    out.put_slice(b"x-forwarded-proto: http\r\n");
+    had_length
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    /// The fields `put_fields` writes for a request with `fields`.
+    fn sent(fields: &[(&str, &str)], peer: Option<&str>) -> String {
+        let mut req = Request::get("/x");
+        for (n, v) in fields {
+            req = req.header(*n, *v);
+        }
+        let (parts, ()) = req.body(()).unwrap().into_parts();
+        let mut out = BytesMut::new();
+        let upstream = Authority::from_static("up:80");
+        let len = put_fields(
+            &parts,
+            &upstream,
+            peer.map(|p| p.parse().unwrap()),
+            &mut out,
+        );
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        format!("{text}length={len}")
+    }
+
+    #[test]
+    fn forwarded_for_is_appended_and_hop_by_hop_fields_stay_behind() {
+        assert_eq!(
+            sent(&[("host", "api.example")], Some("10.0.0.1")),
+            "host: api.example\r\nx-forwarded-for: 10.0.0.1\r\nx-forwarded-proto: http\r\nlength=false"
+        );
+        let text = sent(
+            &[
+                ("x-forwarded-for", "10.0.0.1"),
+                ("x-forwarded-for", "10.0.0.2"),
+                ("connection", "keep-alive, x-secret"),
+                ("x-secret", "1"),
+                ("keep-alive", "timeout=5"),
+                ("te", "trailers"),
+                ("transfer-encoding", "chunked"),
+                ("upgrade", "websocket"),
+                ("x-forwarded-proto", "https"),
+                ("content-length", "3"),
+                ("authorization", "Bearer k"),
+            ],
+            Some("::1"),
+        );
+        assert_eq!(
+            text,
+            "host: up:80\r\nauthorization: Bearer k\r\n\
+             x-forwarded-for: 10.0.0.1, 10.0.0.2, ::1\r\nx-forwarded-proto: http\r\nlength=true"
+        );
+        // without a peer the prior chain is passed on as it was
+        assert!(sent(&[("x-forwarded-for", "10.0.0.9")], None)
+            .contains("\r\nx-forwarded-for: 10.0.0.9\r\n"));
+    }
+
+    #[test]
+    fn upstream_uris_keep_path_and_query() {
+        let t = Target::new(&"http://127.0.0.1:9/api/".parse().unwrap());
+        let target = |t: &Target, uri: &str| {
+            let mut out = BytesMut::new();
+            t.put_target(&uri.parse().unwrap(), &mut out);
+            String::from_utf8(out.to_vec()).unwrap()
+        };
+        assert_eq!(target(&t, "/v1/rates?from=NYC"), "/api/v1/rates?from=NYC");
+        let t = Target::new(&"http://127.0.0.1:9".parse().unwrap());
+        assert_eq!(
+            target(&t, "http://example.com/v1/rates?x=1"),
+            "/v1/rates?x=1"
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! One keep-alive HTTP/1.1 connection to the upstream on a `TcpStream`:
+//! connecting, writing a request, reading until the codec has a whole
+//! answer head (while the rest of a request body streams), and filling its
+//! buffer for the response body.
+
+use std::io;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::Method;
+use http_body::Body;
+use quanta::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::codec::{parse_head, put_data, BodyFraming, Head, MAX_HEAD};
+use super::error::{BoxError, UpstreamError};
+
+/// Bytes reserved when the read buffer runs low.
+pub(super) const READ_CHUNK: usize = 16 * 1024;
+/// The least spare room a read is made with.
+const MIN_READ: usize = 4 * 1024;
+
+/// One keep-alive HTTP/1.1 connection to the upstream.
+pub(crate) struct Conn {
+    io: TcpStream,
+    /// Bytes read and not consumed yet.
+    pub(super) buf: BytesMut,
+    /// When it last went idle.
+    pub(super) since: Instant,
+}
+
+impl Conn {
+    /// Opens a connection within `timeout`.
+    pub(crate) async fn connect(
+        host: &str,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<Conn, UpstreamError> {
+        let dial = TcpStream::connect((host, port));
+        let io = match tokio::time::timeout(timeout, dial).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(UpstreamError::Connect(e)),
+            Err(_) => {
+                return Err(UpstreamError::Connect(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connect timed out",
+                )))
+            }
+        };
+        let _ = io.set_nodelay(true);
+        Ok(Conn {
+            io,
+            buf: BytesMut::new(),
+            since: Instant::now(),
+        })
+    }
+
+    /// True when the connection cannot carry another request: it has been
+    /// seen closed, or it sent something nobody asked for. Costs no system
+    /// call unless the socket was reported readable while idle.
+    pub(super) fn is_stale(&self) -> bool {
+        if !self.buf.is_empty() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        match self.io.try_read(&mut probe) {
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+            // the end of the stream, or bytes that answer nothing
+            Ok(_) => true,
+        }
+    }
+
+    /// Writes `bytes` whole. On failure it also says whether any of them
+    /// went out (a request none of which was written is safe to send
+    /// again elsewhere).
+    pub(crate) async fn write_all(&mut self, bytes: &[u8]) -> Result<(), (bool, UpstreamError)> {
+        let mut done = 0;
+        while done < bytes.len() {
+            match self.io.write(&bytes[done..]).await {
+                Ok(0) => {
+                    let e = io::Error::from(io::ErrorKind::WriteZero);
+                    return Err((done > 0, UpstreamError::Io(e)));
+                }
+                Ok(n) => done += n,
+                Err(e) => return Err((done > 0, UpstreamError::Io(e))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads until a final (non-`1xx`) response head is complete, and
+    /// takes it out of the buffer.
+    pub(crate) async fn read_head(&mut self, method: &Method) -> Result<Head, UpstreamError> {
+        read_head(&mut self.io, &mut self.buf, method).await
+    }
+
+    /// Reads what has arrived into the buffer without waiting: the number
+    /// of bytes read (0: the upstream closed the connection), or `Pending`
+    /// once nothing is there and the task will be woken when there is.
+    pub(super) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        loop {
+            make_room(&mut self.buf);
+            match self.io.try_read_buf(&mut self.buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    match self.io.poll_read_ready(cx) {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    /// Streams the rest of a request body (`sent` bytes of it went with
+    /// the head) while watching for the answer: an upstream may answer
+    /// before it has read the whole body (a `413`, say), or answer while it
+    /// reads (streaming both ways). An answer that comes before the body
+    /// is all sent ends the sending, and the connection is not reused.
+    pub(crate) async fn stream_and_read<B>(
+        &mut self,
+        body: &mut B,
+        framing: BodyFraming,
+        sent: u64,
+        method: &Method,
+    ) -> Result<Head, UpstreamError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        let (mut rd, mut wr) = self.io.split();
+        let send = send_rest(&mut wr, body, framing, sent);
+        let read = read_head(&mut rd, &mut self.buf, method);
+        tokio::pin!(send, read);
+        let mut sending = true;
+        let mut whole = false;
+        loop {
+            tokio::select! {
+                biased;
+                head = &mut read => {
+                    let mut head = head?;
+                    head.keep_alive &= whole;
+                    return Ok(head);
+                }
+                done = &mut send, if sending => {
+                    sending = false;
+                    match done {
+                        Ok(()) => whole = true,
+                        // the client's fault: no answer is waited for
+                        Err(e @ UpstreamError::RequestBody(_)) => return Err(e),
+                        // the upstream stopped reading: its answer may
+                        // still come
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes the rest of a request body; a body that ends short of (or runs
+/// past) its declared length fails, so the upstream never takes the next
+/// request's bytes for this one's.
+async fn send_rest<W, B>(
+    wr: &mut W,
+    body: &mut B,
+    framing: BodyFraming,
+    mut sent: u64,
+) -> Result<(), UpstreamError>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    use http_body_util::BodyExt;
+    let chunked = framing == BodyFraming::Chunked;
+    let mut out = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| UpstreamError::RequestBody(e.into()))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers are not passed on
+        };
+        sent += data.len() as u64;
+        if let BodyFraming::Length(n) = framing {
+            if sent > n {
+                return Err(UpstreamError::RequestBody(
+                    "body longer than its length".into(),
+                ));
+            }
+        }
+        out.clear();
+        put_data(&mut out, &data, chunked);
+        wr.write_all(&out).await.map_err(UpstreamError::Io)?;
+    }
+    match framing {
+        BodyFraming::Length(n) if sent != n => Err(UpstreamError::RequestBody(
+            "body shorter than its length".into(),
+        )),
+        BodyFraming::Length(_) => Ok(()),
+        BodyFraming::Chunked => wr.write_all(b"0\r\n\r\n").await.map_err(UpstreamError::Io),
+    }
+}
+
+/// Reads from `rd` into `buf` until a final (non-`1xx`) response head is
+/// complete, and takes it out of the buffer.
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    method: &Method,
+) -> Result<Head, UpstreamError> {
+    let mut received = false;
+    loop {
+        if !buf.is_empty() {
+            received = true;
+            if let Some(head) = parse_head(buf, method)? {
+                return Ok(head);
+            }
+            if buf.len() > MAX_HEAD {
+                return Err(UpstreamError::Protocol("response head too large"));
+            }
+        }
+        make_room(buf);
+        match rd.read_buf(buf).await {
+            Ok(0) if received => {
+                return Err(UpstreamError::Protocol("connection closed inside the head"))
+            }
+            Ok(0) => return Err(UpstreamError::Closed),
+            Ok(_) => {}
+            Err(e) if !received && is_reset(&e) => return Err(UpstreamError::Closed),
+            Err(e) => return Err(UpstreamError::Io(e)),
+        }
+    }
+}
+
+/// Room to read into: the buffer's spare space while there is enough of
+/// it (answers are small; one allocation serves many), else a fresh chunk.
+fn make_room(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < MIN_READ {
+        buf.reserve(READ_CHUNK);
+    }
+}
+
+fn is_reset(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}

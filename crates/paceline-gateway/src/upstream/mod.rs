@@ -1,0 +1,91 @@
+//! The upstream side of the proxy: HTTP/1.1 over pooled keep-alive
+//! connections, driven inside the request's own task.
+//!
+//! A general client runs each connection as a task of its own and hands
+//! requests, responses and body chunks over channels; for a proxy that
+//! only ever sends one request at a time on a connection, that is most of
+//! its cost. Here the request task writes the head, reads the response
+//! head, and the response body reads the rest straight from the socket
+//! while the client connection polls it. A response whose body came with
+//! its head (the common case for API answers) gives its connection back
+//! before the head is even returned.
+//!
+//! Message framing follows RFC 9112: `Content-Length`, `chunked`, or the
+//! end of the connection; `1xx` answers are skipped; answers to `HEAD`
+//! and `204`/`304` have no body. Anything malformed fails the exchange and
+//! the connection is dropped, never reused.
+//!
+//! The pieces: [`codec`] says what the bytes mean and writes the request
+//! head, without I/O; `conn` moves them over one connection, `pool` keeps
+//! the idle ones, `body` streams an answer's body, and `client` puts them
+//! together as the [`Upstream`] the proxy runs on. A second [`Upstream`]
+//! over hyper's client, for tests, checks the first against it.
+
+mod body;
+mod client;
+mod codec;
+mod conn;
+mod error;
+mod idle;
+mod pool;
+
+#[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod hyper;
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use http_body::Body;
+
+pub(crate) use client::Client;
+pub use codec::strip_hop_by_hop;
+pub use error::BoxError;
+pub(crate) use error::UpstreamError;
+pub use idle::{BodyIdle, IdleTimeout};
+
+/// A request as the proxy hands it to an [`Upstream`]: the client's head,
+/// which the upstream client sends on by the codec's rules (hop-by-hop
+/// fields left behind, `X-Forwarded-*` added), and the client's address.
+#[derive(Clone, Copy)]
+pub(crate) struct Outgoing<'a> {
+    /// The client's request head.
+    pub(crate) parts: &'a http::request::Parts,
+    /// The client's address, appended to `X-Forwarded-For`.
+    pub(crate) peer: Option<IpAddr>,
+}
+
+/// An upstream's final answer: its head (hop-by-hop fields still in it)
+/// and its body, still streaming.
+pub(crate) struct Answer<B> {
+    /// The status.
+    pub(crate) status: StatusCode,
+    /// The fields as the upstream sent them (framing fields that cannot
+    /// be trusted already gone).
+    pub(crate) headers: HeaderMap,
+    /// The body.
+    pub(crate) body: B,
+    /// How long the upstream took to answer once the request was ready.
+    pub(crate) waited: Duration,
+}
+
+/// An HTTP/1.1 client to one upstream: sends a request with a body of type
+/// `B` and gives back the answer's head and streaming body, or the kind of
+/// failure the proxy answers for (a `502` for [`UpstreamError::Connect`]
+/// and the upstream's faults, a `400`/`408` for
+/// [`UpstreamError::RequestBody`]).
+pub(crate) trait Upstream<B> {
+    /// The answer's body.
+    type Body: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
+
+    /// Sends `req` with `body` and waits for the final answer's head.
+    fn send(
+        &self,
+        req: Outgoing<'_>,
+        body: B,
+    ) -> impl Future<Output = Result<Answer<Self::Body>, UpstreamError>> + Send;
+}

@@ -1,0 +1,81 @@
+//! The keep-alive pool: a stack of idle connections to one upstream, the
+//! most recently used on top, each checked for age and for a close seen
+//! while it sat idle before it is handed out again.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use quanta::Instant;
+
+use super::conn::{Conn, READ_CHUNK};
+use super::error::UpstreamError;
+
+/// Idle connections kept per upstream at most.
+const MAX_IDLE: usize = 1024;
+
+/// Keep-alive connections to one upstream, the most recently used on top.
+pub(crate) struct Pool {
+    idle: parking_lot::Mutex<Vec<Conn>>,
+    host: String,
+    port: u16,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl Pool {
+    /// A pool for `host:port`.
+    pub(crate) fn new(
+        host: &str,
+        port: u16,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Pool {
+        Pool {
+            idle: parking_lot::Mutex::new(Vec::new()),
+            host: host.to_string(),
+            port,
+            connect_timeout,
+            idle_timeout,
+        }
+    }
+
+    /// An idle connection that is still open and not too old at `now`.
+    pub(crate) fn take(&self, now: Instant) -> Option<Conn> {
+        loop {
+            // the lock is held for the pop only, not for the check
+            let c = self.idle.lock().pop()?;
+            if now.saturating_duration_since(c.since) < self.idle_timeout && !c.is_stale() {
+                return Some(c);
+            }
+        }
+    }
+
+    /// A new connection.
+    pub(crate) async fn connect(&self) -> Result<Conn, UpstreamError> {
+        Conn::connect(&self.host, self.port, self.connect_timeout).await
+    }
+
+    /// Puts a connection whose exchange ended at `now` back on the stack.
+    pub(crate) fn put(&self, mut conn: Conn, now: Instant) {
+        if !conn.buf.is_empty() {
+            return;
+        }
+        conn.since = now;
+        // don't keep a large buffer around for every idle connection
+        if conn.buf.capacity() > 4 * READ_CHUNK {
+            conn.buf = BytesMut::new();
+        }
+        let mut idle = self.idle.lock();
+        // the oldest are at the bottom: drop the ones idle too long
+        let stale = idle
+            .iter()
+            .take_while(|c| now.saturating_duration_since(c.since) >= self.idle_timeout)
+            .count();
+        if stale > 0 {
+            idle.drain(..stale);
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+}
