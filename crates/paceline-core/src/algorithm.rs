@@ -17,16 +17,16 @@ use crate::policy::{Algorithm, Policy};
 
 /// One policy's answer to "would `cost` fit now?".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Peek {
+pub(crate) struct Peek {
     /// Whether the cost fits.
-    pub admit: bool,
+    pub(crate) admit: bool,
     /// Whole units left: after the charge when admitted, now when not.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// Nanoseconds until the policy is fully restored (after the charge
     /// when admitted).
-    pub reset_ns: u64,
+    pub(crate) reset_ns: u64,
     /// When denied: nanoseconds until the cost would fit. Zero if admitted.
-    pub wait_ns: u64,
+    pub(crate) wait_ns: u64,
 }
 
 /// Would `cost` units fit under `policy` at `now`, given the key's `words`?
@@ -34,7 +34,7 @@ pub struct Peek {
 /// `cost` must not exceed the policy's quota (the caller checks that first:
 /// such a request can never fit and needs no wait).
 #[inline]
-pub fn peek(policy: &Policy, words: &[u64], now: u64, cost: u64) -> Peek {
+pub(crate) fn peek(policy: &Policy, words: &[u64], now: u64, cost: u64) -> Peek {
     match policy.algorithm() {
         Algorithm::TokenBucket => gcra_peek(policy, words[0], now, cost),
         Algorithm::FixedWindow { offset_s } => {
@@ -48,7 +48,7 @@ pub fn peek(policy: &Policy, words: &[u64], now: u64, cost: u64) -> Peek {
 
 /// Charges `cost` units at `now`. Call only after [`peek`] admitted.
 #[inline]
-pub fn commit(policy: &Policy, words: &mut [u64], now: u64, cost: u64) {
+pub(crate) fn commit(policy: &Policy, words: &mut [u64], now: u64, cost: u64) {
     match policy.algorithm() {
         Algorithm::TokenBucket => {
             let t = policy.emission_ns();
@@ -78,7 +78,7 @@ pub fn commit(policy: &Policy, words: &mut [u64], now: u64, cost: u64) {
 
 /// Gives back `amount` units of a concurrency cap (a finished request).
 /// Other algorithms ignore it: time refills them.
-pub fn release(policy: &Policy, words: &mut [u64], amount: u64) {
+pub(crate) fn release(policy: &Policy, words: &mut [u64], amount: u64) {
     if policy.algorithm() == Algorithm::Concurrency {
         words[0] = words[0].saturating_sub(amount);
     }
@@ -86,7 +86,7 @@ pub fn release(policy: &Policy, words: &mut [u64], amount: u64) {
 
 /// True when the state says nothing a fresh (all-zero) state would not:
 /// the key can be forgotten without changing any future decision.
-pub fn at_rest(policy: &Policy, words: &[u64], now: u64) -> bool {
+pub(crate) fn at_rest(policy: &Policy, words: &[u64], now: u64) -> bool {
     match policy.algorithm() {
         Algorithm::TokenBucket => words[0] <= now,
         Algorithm::FixedWindow { offset_s } => {
@@ -152,7 +152,7 @@ fn pack_window(idx: u64, count: u64) -> u64 {
 }
 
 /// The largest quota a fixed window can count (40 bits).
-pub const MAX_WINDOW_QUOTA: u64 = COUNT_MASK;
+pub(crate) const MAX_WINDOW_QUOTA: u64 = COUNT_MASK;
 
 #[inline]
 fn window_index(policy: &Policy, now: u64, offset: u64) -> u64 {
@@ -305,8 +305,40 @@ fn concurrency_peek(policy: &Policy, in_flight: u64, cost: u64) -> Peek {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{check_words, Nanos, Plan};
+    use proptest::prelude::*;
 
     const S: u64 = 1_000_000_000;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Waiting exactly the announced wait always lets the request
+        /// through (when nothing else arrives), and a nanosecond less never
+        /// does for a token bucket.
+        #[test]
+        fn announced_wait_is_exact(
+            q in 1u64..30,
+            w in 1u64..5,
+            seq in prop::collection::vec((0u64..400_000_000, 1u64..4), 1..400),
+            cost in 1u64..4,
+        ) {
+            let cost = cost.min(q);
+            let p = Policy::token_bucket("b", q, w).unwrap();
+            let plan = Plan::new("p", vec![p.clone()]).unwrap();
+            let mut words = vec![0u64; 1];
+            let mut now = 1_000 * S;
+            for (gap, c) in seq {
+                now += gap;
+                check_words(&plan, &mut words, Nanos::new(now), c);
+            }
+            let pk = peek(&p, &words, now, cost);
+            if !pk.admit {
+                prop_assert!(!peek(&p, &words, now + pk.wait_ns - 1, cost).admit);
+                prop_assert!(peek(&p, &words, now + pk.wait_ns, cost).admit);
+            }
+        }
+    }
 
     fn run(p: &Policy, words: &mut [u64], now: u64, cost: u64) -> Peek {
         let r = peek(p, words, now, cost);

@@ -8,7 +8,7 @@
 //! Why these pieces: a limit is only useful to a client if it is published,
 //! and published numbers are only honest if every policy is checked and
 //! charged atomically. So the algorithms are pure functions over integer
-//! time ([`algorithm`]), the atomic step is a [`Store`] contract, and time
+//! time (one module, private to this crate), the atomic step is a [`Store`] contract, and time
 //! comes from a [`Clock`] so tests and the simulator run this exact code on
 //! virtual time.
 //!
@@ -36,7 +36,7 @@
 
 #![forbid(unsafe_code)]
 
-pub mod algorithm;
+mod algorithm;
 mod check;
 pub mod clock;
 mod decision;
