@@ -99,7 +99,7 @@ pub(crate) struct LimitsInner {
     /// Per plan: its name and its policies' names, shared with metric labels.
     pub(crate) names: Vec<(Arc<str>, Vec<Arc<str>>)>,
     /// Per plan: the parts of its responses that never change.
-    pub(crate) meta: Vec<crate::respond::PlanMeta>,
+    pub(crate) meta: Vec<paceline_wire::emit::PreparedPlan>,
     /// Per plan: its metric keys.
     pub(crate) metric_keys: Vec<crate::telemetry::PlanKeys>,
     /// Configured keys, each to its entry in `key_entries`.
@@ -379,7 +379,7 @@ impl LimitsBuilder {
         let meta = self
             .plans
             .iter()
-            .map(|p| crate::respond::PlanMeta::new(p, &self.problem_base, &self.dialects))
+            .map(|p| paceline_wire::emit::PreparedPlan::new(p, &self.problem_base, &self.dialects))
             .collect();
         let metric_keys = names
             .iter()

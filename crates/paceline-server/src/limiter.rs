@@ -460,9 +460,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             retry_after_s = paceline_wire::emit::retry_after_secs(&d),
             "request rejected"
         );
-        Verdict::Reject(respond::rejection(
+        Verdict::Reject(lim.meta[who.plan].rejection(
             plan,
-            &lim.meta[who.plan],
             &d,
             &lim.dialects,
             who.publish,
@@ -534,14 +533,7 @@ impl Admitted {
         let lim = &self.limits.inner;
         let plan = &lim.plans[self.plan];
         let meta = &lim.meta[self.plan];
-        respond::write_fields(
-            plan,
-            meta,
-            &self.decision,
-            &lim.dialects,
-            self.publish,
-            headers,
-        );
+        meta.write_fields(plan, &self.decision, &lim.dialects, self.publish, headers);
         if let Some(w) = &self.warning {
             headers.insert(WARNING_HEADER, w.clone());
         }
