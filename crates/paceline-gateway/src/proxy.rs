@@ -26,14 +26,15 @@ use std::time::Duration;
 use quanta::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 use http::uri::{Authority, PathAndQuery};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use paceline_server::PeerAddr;
+use paceline_wire::problem::{self, Problem, ProblemKind};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
@@ -63,6 +64,8 @@ struct ProxyInner {
     target: Target,
     timeouts: Timeouts,
     shedder: Option<Shedder>,
+    /// The base of the problem types of the gateway's own answers.
+    problem_base: Box<str>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -85,8 +88,15 @@ const COALESCE: usize = 64 * 1024;
 
 impl Proxy {
     /// A proxy to `upstream` (`http://host:port[/base]`); the shedder, if
-    /// any, is told every upstream latency.
-    pub fn new(upstream: &Uri, timeouts: Timeouts, shedder: Option<Shedder>) -> Self {
+    /// any, is told every upstream latency; the problem types of the
+    /// proxy's own answers (an upstream that fails, say) are under
+    /// `problem_base`.
+    pub fn new(
+        upstream: &Uri,
+        timeouts: Timeouts,
+        shedder: Option<Shedder>,
+        problem_base: &str,
+    ) -> Self {
         let parts = upstream.clone().into_parts();
         let target = Target {
             authority: parts
@@ -114,6 +124,7 @@ impl Proxy {
                 target,
                 timeouts,
                 shedder,
+                problem_base: problem_base.into(),
             }),
             peer: None,
         }
@@ -144,7 +155,8 @@ impl Proxy {
         let this = &*self.inner;
         if req.method() == Method::CONNECT {
             // a tunnel is not a request this proxy forwards
-            return gateway_error(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not forwarded.");
+            let base = &this.problem_base;
+            return gateway_error(base, ProblemKind::MethodNotAllowed, "CONNECT is not forwarded.");
         }
         let (parts, mut body) = req.into_parts();
         // how the body goes upstream; `None`: there is none
@@ -183,7 +195,7 @@ impl Proxy {
             None => (0, true),
             Some(f) => match coalesce(&mut body, &mut out, f) {
                 Ok(x) => x,
-                Err(e) => return request_body_error(&e),
+                Err(e) => return request_body_error(&this.problem_base, &e),
             },
         };
         // a streamed body waits in its own allocation: the common future
@@ -215,7 +227,7 @@ impl Proxy {
                 *res.headers_mut() = headers;
                 res
             }
-            Ok(Err(UpstreamError::RequestBody(e))) => request_body_error(&e),
+            Ok(Err(UpstreamError::RequestBody(e))) => request_body_error(&this.problem_base, &e),
             Ok(Err(e)) => {
                 let connect = matches!(e, UpstreamError::Connect(_));
                 m::upstream_error(if connect { "connect" } else { "request" });
@@ -224,7 +236,7 @@ impl Proxy {
                     true => "The upstream could not be reached.",
                     false => "The upstream failed before answering.",
                 };
-                gateway_error(StatusCode::BAD_GATEWAY, detail)
+                gateway_error(&this.problem_base, ProblemKind::BadGateway, detail)
             }
             Err(_) => {
                 m::upstream_error("timeout");
@@ -233,7 +245,8 @@ impl Proxy {
                     "upstream timed out"
                 );
                 gateway_error(
-                    StatusCode::GATEWAY_TIMEOUT,
+                    &this.problem_base,
+                    ProblemKind::GatewayTimeout,
                     "The upstream did not answer in time.",
                 )
             }
@@ -327,15 +340,17 @@ fn coalesce(
 }
 
 /// The answer when the client's own body failed.
-fn request_body_error(e: &BoxError) -> Response<ProxyBody> {
+fn request_body_error(base: &str, e: &BoxError) -> Response<ProxyBody> {
     m::upstream_error("request_body");
     match e.is::<BodyIdle>() {
         true => gateway_error(
-            StatusCode::REQUEST_TIMEOUT,
+            base,
+            ProblemKind::RequestTimeout,
             "The request body stalled longer than allowed.",
         ),
         false => gateway_error(
-            StatusCode::BAD_REQUEST,
+            base,
+            ProblemKind::BadRequest,
             "The request body could not be read.",
         ),
     }
@@ -356,24 +371,9 @@ impl Service<Request<Incoming>> for Proxy {
     }
 }
 
-/// A small problem+json answer written by the gateway itself.
-pub(crate) fn gateway_error(status: StatusCode, detail: &str) -> Response<ProxyBody> {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    })
-    .to_string();
-    let mut r = Response::new(full(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
+/// A problem answer written by the gateway itself, its type under `base`.
+pub(crate) fn gateway_error(base: &str, kind: ProblemKind, detail: &str) -> Response<ProxyBody> {
+    problem::answer(&Problem::new(kind, base, detail)).map(full)
 }
 
 /// A complete body.
@@ -654,6 +654,7 @@ mod tests {
             &"http://127.0.0.1:9/api/".parse().unwrap(),
             Timeouts::default(),
             None,
+            "x:",
         );
         let target = |p: &Proxy, uri: &str| {
             let mut out = BytesMut::new();
@@ -665,6 +666,7 @@ mod tests {
             &"http://127.0.0.1:9".parse().unwrap(),
             Timeouts::default(),
             None,
+            "x:",
         );
         assert_eq!(
             target(&p, "http://example.com/v1/rates?x=1"),

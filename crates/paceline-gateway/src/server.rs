@@ -188,7 +188,8 @@ impl Gateway {
         let h = self.handle.clone();
         let settings = h.inner.settings.read().clone();
         let t = settings.timeouts;
-        let proxy = Proxy::new(&settings.upstream, t, Some(h.inner.shedder.clone()));
+        let shedder = Some(h.inner.shedder.clone());
+        let proxy = Proxy::new(&settings.upstream, t, shedder, &settings.problem_base);
         let shed = shed_layer(&h);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // the client header bound is kept per connection (see `idle`), not

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use paceline_core::Nanos;
-use paceline_wire::parse::{parse_response, secs_json, time, Ignored, ResponseView};
+use paceline_wire::parse::{parse_response, secs_json, Ignored, ResponseView};
+use paceline_wire::time;
 use paceline_wire::raw::parse_raw_response;
 
 /// The most input read (a response head with a modest body).
