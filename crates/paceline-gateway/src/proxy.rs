@@ -156,7 +156,11 @@ impl Proxy {
         if req.method() == Method::CONNECT {
             // a tunnel is not a request this proxy forwards
             let base = &this.problem_base;
-            return gateway_error(base, ProblemKind::MethodNotAllowed, "CONNECT is not forwarded.");
+            return gateway_error(
+                base,
+                ProblemKind::MethodNotAllowed,
+                "CONNECT is not forwarded.",
+            );
         }
         let (parts, mut body) = req.into_parts();
         // how the body goes upstream; `None`: there is none
@@ -578,6 +582,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::HeaderValue;
 
     #[test]
     fn hop_by_hop_fields_go() {

@@ -221,15 +221,15 @@ mod tests {
             ceil(Nanos::from_secs(1_790_812_800)),
             "2026-10-01T00:00:00Z"
         );
-        assert_eq!(
-            ceil(Nanos::from_secs(951_782_400)),
-            "2000-02-29T00:00:00Z"
-        );
+        assert_eq!(ceil(Nanos::from_secs(951_782_400)), "2000-02-29T00:00:00Z");
         assert_eq!(ceil(Nanos::new(1_500_000_000)), "1970-01-01T00:00:02Z");
         assert_eq!(
             ceil(Nanos::from_secs(4_102_444_799)),
             "2099-12-31T23:59:59Z"
         );
-        assert_eq!(format_rfc3339(Nanos::new(1_500_000_000)), "1970-01-01T00:00:01Z");
+        assert_eq!(
+            format_rfc3339(Nanos::new(1_500_000_000)),
+            "1970-01-01T00:00:01Z"
+        );
     }
 }

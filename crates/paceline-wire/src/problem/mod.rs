@@ -24,8 +24,8 @@ mod kind;
 mod write;
 
 pub use kind::ProblemKind;
-pub use write::{answer, write_fields};
 pub(crate) use write::put_problem_fields;
+pub use write::{answer, write_fields};
 
 /// The media type of a problem body.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";

@@ -62,7 +62,11 @@ mod tests {
 
     #[test]
     fn an_answer_without_a_wait_has_no_retry_after() {
-        let p = Problem::new(ProblemKind::BadGateway, "x:", "The upstream could not be reached.");
+        let p = Problem::new(
+            ProblemKind::BadGateway,
+            "x:",
+            "The upstream could not be reached.",
+        );
         let r = answer(&p);
         assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
         let names: Vec<_> = r.headers().keys().map(|k| k.as_str()).collect();

@@ -157,9 +157,8 @@ fn a_denial_names_every_policy_it_broke_deciding_one_first() {
 
 #[test]
 fn the_last_denial_memo_never_mixes_plans_identities_or_numbers() {
-    let plan = |name: &str| {
-        Plan::new(name, vec![Policy::token_bucket("burst", 20, 2).unwrap()]).unwrap()
-    };
+    let plan =
+        |name: &str| Plan::new(name, vec![Policy::token_bucket("burst", 20, 2).unwrap()]).unwrap();
     let (free, pro) = (plan("free"), plan("pro"));
     let meta_free = PreparedPlan::new(&free, "x:", &Dialects::default());
     let meta_pro = PreparedPlan::new(&pro, "x:", &Dialects::default());
