@@ -447,6 +447,7 @@ async fn an_unreachable_upstream_is_a_502() {
     };
     let mut cfg = GatewayConfig::load(&rig.file).unwrap();
     cfg.settings.upstream = format!("http://{dead}").parse().unwrap();
+    let base = cfg.settings.problem_base.clone();
     let gw = Gateway::bind(cfg).await.unwrap();
     let addr = gw.local_addr();
     let h = gw.handle();
@@ -455,8 +456,12 @@ async fn an_unreachable_upstream_is_a_502() {
         .header("authorization", "Bearer sk_a")
         .body(Full::default())
         .unwrap();
-    let (res, _) = rig.send(req).await;
+    let (res, body) = rig.send(req).await;
     assert_eq!(res.status(), 502);
+    // the gateway's own answer has a type under the configured base
+    let p: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(p["type"], format!("{base}bad_gateway"));
+    assert_eq!(p["title"], "Bad Gateway");
     h.shutdown();
     served.await.unwrap().unwrap();
     rig.stop().await;
