@@ -1,4 +1,5 @@
-//! Numbers, dates and durations as providers write them.
+//! Numbers, dates and durations as providers write them (the date
+//! parsers are [`crate::time`]'s, re-exported here).
 //!
 //! The rule for a reset value (documented on [`parse_reset`]):
 //!

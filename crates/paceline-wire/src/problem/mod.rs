@@ -1,4 +1,6 @@
-//! RFC 9457 problem details for every rejection the server makes.
+//! RFC 9457 problem details for every answer with a problem body the
+//! project sends: the server layer's rejections, the gateway's own errors,
+//! the load shedder's `503` and the demo upstream's answers.
 //!
 //! Why a body at all: `429` alone cannot tell "slow down for a second" from
 //! "your daily quota is gone until midnight". The body's `type` ends in a
@@ -6,6 +8,9 @@
 //! repeats the `Retry-After` header, so a client can tell a burst from a
 //! quota without guessing. `violated-policies` is the IETF draft's name for
 //! the same fact.
+//!
+//! [`ProblemKind`] names every such answer (status, code, title), and
+//! [`answer`] is the one writer of the answer's status, fields and body.
 //!
 //! ```
 //! use paceline_wire::problem::{Problem, ProblemKind};
