@@ -45,7 +45,7 @@ fn statuses(plan_len: usize, items: &[(u64, u64)]) -> Decision {
 
 proptest! {
     #[test]
-    fn ratelimit_value_matches_the_wire_crate(
+    fn ratelimit_writer_matches_sfv(
         items in prop::collection::vec((any::<u64>(), any::<u64>()), 1..5),
         long in any::<bool>(),
     ) {
@@ -251,7 +251,7 @@ fn the_memo_tells_apart_denials_whose_older_dialects_differ() {
 }
 
 #[test]
-fn a_denial_carries_every_chosen_dialect_as_the_wire_crate_writes_it() {
+fn a_denial_carries_every_chosen_dialect_as_write_headers_writes_it() {
     let plan = free_plan();
     let store = MemoryStore::new();
     let now = Nanos::from_secs(1_790_793_600);
