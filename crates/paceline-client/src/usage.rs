@@ -3,9 +3,10 @@
 //! The first request of a scope otherwise goes alone, to learn the limits
 //! from its response; a usage answer lets every worker start at once.
 //!
-//! Accepted shape (extra fields are ignored; `q`/`quota`, `w`/`window_s`,
-//! `r`/`remaining` are synonyms; `reset_at` is RFC 3339, `reset_in_s` or
-//! `t` seconds):
+//! The document is `paceline_wire::usage::Usage`, the type the server
+//! writes. Accepted shape (extra fields are ignored; `q`/`quota`,
+//! `w`/`window_s`, `r`/`remaining` are synonyms; `reset_at` is RFC 3339,
+//! `reset_in_s` or `t` seconds):
 //!
 //! ```json
 //! {"plan": "free", "limits": [
@@ -14,34 +15,13 @@
 //! ```
 
 use paceline_core::Nanos;
-use serde::Deserialize;
+use paceline_wire::usage::{Usage, UsageLimit};
 
 use crate::observe::PolicyObservation;
 
-#[derive(Deserialize)]
-struct Usage {
-    limits: Vec<Limit>,
-}
-
-#[derive(Deserialize)]
-struct Limit {
-    name: String,
-    #[serde(alias = "quota")]
-    q: Option<u64>,
-    #[serde(alias = "window_s")]
-    w: Option<u64>,
-    #[serde(alias = "remaining")]
-    r: Option<u64>,
-    reset_at: Option<String>,
-    #[serde(alias = "reset_in_s")]
-    t: Option<f64>,
-    #[serde(alias = "qu")]
-    unit: Option<String>,
-}
-
 /// Why a usage body could not be read.
 #[derive(Debug)]
-pub struct UsageError(serde_json::Error);
+pub struct UsageError(paceline_wire::usage::UsageError);
 
 impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,25 +33,18 @@ impl std::error::Error for UsageError {}
 
 /// Reads a usage body received at `now` into policies.
 pub fn parse_usage(body: &[u8], now: Nanos) -> Result<Vec<PolicyObservation>, UsageError> {
-    let u: Usage = serde_json::from_slice(body).map_err(UsageError)?;
+    let u = Usage::from_slice(body).map_err(UsageError)?;
     Ok(u.limits.into_iter().map(|l| limit(l, now)).collect())
 }
 
-fn limit(l: Limit, now: Nanos) -> PolicyObservation {
-    let reset_in = match (&l.reset_at, l.t) {
-        (Some(at), _) => {
-            paceline_wire::parse::time::parse_rfc3339(at).map(|t| t.saturating_sub(now))
-        }
-        (None, Some(t)) => Some(Nanos::from_secs_f64(t)),
-        _ => None,
-    };
+fn limit(l: UsageLimit, now: Nanos) -> PolicyObservation {
     PolicyObservation {
+        reset_in: l.reset_in(now),
+        counts_requests: l.counts_requests(),
         name: l.name,
         quota: l.q,
         window_s: l.w,
         remaining: l.r,
-        reset_in,
-        counts_requests: l.unit.as_deref().is_none_or(|u| u == "requests"),
         per_endpoint: false,
     }
 }

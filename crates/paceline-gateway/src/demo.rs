@@ -30,6 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+use paceline_wire::problem::{self, Problem, ProblemKind};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -187,8 +188,7 @@ async fn create_label(State(s): State<Arc<Demo>>, headers: HeaderMap, body: Byte
     if let Some((prior_body, answer)) = seen.get(&key) {
         if *prior_body != body {
             return problem(
-                StatusCode::CONFLICT,
-                "idempotency_conflict",
+                ProblemKind::IdempotencyConflict,
                 "This Idempotency-Key was used with a different body.",
             );
         }
@@ -212,7 +212,7 @@ async fn batch(State(s): State<Arc<Demo>>) -> Json<Value> {
 async fn get_label(Path(id): Path<String>) -> Response {
     match id.strip_prefix("lbl_").and_then(|n| n.parse::<u64>().ok()) {
         Some(n) if n >= 77_120 => Json(label(n - 77_120)).into_response(),
-        _ => problem(StatusCode::NOT_FOUND, "not_found", "No such label."),
+        _ => problem(ProblemKind::NotFound, "No such label."),
     }
 }
 
@@ -234,22 +234,14 @@ async fn soft_limit_event(State(s): State<Arc<Demo>>, body: Bytes) -> StatusCode
 }
 
 async fn not_found() -> Response {
-    problem(StatusCode::NOT_FOUND, "not_found", "No such endpoint.")
+    problem(ProblemKind::NotFound, "No such endpoint.")
 }
 
-fn problem(status: StatusCode, code: &str, detail: &str) -> Response {
-    let body = json!({
-        "type": format!("https://docs.shiplane.example/errors/{code}"),
-        "title": status.canonical_reason().unwrap_or(""),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut r = (status, Json(body)).into_response();
-    r.headers_mut().insert(
-        "content-type",
-        "application/problem+json".parse().expect("a header value"),
-    );
-    r
+/// Where the demo API's problem types live.
+const PROBLEM_BASE: &str = "https://docs.shiplane.example/errors/";
+
+fn problem(kind: ProblemKind, detail: &str) -> Response {
+    problem::answer(&Problem::new(kind, PROBLEM_BASE, detail)).map(axum::body::Body::from)
 }
 
 #[cfg(test)]

@@ -23,17 +23,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use paceline_server::PeerAddr;
+use paceline_wire::problem::{self, Problem, ProblemKind};
 use tower_service::Service;
 
 use crate::config::Timeouts;
 use crate::metrics as m;
-use crate::shed::Shedder;
+use crate::shed::{CurrentLimits, Shedder};
 use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError};
 
 pub use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
@@ -54,6 +54,9 @@ struct ProxyInner {
     upstream: Client,
     timeouts: Timeouts,
     shedder: Option<Shedder>,
+    /// The limits in force: their problem base prefixes the types of the
+    /// gateway's own answers, so a reload reaches these too.
+    limits: CurrentLimits,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -66,13 +69,21 @@ impl std::fmt::Debug for Proxy {
 
 impl Proxy {
     /// A proxy to `upstream` (`http://host:port[/base]`); the shedder, if
-    /// any, is told every upstream latency.
-    pub fn new(upstream: &Uri, timeouts: Timeouts, shedder: Option<Shedder>) -> Self {
+    /// any, is told every upstream latency; the problem types of the
+    /// proxy's own answers (an upstream that fails, say) are under the
+    /// problem base of the limits `limits` gives at the time.
+    pub fn new(
+        upstream: &Uri,
+        timeouts: Timeouts,
+        shedder: Option<Shedder>,
+        limits: CurrentLimits,
+    ) -> Self {
         Proxy {
             inner: Arc::new(ProxyInner {
                 upstream: Client::new(upstream, &timeouts),
                 timeouts,
                 shedder,
+                limits,
             }),
             peer: None,
         }
@@ -92,7 +103,13 @@ impl Proxy {
         let this = &*self.inner;
         if req.method() == Method::CONNECT {
             // a tunnel is not a request this proxy forwards
-            return gateway_error(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not forwarded.");
+            let base = (this.limits)();
+            let base = base.problem_base();
+            return gateway_error(
+                base,
+                ProblemKind::MethodNotAllowed,
+                "CONNECT is not forwarded.",
+            );
         }
         let (parts, body) = req.into_parts();
         let peer = parts
@@ -126,7 +143,9 @@ impl Proxy {
                 *res.headers_mut() = headers;
                 res
             }
-            Ok(Err(UpstreamError::RequestBody(e))) => request_body_error(&e),
+            Ok(Err(UpstreamError::RequestBody(e))) => {
+                request_body_error((this.limits)().problem_base(), &e)
+            }
             Ok(Err(e)) => {
                 let connect = matches!(e, UpstreamError::Connect(_));
                 m::upstream_error(if connect { "connect" } else { "request" });
@@ -135,7 +154,11 @@ impl Proxy {
                     true => "The upstream could not be reached.",
                     false => "The upstream failed before answering.",
                 };
-                gateway_error(StatusCode::BAD_GATEWAY, detail)
+                gateway_error(
+                    (this.limits)().problem_base(),
+                    ProblemKind::BadGateway,
+                    detail,
+                )
             }
             Err(_) => {
                 m::upstream_error("timeout");
@@ -144,7 +167,8 @@ impl Proxy {
                     "upstream timed out"
                 );
                 gateway_error(
-                    StatusCode::GATEWAY_TIMEOUT,
+                    (this.limits)().problem_base(),
+                    ProblemKind::GatewayTimeout,
                     "The upstream did not answer in time.",
                 )
             }
@@ -153,15 +177,17 @@ impl Proxy {
 }
 
 /// The answer when the client's own body failed.
-fn request_body_error(e: &BoxError) -> Response<ProxyBody> {
+fn request_body_error(base: &str, e: &BoxError) -> Response<ProxyBody> {
     m::upstream_error("request_body");
     match e.is::<BodyIdle>() {
         true => gateway_error(
-            StatusCode::REQUEST_TIMEOUT,
+            base,
+            ProblemKind::RequestTimeout,
             "The request body stalled longer than allowed.",
         ),
         false => gateway_error(
-            StatusCode::BAD_REQUEST,
+            base,
+            ProblemKind::BadRequest,
             "The request body could not be read.",
         ),
     }
@@ -182,24 +208,9 @@ impl Service<Request<Incoming>> for Proxy {
     }
 }
 
-/// A small problem+json answer written by the gateway itself.
-pub(crate) fn gateway_error(status: StatusCode, detail: &str) -> Response<ProxyBody> {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    })
-    .to_string();
-    let mut r = Response::new(full(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
+/// A problem answer written by the gateway itself, its type under `base`.
+pub(crate) fn gateway_error(base: &str, kind: ProblemKind, detail: &str) -> Response<ProxyBody> {
+    problem::answer(&Problem::new(kind, base, detail)).map(full)
 }
 
 /// A complete body.

@@ -39,7 +39,7 @@ use crate::config::{ConfigFileError, GatewayConfig, Settings};
 use crate::idle::{Activity, Tracked, TrackedCall};
 use crate::metrics as m;
 use crate::proxy::{full, Proxy};
-use crate::shed::{LoadShedLayer, Shedder};
+use crate::shed::{CurrentLimits, LoadShedLayer, Shedder};
 
 /// The limiter a gateway runs: the in-memory store and a shared clock.
 pub type GatewayLimiter = RateLimiter<MemoryStore, Arc<dyn Clock>>;
@@ -195,7 +195,8 @@ impl Gateway {
         let h = self.handle.clone();
         let settings = h.inner.settings.read().clone();
         let t = settings.timeouts;
-        let proxy = Proxy::new(&settings.upstream, t, Some(h.inner.shedder.clone()));
+        let shedder = Some(h.inner.shedder.clone());
+        let proxy = Proxy::new(&settings.upstream, t, shedder, current_limits(&h));
         let shed = shed_layer(&h);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // the client header bound is kept per connection (see `idle`), not
@@ -288,8 +289,13 @@ impl Gateway {
 }
 
 fn shed_layer(h: &GatewayHandle) -> LoadShedLayer {
+    LoadShedLayer::new(h.inner.shedder.clone(), current_limits(h))
+}
+
+/// The limits in force at each call, reloads included.
+fn current_limits(h: &GatewayHandle) -> CurrentLimits {
     let limiter = h.inner.limiter.clone();
-    LoadShedLayer::new(h.inner.shedder.clone(), Arc::new(move || limiter.limits()))
+    Arc::new(move || limiter.limits())
 }
 
 impl GatewayHandle {

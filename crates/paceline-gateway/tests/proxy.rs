@@ -565,6 +565,7 @@ async fn an_unreachable_upstream_is_a_502() {
     };
     let mut cfg = GatewayConfig::load(&rig.file).unwrap();
     cfg.settings.upstream = format!("http://{dead}").parse().unwrap();
+    let base = cfg.limits.problem_base().to_string();
     let gw = Gateway::bind(cfg).await.unwrap();
     let addr = gw.local_addr();
     let h = gw.handle();
@@ -573,8 +574,26 @@ async fn an_unreachable_upstream_is_a_502() {
         .header("authorization", "Bearer sk_a")
         .body(Full::default())
         .unwrap();
-    let (res, _) = rig.send(req).await;
+    let (res, body) = rig.send(req).await;
     assert_eq!(res.status(), 502);
+    // the gateway's own answer has a type under the configured base
+    let p: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(p["type"], format!("{base}bad_gateway"));
+    assert_eq!(p["title"], "Bad Gateway");
+
+    // a reloaded problem base reaches the gateway's own answers too
+    let text = std::fs::read_to_string(&rig.file).unwrap();
+    let new_base = "https://errors.example.test/gw/";
+    std::fs::write(&rig.file, format!("problem_base = \"{new_base}\"\n{text}")).unwrap();
+    assert!(matches!(h.reload(), ReloadEvent::Applied { .. }));
+    let req = Request::get(format!("http://{addr}/v1/rates"))
+        .header("authorization", "Bearer sk_a")
+        .body(Full::default())
+        .unwrap();
+    let (res, body) = rig.send(req).await;
+    assert_eq!(res.status(), 502);
+    let p: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(p["type"], format!("{new_base}bad_gateway"));
     h.shutdown();
     served.await.unwrap().unwrap();
     rig.stop().await;

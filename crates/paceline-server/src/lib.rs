@@ -60,7 +60,6 @@ pub mod route;
 mod soft;
 mod state;
 pub mod telemetry;
-mod time;
 
 pub use config::{
     ConfigError, ConfigErrorKind, Limits, LimitsBuilder, LimitsConfig, PlanConfig, PolicyConfig,

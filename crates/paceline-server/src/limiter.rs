@@ -464,9 +464,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             retry_after_s = paceline_wire::emit::retry_after_secs(&d),
             "request rejected"
         );
-        Verdict::Reject(respond::rejection(
+        Verdict::Reject(compiled.meta.rejection(
             plan,
-            &compiled.meta,
             &d,
             &lim.dialects,
             who.publish,
@@ -538,14 +537,7 @@ impl Admitted {
         let lim = &self.limits.inner;
         let compiled = &lim.plans[self.plan];
         let (plan, meta) = (&compiled.plan, &compiled.meta);
-        respond::write_fields(
-            plan,
-            meta,
-            &self.decision,
-            &lim.dialects,
-            self.publish,
-            headers,
-        );
+        meta.write_fields(plan, &self.decision, &lim.dialects, self.publish, headers);
         if let Some(w) = &self.warning {
             headers.insert(WARNING_HEADER, w.clone());
         }

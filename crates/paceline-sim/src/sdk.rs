@@ -7,12 +7,12 @@
 //! ([`Observation::parse`]), and [`Cooperative`] hands every worker's
 //! request to a shared [`Client`].
 
-use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use http::header::HeaderMap;
 use paceline_client::{
     After as SdkAfter, Before as SdkBefore, Call, Client, ClientError, Observation, RequestInfo,
 };
 use paceline_core::{ManualClock, Nanos};
-use paceline_wire::problem::{Problem, ProblemKind};
+use paceline_wire::problem::{self, Problem, ProblemKind};
 
 use crate::fleet::{After, Before, FleetClient};
 use crate::gateway::{Answer, Gateway, Verdict};
@@ -37,7 +37,7 @@ pub fn response_into(
     headers: &mut HeaderMap,
 ) -> Option<(u16, Option<String>)> {
     let status = gateway.write_head(answer, headers)?;
-    let problem = match (&answer.verdict, &answer.decision) {
+    let found = match (&answer.verdict, &answer.decision) {
         (Verdict::Served, _) => None,
         (_, Some(d)) => Problem::from_decision(gateway.plan(), d, PROBLEM_BASE),
         (Verdict::Fault { status: 503, .. }, None) => Some(Problem::new(
@@ -52,13 +52,10 @@ pub fn response_into(
         )),
         _ => None,
     };
-    let body = problem.map(|p| p.to_json());
-    if body.is_some() {
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-    }
+    let body = found.map(|p| {
+        problem::write_fields(&p, headers);
+        p.to_json()
+    });
     Some((status.as_u16(), body))
 }
 

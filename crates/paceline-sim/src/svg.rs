@@ -407,18 +407,11 @@ fn label(v: f64, step: f64) -> String {
 }
 
 fn thousands(n: i64) -> String {
-    let s = n.unsigned_abs().to_string();
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
+    let digits = paceline_wire::problem::thousands(n.unsigned_abs());
+    match n < 0 {
+        true => format!("-{digits}"),
+        false => digits,
     }
-    if n < 0 {
-        out.insert(0, '-');
-    }
-    out
 }
 
 fn esc(t: &str) -> String {

@@ -43,15 +43,7 @@ fn push_row(out: &mut String, row: &[String], width: &[usize]) {
 
 /// A count with thousands separators.
 pub(crate) fn count(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
+    paceline_wire::problem::thousands(n)
 }
 
 #[cfg(test)]

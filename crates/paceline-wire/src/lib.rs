@@ -9,8 +9,14 @@
 //! written (and tested, fuzzed and benchmarked) once.
 //!
 //! - [`emit`]: `RateLimit-Policy` / `RateLimit` (IETF draft, structured
-//!   fields), the older `X-RateLimit-*` and draft-03 fields, `Retry-After`.
-//! - [`problem`]: RFC 9457 problem bodies for each rejection.
+//!   fields), the older `X-RateLimit-*` and draft-03 fields, `Retry-After`;
+//!   and [`emit::PreparedPlan`], the same made ready once per plan for a
+//!   server's hot path.
+//! - [`problem`]: RFC 9457 problem bodies for every answer the project
+//!   sends with one, and the one writer of such an answer.
+//! - [`usage`]: the usage document (`GET /v1/usage`), written by the server
+//!   and read by the client.
+//! - [`time`]: RFC 3339 and HTTP dates, written and read.
 //! - [`parse`]: every common dialect, `Retry-After` in all its forms, vendor
 //!   retry hints and the problem body, into a [`parse::ResponseView`].
 //! - [`raw`]: a raw HTTP/1.x response as text (`curl -i`, `curl -v`, a
@@ -46,6 +52,8 @@ pub mod emit;
 pub mod parse;
 pub mod problem;
 pub mod raw;
+pub mod time;
+pub mod usage;
 
 pub use emit::Dialects;
 /// The `http` crate whose `HeaderMap` the emitters and parsers use.

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Response, StatusCode};
 use paceline_core::{Clock, Limiter, MemoryStore, Plan, Policy};
-use paceline_wire::{emit, Problem};
+use paceline_wire::{emit, Problem, PROBLEM_CONTENT_TYPE};
 
 /// What the server publishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,7 +92,7 @@ async fn handle<C: Clock + Clone>(
     );
     *resp.status_mut() = status;
     if status != StatusCode::OK && app.publish == Publish::Full {
-        headers.insert("content-type", "application/problem+json".parse().unwrap());
+        headers.insert("content-type", PROBLEM_CONTENT_TYPE.parse().unwrap());
     }
     resp.headers_mut().extend(headers);
     resp

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use http::HeaderMap;
 use paceline_client::{After, Before, Call, Client, ClientError, RequestInfo};
 use paceline_core::{Clock, Limiter, ManualClock, MemoryStore, Nanos, Plan, Policy};
-use paceline_wire::{emit, Problem};
+use paceline_wire::{emit, Problem, PROBLEM_CONTENT_TYPE};
 
 pub const T0: Nanos = Nanos::from_secs(1_790_000_000);
 
@@ -59,7 +59,7 @@ impl Server {
                 emit::write_headers(&self.plan, &d, &emit::Dialects::default(), &mut h);
                 if let Some(p) = Problem::from_decision(&self.plan, &d, "https://errors.test/") {
                     body = Some(p.to_json().into_bytes());
-                    h.insert("content-type", "application/problem+json".parse().unwrap());
+                    h.insert("content-type", PROBLEM_CONTENT_TYPE.parse().unwrap());
                 }
             }
             Publish::RetryAfterOnly => {

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http::header::{HeaderValue, CONNECTION};
+use http::{HeaderMap, Method, Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
 use paceline_server::{Criticality, Limits};
-use paceline_wire::problem::{Problem, ProblemKind, PROBLEM_CONTENT_TYPE};
+use paceline_wire::problem::{self, Problem, ProblemKind};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -175,14 +175,10 @@ pub fn overloaded(base: &str, retry_after_s: u64, close: bool) -> Response<Bytes
         "The service is overloaded and shed this request; it was not charged to any quota. Retry with jitter.",
     );
     p.retry_after_s = Some(retry_after_s.max(1));
-    let mut r = Response::new(Bytes::from(p.to_json()));
-    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(RETRY_AFTER, HeaderValue::from(retry_after_s.max(1)));
+    let mut r = problem::answer(&p);
     if close {
-        h.insert(CONNECTION, HeaderValue::from_static("close"));
+        r.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     r
 }

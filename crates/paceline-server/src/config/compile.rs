@@ -32,7 +32,7 @@ pub(crate) struct CompiledPlan {
     /// Its policies' names, in order, shared with metric labels.
     pub(crate) policy_names: Vec<Arc<str>>,
     /// The parts of its responses that never change.
-    pub(crate) meta: crate::respond::PlanMeta,
+    pub(crate) meta: paceline_wire::emit::PreparedPlan,
     /// Its metric keys.
     pub(crate) metric_keys: crate::telemetry::PlanKeys,
 }
@@ -45,7 +45,7 @@ impl CompiledPlan {
             .iter()
             .map(|q| Arc::from(q.name()))
             .collect();
-        let meta = crate::respond::PlanMeta::new(&plan, problem_base, dialects);
+        let meta = paceline_wire::emit::PreparedPlan::new(&plan, problem_base, dialects);
         let metric_keys = crate::telemetry::PlanKeys::new(&name, &policy_names);
         CompiledPlan {
             plan,

@@ -11,8 +11,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use paceline_core::Nanos;
-use paceline_wire::parse::{parse_response, secs_json, time, Ignored, ResponseView};
+use paceline_wire::parse::{parse_response, secs_json, Ignored, ResponseView};
 use paceline_wire::raw::parse_raw_response;
+use paceline_wire::time;
 
 /// The most input read (a response head with a modest body).
 const MAX_INPUT: u64 = 16 * 1024 * 1024;

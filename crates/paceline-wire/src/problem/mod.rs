@@ -1,4 +1,6 @@
-//! RFC 9457 problem details for every rejection the server makes.
+//! RFC 9457 problem details for every answer with a problem body the
+//! project sends: the server layer's rejections, the gateway's own errors,
+//! the load shedder's `503` and the demo upstream's answers.
 //!
 //! Why a body at all: `429` alone cannot tell "slow down for a second" from
 //! "your daily quota is gone until midnight". The body's `type` ends in a
@@ -6,6 +8,9 @@
 //! repeats the `Retry-After` header, so a client can tell a burst from a
 //! quota without guessing. `violated-policies` is the IETF draft's name for
 //! the same fact.
+//!
+//! [`ProblemKind`] names every such answer (status, code, title), and
+//! [`answer`] is the one writer of the answer's status, fields and body.
 //!
 //! ```
 //! use paceline_wire::problem::{Problem, ProblemKind};
@@ -18,99 +23,34 @@
 
 use paceline_core::policy::DAY_SECS;
 use paceline_core::{Decision, Outcome, Plan, PolicyKind, Unit};
-use serde::Serialize;
+use serde::ser::{Serialize, SerializeStruct, Serializer};
+
+mod kind;
+mod write;
+
+pub use kind::ProblemKind;
+pub(crate) use write::put_problem_fields;
+pub use write::{answer, write_fields};
 
 /// The media type of a problem body.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 
-/// Every rejection the server makes, by its stable code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum ProblemKind {
-    /// 429: a short-window policy is empty; retry after `Retry-After`.
-    RateLimited,
-    /// 429: a long-window quota is used up; do not retry before the reset.
-    QuotaExhausted,
-    /// 503: the load shedder refused the request; retry with jitter.
-    Overloaded,
-    /// 400: the request costs more than a policy can ever hold.
-    CostExceedsBurst,
-    /// 409: the same `Idempotency-Key` came with a different body.
-    IdempotencyConflict,
-    /// 400: the route requires an `Idempotency-Key` and none was sent.
-    IdempotencyKeyMissing,
-    /// 409: a request with the same `Idempotency-Key` is still in flight.
-    IdempotencyInFlight,
-}
-
-impl ProblemKind {
-    /// Every kind, in a fixed order.
-    pub const ALL: [ProblemKind; 7] = [
-        ProblemKind::RateLimited,
-        ProblemKind::QuotaExhausted,
-        ProblemKind::Overloaded,
-        ProblemKind::CostExceedsBurst,
-        ProblemKind::IdempotencyConflict,
-        ProblemKind::IdempotencyKeyMissing,
-        ProblemKind::IdempotencyInFlight,
-    ];
-
-    /// The HTTP status code.
-    pub fn status(&self) -> u16 {
-        match self {
-            ProblemKind::RateLimited | ProblemKind::QuotaExhausted => 429,
-            ProblemKind::Overloaded => 503,
-            ProblemKind::CostExceedsBurst | ProblemKind::IdempotencyKeyMissing => 400,
-            ProblemKind::IdempotencyConflict | ProblemKind::IdempotencyInFlight => 409,
-        }
-    }
-
-    /// The stable code the problem `type` ends in.
-    pub fn code(&self) -> &'static str {
-        match self {
-            ProblemKind::RateLimited => "rate_limited",
-            ProblemKind::QuotaExhausted => "quota_exhausted",
-            ProblemKind::Overloaded => "overloaded",
-            ProblemKind::CostExceedsBurst => "cost_exceeds_burst",
-            ProblemKind::IdempotencyConflict => "idempotency_conflict",
-            ProblemKind::IdempotencyKeyMissing => "idempotency_key_missing",
-            ProblemKind::IdempotencyInFlight => "idempotency_in_flight",
-        }
-    }
-
-    /// The kind whose code is `code`.
-    pub fn from_code(code: &str) -> Option<ProblemKind> {
-        ProblemKind::ALL.into_iter().find(|k| k.code() == code)
-    }
-
-    /// A short human summary.
-    pub fn title(&self) -> &'static str {
-        match self {
-            ProblemKind::RateLimited => "Too many requests",
-            ProblemKind::QuotaExhausted => "Quota used up",
-            ProblemKind::Overloaded => "Service overloaded",
-            ProblemKind::CostExceedsBurst => "Request costs more than the limit allows",
-            ProblemKind::IdempotencyConflict => "Idempotency key reused with a different request",
-            ProblemKind::IdempotencyKeyMissing => "Idempotency key required",
-            ProblemKind::IdempotencyInFlight => "Request with this idempotency key in progress",
-        }
-    }
-
-    /// Whether a client should retry this rejection by itself.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, ProblemKind::RateLimited | ProblemKind::Overloaded)
-    }
-}
+/// The `detail` of a rejection for an identity that is not told its
+/// counters (an anonymous client): it names no numbers.
+pub const ANONYMOUS_DETAIL: &str = "Too many requests from this client; retry later.";
 
 /// An RFC 9457 problem body.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+///
+/// Serialized as `type`, `title`, `status`, `detail`, then, for the
+/// answers about limits (rate limits, quotas, overload, idempotency),
+/// `limit`, `retry_after_s` (when set) and `violated-policies`; the other
+/// answers (a missing key, an upstream failure) carry `retry_after_s` only
+/// when set.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
     /// Which rejection this is (not serialized: `type` carries it).
-    #[serde(skip)]
     pub kind: ProblemKind,
     /// The `type` URI: the base URI followed by the code.
-    #[serde(rename = "type")]
     pub type_uri: String,
     /// A short summary.
     pub title: String,
@@ -123,12 +63,32 @@ pub struct Problem {
     /// client can rely on the field being there.
     pub limit: Option<String>,
     /// Equal to the `Retry-After` header.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_s: Option<u64>,
     /// The IETF draft's list of the policies that denied the request
     /// (empty when none did). Always written.
-    #[serde(rename = "violated-policies")]
     pub violated_policies: Vec<String>,
+}
+
+impl Serialize for Problem {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let policies = self.kind.names_policies();
+        let len = 4 + usize::from(self.retry_after_s.is_some()) + 2 * usize::from(policies);
+        let mut st = s.serialize_struct("Problem", len)?;
+        st.serialize_field("type", &self.type_uri)?;
+        st.serialize_field("title", &self.title)?;
+        st.serialize_field("status", &self.status)?;
+        st.serialize_field("detail", &self.detail)?;
+        if policies {
+            st.serialize_field("limit", &self.limit)?;
+        }
+        if let Some(secs) = self.retry_after_s {
+            st.serialize_field("retry_after_s", &secs)?;
+        }
+        if policies {
+            st.serialize_field("violated-policies", &self.violated_policies)?;
+        }
+        st.end()
+    }
 }
 
 impl Problem {
@@ -173,10 +133,10 @@ impl Problem {
                 let pol = plan.policy(policy);
                 let detail = format!(
                     "This request costs {} {}; policy \"{}\" holds at most {}. Split it into smaller requests.",
-                    group(cost),
+                    thousands(cost),
                     unit_words(pol.unit()),
                     pol.name(),
-                    group(pol.quota())
+                    thousands(pol.quota())
                 );
                 let mut p = Problem::new(ProblemKind::CostExceedsBurst, base_uri, detail);
                 p.limit = Some(pol.name().to_string());
@@ -214,7 +174,7 @@ fn violated(plan: &Plan, d: &Decision, binding: usize) -> Vec<String> {
 
 fn denial_detail(plan: &Plan, index: usize) -> String {
     let p = plan.policy(index);
-    let q = group(p.quota());
+    let q = thousands(p.quota());
     let unit = unit_words(p.unit());
     if p.unit() == Unit::ConcurrentRequests {
         return format!(
@@ -249,8 +209,9 @@ fn window_words(w: u64) -> String {
     }
 }
 
-/// `10000` as `10,000`.
-fn group(n: u64) -> String {
+/// `10000` as `10,000`: a count with thousands separators, as problem
+/// details and reports print it.
+pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
@@ -385,12 +346,24 @@ mod tests {
     }
 
     #[test]
-    fn codes_round_trip_and_statuses() {
-        for k in ProblemKind::ALL {
-            assert_eq!(ProblemKind::from_code(k.code()), Some(k));
-            assert!([400, 409, 429, 503].contains(&k.status()));
-        }
-        assert_eq!(group(1_234_567), "1,234,567");
-        assert_eq!(group(999), "999");
+    fn thousands_separators() {
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(12), "12");
+    }
+
+    #[test]
+    fn answers_without_policies_write_the_four_members() {
+        let p = Problem::new(ProblemKind::Unauthorized, "x:", "d");
+        assert_eq!(
+            p.to_json(),
+            r#"{"type":"x:unauthorized","title":"API key required","status":401,"detail":"d"}"#
+        );
+        let mut p = Problem::new(ProblemKind::Overloaded, "x:", "d");
+        p.retry_after_s = Some(2);
+        assert_eq!(
+            p.to_json(),
+            r#"{"type":"x:overloaded","title":"Service overloaded","status":503,"detail":"d","limit":null,"retry_after_s":2,"violated-policies":[]}"#
+        );
     }
 }

@@ -12,6 +12,10 @@
 //! fewest units left). Their reset is a delay in seconds, as draft-03
 //! defines it.
 //!
+//! A server answering many requests prepares each plan once
+//! ([`PreparedPlan`]): the fixed parts of its fields and of its `429`, so
+//! that a request only adds its numbers.
+//!
 //! ```
 //! use paceline_core::{ManualClock, Limiter, MemoryStore, Nanos, Plan, Policy};
 //! use paceline_wire::emit;
@@ -33,38 +37,11 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, RETRY_AFTE
 use paceline_core::{Decision, Outcome, Plan, Policy, Unit};
 use sfv::{KeyRef, ListSerializer, StringRef};
 
-/// Which header dialects a response carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Dialects {
-    /// The IETF draft's `RateLimit-Policy` and `RateLimit` (structured fields).
-    pub ietf: bool,
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`
-    /// (reset as delay seconds).
-    pub x_ratelimit: bool,
-    /// Draft-03 `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
-    pub draft03: bool,
-}
+mod dialects;
+mod prepared;
 
-impl Default for Dialects {
-    fn default() -> Self {
-        Dialects {
-            ietf: true,
-            x_ratelimit: false,
-            draft03: false,
-        }
-    }
-}
-
-impl Dialects {
-    /// Every dialect at once.
-    pub fn all() -> Self {
-        Dialects {
-            ietf: true,
-            x_ratelimit: true,
-            draft03: true,
-        }
-    }
-}
+pub use dialects::{binding_policy, Dialects};
+pub use prepared::{seconds_value, PreparedPlan};
 
 /// The IETF draft's header names.
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
@@ -80,10 +57,16 @@ fn name_ref(policy: &Policy) -> Option<&StringRef> {
     StringRef::from_str(policy.name()).ok()
 }
 
+/// A structured-field integer: at most 15 digits, so larger values clamp
+/// rather than fail.
+#[inline]
+pub(crate) fn sf_clamp(n: u64) -> u64 {
+    n.min(999_999_999_999_999)
+}
+
 fn sf_int(n: u64) -> sfv::Integer {
-    // Structured-field integers hold at most 15 digits; clamp rather than fail.
-    let max = 999_999_999_999_999_i64;
-    sfv::Integer::constant(i64::try_from(n).unwrap_or(max).min(max))
+    // the clamped value always fits
+    sfv::Integer::constant(sf_clamp(n) as i64)
 }
 
 /// `RateLimit-Policy`: every policy of the plan with its quota `q`, window
@@ -113,19 +96,11 @@ pub fn policy_field(plan: &Plan) -> String {
 
 /// `RateLimit`: per policy, `r` whole units left and `t` whole seconds until
 /// the policy is fully restored (rounded up).
+///
+/// Written by the same writer as [`PreparedPlan`]'s field, into a heap
+/// buffer.
 pub fn ratelimit_field(plan: &Plan, d: &Decision) -> String {
-    let mut out = String::with_capacity(24 * plan.policies().len());
-    {
-        let mut ser = ListSerializer::with_buffer(&mut out);
-        for (p, s) in plan.policies().iter().zip(d.statuses.iter()) {
-            let Some(name) = name_ref(p) else { continue };
-            ser.bare_item(name)
-                .parameter(key("r"), sf_int(s.remaining))
-                .parameter(key("t"), sf_int(s.reset_secs()));
-        }
-        let _ = ser.finish();
-    }
-    out
+    prepared::ratelimit_string(plan, d)
 }
 
 /// `Retry-After` in whole seconds (rounded up, at least 1) when the decision
@@ -134,35 +109,10 @@ pub fn retry_after_secs(d: &Decision) -> Option<u64> {
     d.denial().map(|den| den.retry_after_secs())
 }
 
-/// The policy the single-limit dialects describe: they cannot say what
-/// they count, so only request policies qualify; the rejecting one if it
-/// counts requests, else the one with the fewest units left (on a tie, the
-/// one resetting last). `None` when no policy counts requests.
-pub fn binding_policy(plan: &Plan, d: &Decision) -> Option<usize> {
-    let n = plan.policies().len().min(d.statuses.len());
-    let counts_requests = |i: usize| plan.policy(i).unit() == Unit::Requests;
-    if let Some(i) = d
-        .rejecting_policy()
-        .filter(|&i| i < n && counts_requests(i))
-    {
-        return Some(i);
-    }
-    (0..n).filter(|&i| counts_requests(i)).min_by(|&a, &b| {
-        let (sa, sb) = (&d.statuses[a], &d.statuses[b]);
-        sa.remaining
-            .cmp(&sb.remaining)
-            .then(sb.reset_after.cmp(&sa.reset_after))
-    })
-}
-
 fn set(headers: &mut HeaderMap, name: &'static str, value: String) {
     if let Ok(v) = HeaderValue::try_from(value) {
         headers.insert(HeaderName::from_static(name), v);
     }
-}
-
-fn set_num(headers: &mut HeaderMap, name: &'static str, value: u64) {
-    headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
 }
 
 /// Writes the rate-limit headers for `d` into `headers`, replacing any
@@ -173,23 +123,16 @@ pub fn write_headers(plan: &Plan, d: &Decision, dialects: &Dialects, headers: &m
         set(headers, RATELIMIT_POLICY, policy_field(plan));
         set(headers, RATELIMIT, ratelimit_field(plan, d));
     }
-    if dialects.x_ratelimit || dialects.draft03 {
-        if let Some(i) = binding_policy(plan, d) {
-            let (p, s) = (plan.policy(i), d.statuses[i]);
-            if dialects.x_ratelimit {
-                set_num(headers, "x-ratelimit-limit", p.quota());
-                set_num(headers, "x-ratelimit-remaining", s.remaining);
-                set_num(headers, "x-ratelimit-reset", s.reset_secs());
-            }
-            if dialects.draft03 {
-                set_num(headers, "ratelimit-limit", p.quota());
-                set_num(headers, "ratelimit-remaining", s.remaining);
-                set_num(headers, "ratelimit-reset", s.reset_secs());
-            }
-        }
-    }
+    dialects::write_older(plan, d, dialects, headers);
+    write_denial_fields(d, headers);
+}
+
+/// On a denial, `Retry-After` (whole seconds, at least 1) and
+/// `Cache-Control: no-store`.
+#[inline]
+pub(crate) fn write_denial_fields(d: &Decision, headers: &mut HeaderMap) {
     if let Outcome::Denied(den) = d.outcome {
-        headers.insert(RETRY_AFTER, HeaderValue::from(den.retry_after_secs()));
+        headers.insert(RETRY_AFTER, seconds_value(den.retry_after_secs()));
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
 }

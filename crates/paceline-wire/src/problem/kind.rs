@@ -1,0 +1,189 @@
+//! The kinds of problem the project answers with: status, stable code and
+//! title of each, in one table.
+//!
+//! Why a table: the server layer, the gateway, its load shedder and the
+//! demo upstream all answer with problem bodies; a kind named here is
+//! written the same way by each of them, and a client can match its code.
+
+use serde::Serialize;
+
+/// Every answer with a problem body the project sends, by its stable code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// 429: a short-window policy is empty; retry after `Retry-After`.
+    RateLimited,
+    /// 429: a long-window quota is used up; do not retry before the reset.
+    QuotaExhausted,
+    /// 503: the load shedder refused the request; retry with jitter.
+    Overloaded,
+    /// 400: the request costs more than a policy can ever hold.
+    CostExceedsBurst,
+    /// 409: the same `Idempotency-Key` came with a different body.
+    IdempotencyConflict,
+    /// 400: the route requires an `Idempotency-Key` and none was sent.
+    IdempotencyKeyMissing,
+    /// 409: a request with the same `Idempotency-Key` is still in flight.
+    IdempotencyInFlight,
+    /// 401: the request carries no known API key.
+    Unauthorized,
+    /// 404: nothing is there.
+    NotFound,
+    /// 405: the method is not served (the gateway does not tunnel
+    /// `CONNECT`).
+    MethodNotAllowed,
+    /// 400: the request could not be read.
+    BadRequest,
+    /// 408: the request body stalled.
+    RequestTimeout,
+    /// 411: the body's length must be known before it is read.
+    LengthRequired,
+    /// 413: the request body is larger than allowed.
+    PayloadTooLarge,
+    /// 502: the upstream could not be reached or failed.
+    BadGateway,
+    /// 504: the upstream did not answer in time.
+    GatewayTimeout,
+}
+
+impl ProblemKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [ProblemKind; 16] = [
+        ProblemKind::RateLimited,
+        ProblemKind::QuotaExhausted,
+        ProblemKind::Overloaded,
+        ProblemKind::CostExceedsBurst,
+        ProblemKind::IdempotencyConflict,
+        ProblemKind::IdempotencyKeyMissing,
+        ProblemKind::IdempotencyInFlight,
+        ProblemKind::Unauthorized,
+        ProblemKind::NotFound,
+        ProblemKind::MethodNotAllowed,
+        ProblemKind::BadRequest,
+        ProblemKind::RequestTimeout,
+        ProblemKind::LengthRequired,
+        ProblemKind::PayloadTooLarge,
+        ProblemKind::BadGateway,
+        ProblemKind::GatewayTimeout,
+    ];
+
+    /// The HTTP status code.
+    pub fn status(&self) -> u16 {
+        match self {
+            ProblemKind::RateLimited | ProblemKind::QuotaExhausted => 429,
+            ProblemKind::Overloaded => 503,
+            ProblemKind::CostExceedsBurst
+            | ProblemKind::IdempotencyKeyMissing
+            | ProblemKind::BadRequest => 400,
+            ProblemKind::IdempotencyConflict | ProblemKind::IdempotencyInFlight => 409,
+            ProblemKind::Unauthorized => 401,
+            ProblemKind::NotFound => 404,
+            ProblemKind::MethodNotAllowed => 405,
+            ProblemKind::RequestTimeout => 408,
+            ProblemKind::LengthRequired => 411,
+            ProblemKind::PayloadTooLarge => 413,
+            ProblemKind::BadGateway => 502,
+            ProblemKind::GatewayTimeout => 504,
+        }
+    }
+
+    /// The stable code the problem `type` ends in.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProblemKind::RateLimited => "rate_limited",
+            ProblemKind::QuotaExhausted => "quota_exhausted",
+            ProblemKind::Overloaded => "overloaded",
+            ProblemKind::CostExceedsBurst => "cost_exceeds_burst",
+            ProblemKind::IdempotencyConflict => "idempotency_conflict",
+            ProblemKind::IdempotencyKeyMissing => "idempotency_key_missing",
+            ProblemKind::IdempotencyInFlight => "idempotency_in_flight",
+            ProblemKind::Unauthorized => "unauthorized",
+            ProblemKind::NotFound => "not_found",
+            ProblemKind::MethodNotAllowed => "method_not_allowed",
+            ProblemKind::BadRequest => "bad_request",
+            ProblemKind::RequestTimeout => "request_timeout",
+            ProblemKind::LengthRequired => "length_required",
+            ProblemKind::PayloadTooLarge => "payload_too_large",
+            ProblemKind::BadGateway => "bad_gateway",
+            ProblemKind::GatewayTimeout => "gateway_timeout",
+        }
+    }
+
+    /// The kind whose code is `code`.
+    pub fn from_code(code: &str) -> Option<ProblemKind> {
+        ProblemKind::ALL.into_iter().find(|k| k.code() == code)
+    }
+
+    /// A short human summary.
+    pub fn title(&self) -> &'static str {
+        match self {
+            ProblemKind::RateLimited => "Too many requests",
+            ProblemKind::QuotaExhausted => "Quota used up",
+            ProblemKind::Overloaded => "Service overloaded",
+            ProblemKind::CostExceedsBurst => "Request costs more than the limit allows",
+            ProblemKind::IdempotencyConflict => "Idempotency key reused with a different request",
+            ProblemKind::IdempotencyKeyMissing => "Idempotency key required",
+            ProblemKind::IdempotencyInFlight => "Request with this idempotency key in progress",
+            ProblemKind::Unauthorized => "API key required",
+            ProblemKind::NotFound => "Not Found",
+            ProblemKind::MethodNotAllowed => "Method Not Allowed",
+            ProblemKind::BadRequest => "Bad Request",
+            ProblemKind::RequestTimeout => "Request Timeout",
+            ProblemKind::LengthRequired => "Content-Length required",
+            ProblemKind::PayloadTooLarge => "Payload Too Large",
+            ProblemKind::BadGateway => "Bad Gateway",
+            ProblemKind::GatewayTimeout => "Gateway Timeout",
+        }
+    }
+
+    /// Whether a client should retry this rejection by itself.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ProblemKind::RateLimited | ProblemKind::Overloaded)
+    }
+
+    /// Whether the body names policies: `limit` and `violated-policies` are
+    /// written (possibly `null` and empty) for the rate-limiting answers
+    /// and left out of the others.
+    pub(crate) fn names_policies(&self) -> bool {
+        matches!(
+            self,
+            ProblemKind::RateLimited
+                | ProblemKind::QuotaExhausted
+                | ProblemKind::Overloaded
+                | ProblemKind::CostExceedsBurst
+                | ProblemKind::IdempotencyConflict
+                | ProblemKind::IdempotencyKeyMissing
+                | ProblemKind::IdempotencyInFlight
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_statuses() {
+        for k in ProblemKind::ALL {
+            assert_eq!(ProblemKind::from_code(k.code()), Some(k));
+        }
+        let policy_kinds = ProblemKind::ALL.into_iter().filter(|k| k.names_policies());
+        for k in policy_kinds {
+            assert!([400, 409, 429, 503].contains(&k.status()));
+        }
+    }
+
+    #[test]
+    fn the_gateway_statuses_keep_their_reason_phrases() {
+        for k in ProblemKind::ALL.into_iter().filter(|k| !k.names_policies()) {
+            let status = http::StatusCode::from_u16(k.status()).unwrap();
+            if !matches!(k, ProblemKind::Unauthorized | ProblemKind::LengthRequired) {
+                assert_eq!(status.canonical_reason(), Some(k.title()), "{k:?}");
+            }
+        }
+        assert_eq!(ProblemKind::Unauthorized.status(), 401);
+        assert_eq!(ProblemKind::LengthRequired.status(), 411);
+        assert_eq!(ProblemKind::PayloadTooLarge.status(), 413);
+    }
+}
