@@ -176,7 +176,10 @@ async fn headers_and_rejections_through_the_proxy() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, "retry-after"), "1200");
     assert_eq!(header(&res, "cache-control"), "no-store");
-    assert_eq!(header(&res, "content-type"), "application/problem+json");
+    assert_eq!(
+        header(&res, "content-type"),
+        paceline_wire::PROBLEM_CONTENT_TYPE
+    );
     let p: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(p["limit"], "burst");
     assert_eq!(p["retry_after_s"], 1200);

@@ -209,7 +209,10 @@ async fn free_key_25_rapid_requests() {
             assert_eq!(g.status, 429, "request {i}");
             assert_eq!(g.header("retry-after"), Some("1"));
             assert_eq!(g.header("cache-control"), Some("no-store"));
-            assert_eq!(g.header("content-type"), Some("application/problem+json"));
+            assert_eq!(
+                g.header("content-type"),
+                Some(paceline_wire::PROBLEM_CONTENT_TYPE)
+            );
             assert_eq!(burst_r(&g), 0);
             assert_eq!(param(rl, "daily", "r"), 9_980, "a denial spends nothing");
             let p = g.json();
