@@ -3,8 +3,9 @@
 //! The live parts of `paceline demo`, kept out of the command line so the
 //! binary only parses arguments and prints:
 //!
-//! - [`stack`]: the Shiplane-style demo API (from `paceline-gateway`) with
-//!   the gateway in front of it;
+//! - [`api`]: the Shiplane-style demo API, an upstream that counts what
+//!   reaches it and knows nothing of rate limits;
+//! - [`stack`]: the demo API with the gateway in front of it;
 //! - [`race`]: the two-fleet race over real HTTP, with the real server
 //!   layer and the real SDK, on the simulator's
 //!   [`RaceParams`](paceline_sim::scenario::race::RaceParams) and reported
@@ -14,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 mod dashboard;
 pub mod race;
 pub mod stack;

@@ -3,8 +3,8 @@
 
 use std::net::SocketAddr;
 
+use crate::api::{self as demo, DemoOptions, DemoUpstream};
 use anyhow::Context;
-use paceline_gateway::demo::{self, DemoOptions, DemoUpstream};
 use paceline_gateway::{Gateway, GatewayHandle};
 
 /// The demo API and the gateway in front of it, both running.

@@ -17,7 +17,6 @@
 //! - [`proxy`]: the forwarding service, with its own HTTP/1.1 client to
 //!   the upstream (pooled keep-alive connections driven in the request's
 //!   task).
-//! - [`demo`]: a Shiplane-style API to try it on.
 //!
 //! ```no_run
 //! use paceline_gateway::{Gateway, GatewayConfig};
@@ -33,7 +32,6 @@
 #![forbid(unsafe_code)]
 
 mod config;
-pub mod demo;
 mod idle;
 mod locate;
 pub mod metrics;

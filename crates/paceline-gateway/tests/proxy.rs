@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use paceline_core::{Clock, ManualClock};
-use paceline_gateway::demo::{self, DemoOptions, DemoUpstream};
+use paceline_demo::api::{self as demo, DemoOptions, DemoUpstream};
 use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle, ReloadEvent};
 use serde_json::Value;
 

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
-use paceline_gateway::demo::{self, DemoOptions, DemoUpstream};
+use paceline_demo::api::{self as demo, DemoOptions, DemoUpstream};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(15);

@@ -14,9 +14,9 @@ use std::net::SocketAddr;
 
 use anyhow::Context;
 
+use paceline_demo::api::{self as demo, DemoOptions, DEMO_KEYS};
 use paceline_demo::race;
 use paceline_demo::stack::DemoStack;
-use paceline_gateway::demo::{self, DemoOptions, DEMO_KEYS};
 use paceline_sim::scenario::race::{self as scenario, RaceParams};
 
 /// Arguments of `paceline demo`.

@@ -8,7 +8,7 @@
 //! knows nothing about rate limits: the gateway in front of it does that.
 //!
 //! ```
-//! use paceline_gateway::demo::{self, DemoOptions};
+//! use paceline_demo::api::{self as demo, DemoOptions};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! let api = demo::serve("127.0.0.1:0".parse().unwrap(), DemoOptions::default()).await.unwrap();
@@ -35,7 +35,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-use crate::config::{ConfigFileError, GatewayConfig};
+use paceline_gateway::{ConfigFileError, GatewayConfig};
 
 /// The example configuration: the Free plan, demo keys and the Shiplane
 /// routes (the repository's `examples/shiplane.toml`).
@@ -265,12 +265,18 @@ mod tests {
         }
         let batch = cfg
             .limits
-            .route(&http::Method::POST, "/v1/labels:batch")
+            .route(&axum::http::Method::POST, "/v1/labels:batch")
             .unwrap();
         assert_eq!(batch.cost(), 10);
-        let login = cfg.limits.route(&http::Method::POST, "/v1/login").unwrap();
+        let login = cfg
+            .limits
+            .route(&axum::http::Method::POST, "/v1/login")
+            .unwrap();
         assert!(login.is_anonymous());
-        let rates = cfg.limits.route(&http::Method::GET, "/v1/rates").unwrap();
+        let rates = cfg
+            .limits
+            .route(&axum::http::Method::GET, "/v1/rates")
+            .unwrap();
         assert_eq!(rates.criticality(), paceline_server::Criticality::Sheddable);
     }
 }
