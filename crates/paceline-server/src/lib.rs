@@ -52,7 +52,7 @@
 
 mod config;
 mod escalation;
-pub mod identity;
+mod identity;
 mod layer;
 mod limiter;
 mod respond;
@@ -66,7 +66,9 @@ pub use config::{
     RouteConfig, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH,
 };
 pub use escalation::{EscalationConfig, Level};
-pub use identity::{client_ip, KeyHash, KeySource, PeerAddr, TrustedProxies};
+pub use identity::{
+    bearer_token, client_ip, peer_ip, IpNet, KeyHash, KeySource, PeerAddr, TrustedProxies,
+};
 pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture};
 pub use limiter::RateLimiter;
 pub use paceline_wire::emit::Dialects;

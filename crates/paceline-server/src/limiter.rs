@@ -661,7 +661,7 @@ fn who<B>(
 fn ip_key(ip: std::net::IpAddr) -> String {
     let mut s = String::with_capacity(3 + 39);
     s.push_str("ip:");
-    crate::identity::push_ip(&mut s, ip);
+    paceline_wire::ip::push_ip(&mut s, ip);
     s
 }
 

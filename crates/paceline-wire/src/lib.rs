@@ -17,6 +17,7 @@
 //! - [`usage`]: the usage document (`GET /v1/usage`), written by the server
 //!   and read by the client.
 //! - [`time`]: RFC 3339 and HTTP dates, written and read.
+//! - [`ip`]: client addresses as header text.
 //! - [`parse`]: every common dialect, `Retry-After` in all its forms, vendor
 //!   retry hints and the problem body, into a [`parse::ResponseView`].
 //! - [`raw`]: a raw HTTP/1.x response as text (`curl -i`, `curl -v`, a
@@ -49,6 +50,7 @@
 #![forbid(unsafe_code)]
 
 pub mod emit;
+pub mod ip;
 pub mod parse;
 pub mod problem;
 pub mod raw;

@@ -193,7 +193,7 @@ fn put_fields(
     }
     if let Some(ip) = peer {
         let mut f = forwarded.unwrap_or_default();
-        paceline_server::identity::push_ip(&mut f, ip);
+        paceline_wire::ip::push_ip(&mut f, ip);
         out.put_slice(b"x-forwarded-for: ");
         out.put_slice(f.as_bytes());
         out.put_slice(b"\r\n");
