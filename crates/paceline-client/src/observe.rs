@@ -196,7 +196,8 @@ impl Observation {
             OutcomeKind::RateLimited => ResponseKind::RateLimited,
             OutcomeKind::QuotaExhausted => ResponseKind::QuotaExhausted,
             OutcomeKind::Overloaded => ResponseKind::Overloaded,
-            OutcomeKind::Error => ResponseKind::Error,
+            // a verdict this SDK does not know is not retried blindly
+            _ => ResponseKind::Error,
         };
         let limit = v.problem.as_ref().and_then(|p| {
             p.limit

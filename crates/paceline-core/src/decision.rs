@@ -46,6 +46,9 @@ impl Denial {
 }
 
 /// The outcome of a check.
+///
+/// Deliberately exhaustive: every caller must answer every outcome, so a
+/// new one is a breaking change that the compiler points out everywhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// Admitted; every policy was charged.

@@ -101,6 +101,9 @@ impl Unit {
 }
 
 /// Whether running out means "slow down" or "come back after the reset".
+///
+/// Deliberately exhaustive: the two answers to running out (wait, or wait
+/// for the reset) are what a client is told apart by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PolicyKind {
     /// A short window: a denial clears within seconds (429 `rate_limited`).
@@ -111,6 +114,7 @@ pub enum PolicyKind {
 
 /// What a shared store failure means for this policy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FailMode {
     /// Admit when the store cannot be reached (availability first).
     #[default]

@@ -54,6 +54,7 @@ type ServeFuture = std::pin::Pin<
 
 /// What a reload did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReloadEvent {
     /// The new limits and shedding settings are in force; the notes list
     /// settings that only a restart applies.

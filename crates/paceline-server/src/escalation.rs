@@ -78,6 +78,7 @@ impl EscalationConfig {
 
 /// How far a key has been escalated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Level {
     /// Waits are longer than the limit alone would give.
     Extended,

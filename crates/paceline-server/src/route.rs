@@ -26,6 +26,9 @@ use serde::Deserialize;
 /// How much a request matters when the server must drop some (the levels
 /// of Google's SRE book, most important first). A load shedder drops the
 /// least critical first.
+///
+/// Deliberately exhaustive: the four levels are the whole ordering a
+/// shedder and its reserve are defined over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Criticality {

@@ -34,6 +34,7 @@ pub const SOFT_LIMITS: &str = "paceline_soft_limit_total";
 
 /// How a request ended, as a metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OutcomeLabel {
     /// Admitted.
     Allowed,

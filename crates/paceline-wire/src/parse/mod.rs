@@ -65,6 +65,7 @@ pub use time::parse_retry_after;
 /// What kind of answer a response is, for a client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OutcomeKind {
     /// Not an error (1xx–3xx, and 2xx in particular).
     Success,
@@ -93,6 +94,7 @@ impl OutcomeKind {
 
 /// What a policy counts.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Unit {
     /// Requests (the default when nothing says otherwise).
     Requests,

@@ -157,6 +157,7 @@ pub fn parse_delay_millis(s: &str) -> Result<Nanos, String> {
 
 /// How a reset value was written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResetForm {
     /// A delay (number of seconds or a duration string).
     Delay,

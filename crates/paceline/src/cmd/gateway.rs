@@ -118,5 +118,6 @@ fn report_reload(event: &ReloadEvent) {
                 "paceline gateway: reload refused, the previous configuration keeps serving: {e}"
             );
         }
+        other => eprintln!("paceline gateway: reload: {other:?}"),
     }
 }
