@@ -12,6 +12,41 @@
 //! comes from a [`Clock`] so tests and the simulator run this exact code on
 //! virtual time.
 //!
+//! ## The parts
+//!
+//! ```text
+//!  policy.rs ──► plan.rs ──────────────┐     clock.rs (Clock: System, Manual)
+//!  (one limit,    (policies checked    │          │ now
+//!   validated)     together)           ▼          ▼
+//!                          limiter.rs (Limiter: a store and a clock)
+//!                                      │ plan, key, cost, now
+//!                                      ▼
+//!                 store.rs (Store trait; MemoryStore: sharded, bounded)
+//!                                      │ the key's state words
+//!                                      ▼
+//!                 check.rs (check_words: every policy peeks, all commit or none)
+//!                                      │ per policy
+//!                                      ▼
+//!                 algorithm.rs (GCRA, windows, sliding, concurrency;
+//!                               pure functions over integer nanoseconds)
+//!                                      │
+//!                                      ▼
+//!                 decision.rs (Decision: outcome + remaining/reset per policy)
+//! ```
+//!
+//! `divide.rs` holds the exact division by a window's reciprocal that
+//! `algorithm.rs` and `store.rs` share.
+//!
+//! ## A 429, inside this crate
+//!
+//! A server asks [`MemoryStore::check_sync`] (`store.rs`) with the plan,
+//! the key, the cost and the time its [`Clock`] read (`clock.rs`); the
+//! store hashes the key to a shard and runs [`check_words`] (`check.rs`) on
+//! the key's state words; the first policy whose `peek` (`algorithm.rs`)
+//! refuses makes the [`Decision`] (`decision.rs`) a [`Denial`] naming that
+//! policy and its wait, and nothing is charged. The server's layers turn
+//! it into headers from there.
+//!
 //! ```
 //! use paceline_core::{Limiter, ManualClock, MemoryStore, Nanos, Outcome, Plan, Policy};
 //!

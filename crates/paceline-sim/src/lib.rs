@@ -20,6 +20,33 @@
 //! scenario renders its report as a plain-text table and an SVG plot
 //! (`table` and `svg` in its module, on helpers private to the crate).
 //!
+//! ## The parts
+//!
+//! ```text
+//!  scenario/{race,herd,export,throttle,incident,load}.rs  (parameters → report.rs)
+//!        │ schedules
+//!        ▼
+//!  engine.rs  events on virtual nanoseconds ◄── rng.rs (seeded streams)
+//!        │ a worker's request (fleet.rs)
+//!        ▼
+//!  gateway.rs ─► edge.rs (capacity per second, heaviest key dropped first)
+//!        │      ─► injected faults (503s, outages)
+//!        │      ─► paceline-core check_words (the real limiter)
+//!        ▼
+//!  sdk.rs  the answer written by paceline-wire, parsed back, and handed to
+//!          the real paceline-client, which decides when to send again
+//! ```
+//!
+//! ## A 429, inside this crate
+//!
+//! A worker of `fleet.rs` sends at a virtual instant from `engine.rs`;
+//! `gateway.rs` lets it past the edge (`edge.rs`) and runs the real
+//! `check_words` on the key's state; a denial becomes, in `sdk.rs`, the
+//! head and problem body that `paceline-wire` writes for it, parsed back by
+//! `paceline-wire` and observed by the worker's `paceline-client`, whose
+//! answer (wait this long, retry or give up) schedules the worker's next
+//! event.
+//!
 //! ```
 //! use paceline_sim::scenario::race::{self, RaceParams};
 //!

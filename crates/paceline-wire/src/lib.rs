@@ -23,6 +23,36 @@
 //! - [`raw`]: a raw HTTP/1.x response as text (`curl -i`, `curl -v`, a
 //!   capture) split into status, headers and body.
 //!
+//! ## The parts
+//!
+//! ```text
+//!  server side (emit)                          client side (parse)
+//!  ──────────────────                          ───────────────────
+//!  emit/prepared.rs  PreparedPlan: the        parse/mod.rs   parse_response:
+//!    │  plan's fields and 429, made once        │  one ResponseView from any
+//!    ├─► emit/mod.rs      RateLimit(-Policy)    ├─► parse/ietf.rs   RateLimit,
+//!    ├─► emit/dialects.rs X-RateLimit-*,        │     RateLimit-Policy, drafts
+//!    │     draft-03, the binding policy         ├─► parse/vendor.rs GitHub,
+//!    └─► problem/        the one problem         │     Discord, Shopify, OpenAI…
+//!          kind.rs  every answer's code,         ├─► parse/body.rs  problem+json
+//!                   status and title             └─► parse/time.rs  resets ──┐
+//!          write.rs the one writer                                          │
+//!  usage.rs  the usage document, both ways     time.rs  dates, both ways ◄─┘
+//!  ip.rs     addresses as header text          raw.rs   a raw response as text
+//! ```
+//!
+//! ## A 429, inside this crate
+//!
+//! The server's limiter hands a denial to [`emit::PreparedPlan::rejection`]
+//! (`emit/prepared.rs`): the plan's prepared head is copied, its
+//! `RateLimit` value is written into a stack buffer, `Retry-After` comes
+//! from a table of small numbers, the older dialects are added when the
+//! deployment asks for them (`emit/dialects.rs`), and the body is the
+//! policy's prepared problem (made once from `problem/kind.rs` and
+//! `problem/mod.rs`) with the wait and the violated policies spliced in.
+//! Every other answer with a problem body goes through
+//! [`problem::answer`] (`problem/write.rs`).
+//!
 //! ```
 //! use paceline_core::{Limiter, ManualClock, MemoryStore, Nanos, Plan, Policy};
 //! use paceline_wire::{emit, parse};
