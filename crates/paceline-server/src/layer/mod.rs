@@ -13,8 +13,13 @@
 //! configured); every rejection carries a problem+json body,
 //! `Cache-Control: no-store` and, for 429, `Retry-After`.
 //!
-//! A load shedder goes after this layer: the [`RouteInfo`](crate::RouteInfo)
-//! extension it leaves on each request carries the route's criticality.
+//! The request's classification by route (cost, criticality) is a
+//! [`RouteInfo`](crate::RouteInfo) in its extensions: a layer before this
+//! one that needs it (a load shedder) makes it with
+//! [`Limits::classify`](crate::Limits::classify) and inserts it, and this
+//! layer uses it instead of matching the routes again; without one, this
+//! layer classifies by itself and leaves the result for the handlers after
+//! it.
 
 mod body;
 #[allow(clippy::module_inception)]

@@ -154,7 +154,9 @@ where
             };
             match verdict {
                 Verdict::Pass => {
-                    req.extensions_mut().insert(prepared.route);
+                    if let Some(route) = prepared.route {
+                        req.extensions_mut().insert(route);
+                    }
                     Ok(inner.call(req).await?.map(RateLimitBody::inner))
                 }
                 Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
@@ -168,7 +170,11 @@ where
                     // held units go back when the response body is done,
                     // or here if the call fails or is cancelled
                     let guard = limiter.release_guard(&admitted);
-                    req.extensions_mut().insert(prepared.route);
+                    // a classification found in the extensions stays; one
+                    // made here is left for the handlers after this layer
+                    if let Some(route) = prepared.route {
+                        req.extensions_mut().insert(route);
+                    }
                     let mut res = inner.call(req).await?;
                     admitted.decorate(res.headers_mut());
                     Ok(res.map(|b| RateLimitBody::guarded(b, guard)))
