@@ -1,4 +1,10 @@
 //! The tower side of the shedder: a layer, its service and its body.
+//!
+//! The layer classifies each request once (the route's criticality is
+//! what it sheds by) and leaves the classification in the request's
+//! extensions for the limit layer after it; it times the call it guards
+//! to the head of the answer, the latency the shedder's latency rule
+//! reads.
 
 use std::fmt;
 use std::future::Future;
@@ -8,9 +14,10 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION};
-use http::{HeaderMap, Method, Request, Response, Version};
+use http::{HeaderMap, Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
-use paceline_server::{Criticality, Limits};
+use paceline_core::Nanos;
+use paceline_server::{Criticality, RateLimitBody};
 use paceline_wire::problem::{self, Problem, ProblemKind};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
@@ -20,7 +27,22 @@ use super::{ShedGuard, Shedder};
 
 /// Gives the limits in force when a request arrives: their routes say how
 /// critical it is, their problem base prefixes the `type` of a shed answer.
-pub type CurrentLimits = Arc<dyn Fn() -> Limits + Send + Sync>;
+pub type CurrentLimits = Arc<dyn Fn() -> paceline_server::Limits + Send + Sync>;
+
+/// A response body that tells an answer a layer under the shed layer
+/// wrote by itself (a rate limiter's `429`, the usage document) from one
+/// it passed on: the latency of the first is not the upstream's, and the
+/// shed layer does not feed it to the latency rule.
+pub trait OwnAnswer {
+    /// Whether a layer wrote this body itself.
+    fn is_own_answer(&self) -> bool;
+}
+
+impl<B> OwnAnswer for RateLimitBody<B> {
+    fn is_own_answer(&self) -> bool {
+        matches!(self, RateLimitBody::Full { .. })
+    }
+}
 
 /// Wraps a service in [`LoadShed`].
 #[derive(Clone)]
@@ -63,7 +85,12 @@ impl<S> Layer<S> for LoadShedLayer {
 
 /// Answers `503 overloaded` instead of calling its inner service when the
 /// [`Shedder`] says so; otherwise holds a unit of capacity until the
-/// response body ends.
+/// response body ends, and records how long the inner service took to the
+/// head of an answer from the upstream (see [`OwnAnswer`]).
+///
+/// With shedding on, it classifies the request by the routes of the
+/// limits in force and leaves the [`RouteInfo`](paceline_server::RouteInfo)
+/// in its extensions, so the limit layer after it does not match again.
 #[derive(Clone)]
 pub struct LoadShed<S> {
     inner: S,
@@ -81,6 +108,7 @@ impl<S: fmt::Debug> fmt::Debug for LoadShed<S> {
 impl<S, ReqB, ResB> Service<Request<ReqB>> for LoadShed<S>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: OwnAnswer,
 {
     type Response = Response<ShedBody<ResB>>;
     type Error = S::Error;
@@ -90,26 +118,39 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let layer = &*self.layer.inner;
-        let limits = match layer.shedder.settings().max_in_flight {
-            0 => None, // shedding is off: no need to look
-            _ => Some((layer.limits)()),
+        let settings = layer.shedder.settings();
+        // shedding off: no need to look, and nothing for the limit layer
+        let classified = match settings.max_in_flight {
+            0 => None,
+            _ => {
+                let limits = (layer.limits)();
+                let info = limits.classify(&req);
+                Some((limits, info))
+            }
         };
-        let c = limits.as_ref().map_or(Criticality::Critical, |l| {
-            criticality(l, req.method(), req.uri().path())
-        });
-        let Some(guard) = layer.shedder.try_admit(c) else {
+        let c = classified
+            .as_ref()
+            .map_or(Criticality::Critical, |(_, info)| info.criticality);
+        let Some(guard) = layer.shedder.admit(&settings, c) else {
             metrics::counter!(crate::metrics::SHED, "criticality" => c.as_str()).increment(1);
             let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
-            let retry = layer.shedder.settings().retry_after_s;
-            let limits = limits.unwrap_or_else(|| (layer.limits)());
-            let res = overloaded(limits.problem_base(), retry, close);
+            let limits = match classified {
+                Some((limits, _)) => limits,
+                None => (layer.limits)(),
+            };
+            let res = overloaded(limits.problem_base(), settings.retry_after_s, close);
             return ShedFuture::Shed { res: Some(res) };
         };
+        if let Some((_, info)) = classified {
+            req.extensions_mut().insert(info);
+        }
+        let started = guard.shedder.now();
         ShedFuture::Inner {
             call: self.inner.call(req),
             guard: Some(guard),
+            started,
         }
     }
 }
@@ -128,6 +169,8 @@ pin_project! {
             #[pin]
             call: F,
             guard: Option<ShedGuard>,
+            // when it was called, by the shedder's clock
+            started: Nanos,
         },
     }
 }
@@ -135,6 +178,7 @@ pin_project! {
 impl<F, B, E> Future for ShedFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: OwnAnswer,
 {
     type Output = Result<Response<ShedBody<B>>, E>;
 
@@ -144,20 +188,30 @@ where
                 let res = res.take().expect("polled after completion");
                 Poll::Ready(Ok(res.map(ShedBody::full)))
             }
-            ShedFutureProj::Inner { call, guard } => {
+            ShedFutureProj::Inner {
+                call,
+                guard,
+                started,
+            } => {
                 let res = std::task::ready!(call.poll(cx))?;
                 let guard = guard.take();
+                if let Some(g) = &guard {
+                    if is_upstream_answer(&res) {
+                        // a clock set back gives zero, never an underflow
+                        let waited = g.shedder.now().saturating_sub(*started);
+                        g.shedder.record_latency(waited.as_duration());
+                    }
+                }
                 Poll::Ready(Ok(res.map(|body| ShedBody::Inner { body, guard })))
             }
         }
     }
 }
 
-/// How critical a request is, by the first route it matches.
-fn criticality(limits: &Limits, method: &Method, path: &str) -> Criticality {
-    limits
-        .route(method, path)
-        .map_or(Criticality::Critical, |r| r.criticality())
+/// Whether `res` is the upstream's answer: neither one a layer under the
+/// shed layer wrote itself nor one the proxy wrote for a failed exchange.
+fn is_upstream_answer<B: OwnAnswer>(res: &Response<B>) -> bool {
+    !res.body().is_own_answer() && !crate::proxy::is_gateway_answer(res)
 }
 
 fn has_body(h: &HeaderMap) -> bool {
