@@ -116,8 +116,8 @@ impl Who {
 /// lives across the store's await).
 pub(crate) struct Prepared {
     limits: Limits,
-    /// The classification the layer made itself, to leave in the request's
-    /// extensions when it passes (`None` when it used one found there).
+    /// The classification to leave in the request's extensions when it
+    /// passes: made here or handed over (`None` when one was found there).
     pub(crate) route: Option<RouteInfo>,
     /// The request's cost, by its classification.
     cost: u64,
@@ -250,17 +250,29 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     }
 
     /// Reads everything the decision needs from the request head; `peer` is
-    /// the connection's socket peer when the request's extensions name none.
-    pub(crate) fn prepare<B>(&self, req: &Request<B>, peer: Option<std::net::IpAddr>) -> Prepared {
+    /// the connection's socket peer when the request's extensions name none,
+    /// `given` a classification handed over by a layer before.
+    pub(crate) fn prepare<B>(
+        &self,
+        req: &Request<B>,
+        peer: Option<std::net::IpAddr>,
+        given: Option<RouteInfo>,
+    ) -> Prepared {
         let limits = self.limits();
         let path = req.uri().path();
         let lim = &limits.inner;
-        // a classification made upstream by these same limits is used as
-        // it is; any other (none, or one from limits since replaced) is not
-        let mut own = None;
-        let route = match req.extensions().get::<RouteInfo>() {
-            Some(found) if found.generation == lim.generation => found,
-            _ => &*own.insert(lim.classify_in(req)),
+        // a classification made before this layer by these same limits is
+        // used as it is, handed over or found in the extensions; any other
+        // (none, or one by limits since replaced) is not
+        let current = |r: &RouteInfo| r.generation == lim.generation;
+        let mut own = given.filter(current);
+        let found = match own {
+            Some(_) => None,
+            None => req.extensions().get::<RouteInfo>().filter(|r| current(r)),
+        };
+        let route = match found {
+            Some(r) => r,
+            None => &*own.get_or_insert_with(|| lim.classify_in(req)),
         };
         let usage = req.method() == Method::GET && lim.usage_path.as_deref() == Some(path);
         let fields = HeadFields::of(req.headers());

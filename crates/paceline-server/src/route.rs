@@ -256,13 +256,15 @@ fn parse_pattern(pattern: &str) -> Result<Vec<Segment>, RouteError> {
 /// and criticality (and, privately, the plan of an anonymous route), made
 /// once per request by [`Limits::classify`](crate::Limits::classify).
 ///
-/// It travels in the request's extensions: the first layer that needs it
-/// (a load shedder before the limit layer) classifies and inserts it, and
-/// the limit layer uses it instead of matching the routes again, as long as
-/// it was made by the limits in force (it remembers which). Without one,
-/// the limit layer classifies by itself and leaves the result for the
-/// layers and handlers after it. Either way a request the limit layer lets
-/// through carries the classification its decision was made with.
+/// It travels with the request: the first layer that needs it (a load
+/// shedder before the limit layer) classifies, and inserts it into the
+/// request's extensions or hands it over with
+/// [`RateLimit::call_classified`](crate::RateLimit::call_classified); the
+/// limit layer uses it instead of matching the routes again, as long as it
+/// was made by the limits in force (it remembers which). Without one, the
+/// limit layer classifies by itself. Either way a request the limit layer
+/// lets through carries the classification its decision was made with in
+/// its extensions, for the layers and handlers after it.
 ///
 /// Two classifications are equal when their public fields are.
 #[derive(Clone, Debug)]

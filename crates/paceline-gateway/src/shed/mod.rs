@@ -51,7 +51,9 @@ use paceline_core::{Clock, Nanos, SystemClock};
 use paceline_server::Criticality;
 use parking_lot::RwLock;
 
-pub use service::{overloaded, CurrentLimits, LoadShed, LoadShedLayer, OwnAnswer, ShedBody};
+pub use service::{
+    overloaded, CallClassified, CurrentLimits, LoadShed, LoadShedLayer, OwnAnswer, ShedBody,
+};
 
 use crate::config::SheddingSettings;
 
