@@ -153,3 +153,41 @@ async fn a_reload_between_classifying_and_limiting_cannot_mix_configurations() {
     assert_eq!(remaining(&res), 16);
     assert_eq!(seen.unwrap().cost, 2);
 }
+
+/// Like [`call`], handing `route` over with `call_classified`.
+async fn call_with(
+    limiter: &Limiter,
+    req: Request<()>,
+    route: RouteInfo,
+) -> (Response<()>, Option<RouteInfo>) {
+    let seen = Arc::new(Mutex::new(None));
+    let kept = seen.clone();
+    let handler = tower::service_fn(move |req: Request<()>| {
+        *kept.lock().unwrap() = req.extensions().get::<RouteInfo>().cloned();
+        async { Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new())) }
+    });
+    let mut svc = paceline_server::RateLimit::new(handler, limiter.clone());
+    let res = svc.call_classified(req, route).await.unwrap();
+    let info = seen.lock().unwrap().take();
+    (res.map(|_| ()), info)
+}
+
+#[tokio::test]
+async fn a_classification_handed_over_is_used_and_left_for_handlers() {
+    let l = limiter(limits(3));
+    let mut info = l.classify(&get("/v1/rates"));
+    info.cost = 6;
+    let (res, seen) = call_with(&l, get("/v1/rates"), info).await;
+    assert_eq!(remaining(&res), 14, "charged the handed cost, 6");
+    let seen = seen.expect("left in the extensions");
+    assert_eq!(seen.cost, 6);
+    assert_eq!(seen.pattern.as_deref(), Some("/v1/rates"));
+
+    // handed over, then the limits change: not used
+    let mut stale = l.classify(&get("/v1/rates"));
+    stale.cost = 6;
+    l.reload(limits(2));
+    let (res, seen) = call_with(&l, get("/v1/rates"), stale).await;
+    assert_eq!(remaining(&res), 12);
+    assert_eq!(seen.unwrap(), l.classify(&get("/v1/rates")));
+}

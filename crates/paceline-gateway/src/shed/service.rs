@@ -449,6 +449,7 @@ mod tests {
             layer(&shedder, current.clone()).layer(taking(&clock, Duration::ZERO, own_429));
         let res = limited.ready().await.unwrap().call(rates()).await.unwrap();
         assert_eq!(res.status(), 429);
+        drop(res); // its unit of capacity back
         let mut failed = layer(&shedder, current.clone()).layer(taking(
             &clock,
             Duration::from_secs(30),
@@ -456,13 +457,15 @@ mod tests {
         ));
         let res = failed.ready().await.unwrap().call(rates()).await.unwrap();
         assert_eq!(res.status(), 502);
+        drop(res);
         assert_eq!(shedder.latency(), Some(Duration::from_millis(200)));
 
         // fast upstream answers bring it back under the bound
         let mut fast =
             layer(&shedder, current).layer(taking(&clock, Duration::from_millis(5), passed_on));
         for _ in 0..20 {
-            fast.ready().await.unwrap().call(rates()).await.unwrap();
+            let res = fast.ready().await.unwrap().call(rates()).await.unwrap();
+            assert_eq!(res.status(), 200, "not shed");
         }
         assert!(shedder.latency().unwrap() < Duration::from_millis(50));
     }
