@@ -33,10 +33,11 @@ pub type CurrentLimits = Arc<dyn Fn() -> paceline_server::Limits + Send + Sync>;
 /// The service a [`LoadShed`] guards, handed the classification the shed
 /// layer made of a request.
 ///
-/// By default the classification goes into the request's extensions,
-/// where a limit layer further in (or a handler) finds it; the limit layer
-/// itself takes it directly ([`RateLimit::call_classified`]), sparing the
-/// allocation an extension takes.
+/// By default (an empty `impl` is enough) the classification goes into
+/// the request's extensions, where a limit layer further in (or a
+/// handler) finds it; the limit layer itself takes it directly
+/// ([`RateLimit::call_classified`]), sparing the allocation an extension
+/// takes.
 pub trait CallClassified<ReqB>: Service<Request<ReqB>> {
     /// Calls with `req`, classified as `route`.
     fn call_classified(&mut self, mut req: Request<ReqB>, route: RouteInfo) -> Self::Future {
