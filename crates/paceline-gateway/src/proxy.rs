@@ -27,13 +27,14 @@ use http::{Method, Request, Response, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use paceline_core::Clock;
 use paceline_server::PeerAddr;
 use paceline_wire::problem::{self, Problem, ProblemKind};
 use tower_service::Service;
 
 use crate::config::Timeouts;
 use crate::metrics as m;
-use crate::shed::{CurrentLimits, Shedder};
+use crate::shed::CurrentLimits;
 use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError};
 
 pub use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
@@ -53,7 +54,6 @@ pub struct Proxy {
 struct ProxyInner {
     upstream: Client,
     timeouts: Timeouts,
-    shedder: Option<Shedder>,
     /// The limits in force: their problem base prefixes the types of the
     /// gateway's own answers, so a reload reaches these too.
     limits: CurrentLimits,
@@ -68,21 +68,21 @@ impl std::fmt::Debug for Proxy {
 }
 
 impl Proxy {
-    /// A proxy to `upstream` (`http://host:port[/base]`); the shedder, if
-    /// any, is told every upstream latency; the problem types of the
-    /// proxy's own answers (an upstream that fails, say) are under the
-    /// problem base of the limits `limits` gives at the time.
+    /// A proxy to `upstream` (`http://host:port[/base]`); the problem
+    /// types of the proxy's own answers (an upstream that fails, say) are
+    /// under the problem base of the limits `limits` gives at the time;
+    /// upstream latencies and the ages of pooled connections are read
+    /// from `clock`.
     pub fn new(
         upstream: &Uri,
         timeouts: Timeouts,
-        shedder: Option<Shedder>,
         limits: CurrentLimits,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         Proxy {
             inner: Arc::new(ProxyInner {
-                upstream: Client::new(upstream, &timeouts),
+                upstream: Client::new(upstream, &timeouts, clock),
                 timeouts,
-                shedder,
                 limits,
             }),
             peer: None,
@@ -133,9 +133,6 @@ impl Proxy {
                     waited,
                 } = answer;
                 m::upstream_latency(waited);
-                if let Some(s) = &this.shedder {
-                    s.record_latency(waited);
-                }
                 strip_hop_by_hop(&mut headers);
                 let body = IdleTimeout::new(body, this.timeouts.body_idle);
                 let mut res = Response::new(body.boxed_unsync());
@@ -208,9 +205,23 @@ impl Service<Request<Incoming>> for Proxy {
     }
 }
 
+/// Marks the answers the proxy writes itself (the upstream failed, or the
+/// request could not be sent) in their extensions: their latency is not
+/// the upstream's.
+#[derive(Clone, Copy, Debug)]
+struct GatewayAnswer;
+
 /// A problem answer written by the gateway itself, its type under `base`.
 pub(crate) fn gateway_error(base: &str, kind: ProblemKind, detail: &str) -> Response<ProxyBody> {
-    problem::answer(&Problem::new(kind, base, detail)).map(full)
+    let mut res = problem::answer(&Problem::new(kind, base, detail)).map(full);
+    res.extensions_mut().insert(GatewayAnswer);
+    res
+}
+
+/// Whether the proxy wrote `res` itself rather than passing on the
+/// upstream's answer.
+pub(crate) fn is_gateway_answer<B>(res: &Response<B>) -> bool {
+    res.extensions().get::<GatewayAnswer>().is_some()
 }
 
 /// A complete body.

@@ -117,7 +117,9 @@ impl Gateway {
         Gateway::bind_with_clock(config, Arc::new(SystemClock::new())).await
     }
 
-    /// Binds with an explicit clock (tests use a manual one).
+    /// Binds with an explicit clock (tests use a manual one): the limiter
+    /// decides by it, and the shed layer's latencies and the upstream
+    /// pool's ages are read from it (tokio's timers keep their own time).
     pub async fn bind_with_clock(
         config: GatewayConfig,
         clock: Arc<dyn Clock>,
@@ -133,11 +135,11 @@ impl Gateway {
             }
             None => None,
         };
+        let shedder = Shedder::with_clock(s.shedding, clock.clone());
         let limiter = RateLimiter::new(config.limits.clone(), MemoryStore::new(), clock);
         if let Some(uri) = &s.soft_limit_webhook {
             limiter.set_soft_limit_hook(crate::webhook::webhook(uri.clone()));
         }
-        let shedder = Shedder::new(s.shedding);
         let (stop, _) = watch::channel(false);
         let handle = GatewayHandle {
             inner: Arc::new(HandleInner {
@@ -196,8 +198,13 @@ impl Gateway {
         let h = self.handle.clone();
         let settings = h.inner.settings.read().clone();
         let t = settings.timeouts;
-        let shedder = Some(h.inner.shedder.clone());
-        let proxy = Proxy::new(&settings.upstream, t, shedder, current_limits(&h));
+        let proxy = Proxy::new(
+            &settings.upstream,
+            t,
+            current_limits(&h),
+            // the gateway's one clock, the limiter's
+            h.inner.limiter.clock().clone(),
+        );
         let shed = shed_layer(&h);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // the client header bound is kept per connection (see `idle`), not

@@ -116,7 +116,11 @@ impl Who {
 /// lives across the store's await).
 pub(crate) struct Prepared {
     limits: Limits,
-    pub(crate) route: RouteInfo,
+    /// The classification to leave in the request's extensions when it
+    /// passes: made here or handed over (`None` when one was found there).
+    pub(crate) route: Option<RouteInfo>,
+    /// The request's cost, by its classification.
+    cost: u64,
     usage: bool,
     who: Option<Who>,
     /// A rejection leaves a request body unread: close the connection.
@@ -152,10 +156,9 @@ enum Stage {
 struct Ask {
     plan: usize,
     cost: Cost,
+    /// When the decision began, by the limiter's clock (also the start of
+    /// the latency histogram's measure).
     now: Nanos,
-    /// When the decision began, for the latency histogram (the TSC where
-    /// the platform has a usable one: a fraction of a system call).
-    started: quanta::Instant,
     /// An escalation hold: the answer is a denial whatever the store says.
     hold: Option<Denial>,
 }
@@ -232,32 +235,49 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         &self.shared.clock
     }
 
+    /// Classifies a request by the routes of the limits in force (see
+    /// [`Limits::classify`]): a layer before the limit layer that needs
+    /// the route (a load shedder, for its criticality) inserts the result
+    /// into the request's extensions, and the limit layer does not match
+    /// the routes again.
+    pub fn classify<B>(&self, req: &Request<B>) -> RouteInfo {
+        self.shared.limits.load().classify_in(req)
+    }
+
     /// A tower layer enforcing this limiter.
     pub fn layer(&self) -> crate::RateLimitLayer<S, C> {
         crate::RateLimitLayer::new(self.clone())
     }
 
     /// Reads everything the decision needs from the request head; `peer` is
-    /// the connection's socket peer when the request's extensions name none.
-    pub(crate) fn prepare<B>(&self, req: &Request<B>, peer: Option<std::net::IpAddr>) -> Prepared {
+    /// the connection's socket peer when the request's extensions name none,
+    /// `given` a classification handed over by a layer before.
+    pub(crate) fn prepare<B>(
+        &self,
+        req: &Request<B>,
+        peer: Option<std::net::IpAddr>,
+        given: Option<RouteInfo>,
+    ) -> Prepared {
         let limits = self.limits();
         let path = req.uri().path();
         let lim = &limits.inner;
-        let matched = lim
-            .routes
-            .iter()
-            .find(|(r, _)| r.matches(req.method(), path));
-        let route = RouteInfo::of(matched.map(|(r, _)| r));
+        // a classification made before this layer by these same limits is
+        // used as it is, handed over or found in the extensions; any other
+        // (none, or one by limits since replaced) is not
+        let current = |r: &RouteInfo| r.generation == lim.generation;
+        let mut own = given.filter(current);
+        let found = match own {
+            Some(_) => None,
+            None => req.extensions().get::<RouteInfo>().filter(|r| current(r)),
+        };
+        let route = match found {
+            Some(r) => r,
+            None => &*own.get_or_insert_with(|| lim.classify_in(req)),
+        };
         let usage = req.method() == Method::GET && lim.usage_path.as_deref() == Some(path);
         let fields = HeadFields::of(req.headers());
-        let who = who(
-            &limits,
-            req,
-            peer,
-            &fields,
-            matched.map(|(r, anon)| (r.is_anonymous(), *anon)),
-            &route,
-        );
+        let who = who(&limits, req, peer, &fields, route);
+        let cost = route.cost;
         let close = req.version() <= Version::HTTP_11 && fields.has_body();
         let bytes = fields.body_len();
         let unknown_len = fields.transfer_encoding && fields.content_length.is_none();
@@ -265,7 +285,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             bytes,
             unknown_len,
             limits,
-            route,
+            route: own,
+            cost,
             usage,
             who,
             close,
@@ -277,7 +298,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         match &p.who {
             Some(who) => {
                 let name = &p.limits.inner.plans[who.plan].name;
-                tracing::debug_span!("paceline.decide", plan = %name, key = %who.hash, cost = p.route.cost)
+                tracing::debug_span!("paceline.decide", plan = %name, key = %who.hash, cost = p.cost)
             }
             None => tracing::Span::none(),
         }
@@ -325,12 +346,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             });
         };
         let sh = &*self.shared;
-        let (now, started) = (sh.clock.now(), quanta::Instant::now());
+        let now = sh.clock.now();
         let ask = |cost: Cost, hold| {
             Stage::Ask(Ask {
                 cost,
                 now,
-                started,
                 hold,
                 plan: who.plan,
             })
@@ -366,7 +386,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 // read the standing for the headers, charge nothing
                 ask(Cost::requests(0), Some(denial))
             }
-            None => ask(Cost::requests(p.route.cost).with_bytes(p.bytes), None),
+            None => ask(Cost::requests(p.cost).with_bytes(p.bytes), None),
         }
     }
 
@@ -409,7 +429,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             }
             d
         });
-        let elapsed = || ask.started.elapsed().as_secs_f64();
+        // the same clock the decision read: a clock set back gives zero
+        let elapsed = || sh.clock.now().saturating_sub(now).as_secs_f64();
         let d = match result {
             Ok(d) => d,
             Err(e) => {
@@ -445,7 +466,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             };
             let release = plan
                 .has_concurrency()
-                .then(|| (who.key(lim).to_string(), p.route.cost));
+                .then(|| (who.key(lim).to_string(), p.cost));
             return Verdict::Admit(Admitted {
                 limits: p.limits.clone(),
                 plan: who.plan,
@@ -611,8 +632,7 @@ fn who<B>(
     req: &Request<B>,
     peer: Option<std::net::IpAddr>,
     fields: &HeadFields<'_>,
-    route: Option<(bool, Option<usize>)>,
-    info: &RouteInfo,
+    route: &RouteInfo,
 ) -> Option<Who> {
     let lim = &*limits.inner;
     let headers = req.headers();
@@ -622,8 +642,8 @@ fn who<B>(
         ip.map_or_else(|| "ip:unknown".to_string(), ip_key)
     };
     let anonymous = |plan: usize| Some(Who::owned(ip_key(), plan, false));
-    if let Some((true, plan)) = route {
-        return anonymous(plan.or(lim.anonymous_plan)?);
+    if route.anonymous {
+        return anonymous(route.anonymous_plan.or(lim.anonymous_plan)?);
     }
     let lookup = match &lim.key_source {
         KeySource::ApiKey => fields.authorization.and_then(bearer),
@@ -637,7 +657,7 @@ fn who<B>(
                 None => anonymous(lim.anonymous_plan?),
             };
         }
-        KeySource::Route => info.pattern.as_deref(),
+        KeySource::Route => route.pattern.as_deref(),
         KeySource::Header(name) => headers.get(name).and_then(|v| v.to_str().ok()),
     };
     // a configured key was prepared at build time: no allocation, no hash

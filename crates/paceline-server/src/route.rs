@@ -255,10 +255,22 @@ fn parse_pattern(pattern: &str) -> Result<Vec<Segment>, RouteError> {
         .collect()
 }
 
-/// What the limit layer learned about a request's route, left in the
-/// request's extensions for the layers and handlers after it (a load
-/// shedder reads the criticality from here).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How a request is classified by the first route it matches: its cost
+/// and criticality (and, privately, the plan of an anonymous route), made
+/// once per request by [`Limits::classify`](crate::Limits::classify).
+///
+/// It travels with the request: the first layer that needs it (a load
+/// shedder before the limit layer) classifies, and inserts it into the
+/// request's extensions or hands it over with
+/// [`RateLimit::call_classified`](crate::RateLimit::call_classified); the
+/// limit layer uses it instead of matching the routes again, as long as it
+/// was made by the limits in force (it remembers which). Without one, the
+/// limit layer classifies by itself. Either way a request the limit layer
+/// lets through carries the classification its decision was made with in
+/// its extensions, for the layers and handlers after it.
+///
+/// Two classifications are equal when their public fields are.
+#[derive(Clone, Debug)]
 pub struct RouteInfo {
     /// The matched pattern, or `None` when no route matched.
     pub pattern: Option<Arc<str>>,
@@ -266,20 +278,45 @@ pub struct RouteInfo {
     pub cost: u64,
     /// The request's criticality.
     pub criticality: Criticality,
+    /// The matched route is anonymous: limited per client IP.
+    pub(crate) anonymous: bool,
+    /// The per-IP plan of an anonymous route (else the anonymous plan).
+    pub(crate) anonymous_plan: Option<usize>,
+    /// The generation of the limits that made it.
+    pub(crate) generation: u64,
 }
 
+impl PartialEq for RouteInfo {
+    fn eq(&self, other: &Self) -> bool {
+        self.pattern == other.pattern
+            && self.cost == other.cost
+            && self.criticality == other.criticality
+    }
+}
+
+impl Eq for RouteInfo {}
+
 impl RouteInfo {
-    pub(crate) fn of(route: Option<&Route>) -> RouteInfo {
+    /// The classification by `route` (with its anonymous plan), or the
+    /// one of a request no route matched, made by the limits of
+    /// `generation`.
+    pub(crate) fn of(route: Option<&(Route, Option<usize>)>, generation: u64) -> RouteInfo {
         match route {
-            Some(r) => RouteInfo {
+            Some((r, plan)) => RouteInfo {
                 pattern: Some(r.pattern.clone()),
                 cost: r.cost,
                 criticality: r.criticality,
+                anonymous: r.anonymous,
+                anonymous_plan: *plan,
+                generation,
             },
             None => RouteInfo {
                 pattern: None,
                 cost: 1,
                 criticality: Criticality::default(),
+                anonymous: false,
+                anonymous_plan: None,
+                generation,
             },
         }
     }

@@ -23,7 +23,9 @@
 //! the least critical goes first. When a latency bound is set and the
 //! smoothed upstream latency is above it, `SHEDDABLE` is cut to one probe
 //! in flight (so the latency can be seen to recover) and `SHEDDABLE_PLUS`
-//! to the share `SHEDDABLE` had.
+//! to the share `SHEDDABLE` had. The latency is the one the shed layer
+//! measures itself, by the shedder's clock: from the call of the service
+//! it guards to the head of the upstream's answer.
 //!
 //! ```
 //! use paceline_gateway::shed::Shedder;
@@ -45,10 +47,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use paceline_core::{Clock, Nanos, SystemClock};
 use paceline_server::Criticality;
 use parking_lot::RwLock;
 
-pub use service::{overloaded, CurrentLimits, LoadShed, LoadShedLayer, ShedBody};
+pub use service::{
+    overloaded, CallClassified, CurrentLimits, LoadShed, LoadShedLayer, OwnAnswer, ShedBody,
+};
 
 use crate::config::SheddingSettings;
 
@@ -63,6 +68,8 @@ struct Inner {
     /// Smoothed upstream latency in microseconds (0: no sample yet).
     latency_us: AtomicU64,
     settings: RwLock<SheddingSettings>,
+    /// What latencies are measured by.
+    clock: Arc<dyn Clock>,
 }
 
 impl fmt::Debug for Shedder {
@@ -87,15 +94,27 @@ impl Drop for ShedGuard {
 }
 
 impl Shedder {
-    /// A shedder with `settings` (`max_in_flight` 0 admits everything).
+    /// A shedder with `settings` (`max_in_flight` 0 admits everything),
+    /// measuring latencies by the system clock.
     pub fn new(settings: SheddingSettings) -> Self {
+        Shedder::with_clock(settings, Arc::new(SystemClock::new()))
+    }
+
+    /// A shedder measuring latencies by `clock` (the gateway's own).
+    pub fn with_clock(settings: SheddingSettings, clock: Arc<dyn Clock>) -> Self {
         Shedder {
             inner: Arc::new(Inner {
                 in_flight: AtomicU32::new(0),
                 latency_us: AtomicU64::new(0),
                 settings: RwLock::new(settings),
+                clock,
             }),
         }
+    }
+
+    /// The time by the shedder's clock.
+    pub(crate) fn now(&self) -> Nanos {
+        self.inner.clock.now()
     }
 
     /// Replaces the settings (requests in flight keep their units).
@@ -136,7 +155,11 @@ impl Shedder {
 
     /// Admits a request of criticality `c`, or sheds it (`None`).
     pub fn try_admit(&self, c: Criticality) -> Option<ShedGuard> {
-        let s = self.settings();
+        self.admit(&self.settings(), c)
+    }
+
+    /// [`Shedder::try_admit`] under settings `s` already read.
+    pub(crate) fn admit(&self, s: &SheddingSettings, c: Criticality) -> Option<ShedGuard> {
         if s.max_in_flight == 0 {
             return Some(self.guard());
         }
@@ -144,7 +167,7 @@ impl Shedder {
             (Some(max), Some(l)) => l > max,
             _ => false,
         };
-        let limit = limit(&s, c, slow);
+        let limit = limit(s, c, slow);
         let counter = &self.inner.in_flight;
         let mut cur = counter.load(Ordering::Acquire);
         loop {

@@ -1,4 +1,10 @@
 //! The tower side of the shedder: a layer, its service and its body.
+//!
+//! The layer classifies each request once (the route's criticality is
+//! what it sheds by) and hands the classification to the service it
+//! guards (see [`CallClassified`]): the limit layer then does not match the
+//! routes again. It times the call it guards to the head of the answer,
+//! the latency the shedder's latency rule reads.
 
 use std::fmt;
 use std::future::Future;
@@ -8,9 +14,11 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION};
-use http::{HeaderMap, Method, Request, Response, Version};
+use http::{HeaderMap, Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
-use paceline_server::{Criticality, Limits};
+use paceline_core::Nanos;
+use paceline_core::{Clock, Store};
+use paceline_server::{Criticality, RateLimit, RateLimitBody, RouteInfo};
 use paceline_wire::problem::{self, Problem, ProblemKind};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
@@ -20,7 +28,53 @@ use super::{ShedGuard, Shedder};
 
 /// Gives the limits in force when a request arrives: their routes say how
 /// critical it is, their problem base prefixes the `type` of a shed answer.
-pub type CurrentLimits = Arc<dyn Fn() -> Limits + Send + Sync>;
+pub type CurrentLimits = Arc<dyn Fn() -> paceline_server::Limits + Send + Sync>;
+
+/// The service a [`LoadShed`] guards, handed the classification the shed
+/// layer made of a request.
+///
+/// By default (an empty `impl` is enough) the classification goes into
+/// the request's extensions, where a limit layer further in (or a
+/// handler) finds it; the limit layer itself takes it directly
+/// ([`RateLimit::call_classified`]), sparing the allocation an extension
+/// takes.
+pub trait CallClassified<ReqB>: Service<Request<ReqB>> {
+    /// Calls with `req`, classified as `route`.
+    fn call_classified(&mut self, mut req: Request<ReqB>, route: RouteInfo) -> Self::Future {
+        req.extensions_mut().insert(route);
+        self.call(req)
+    }
+}
+
+impl<I, S, C, ReqB, ResB> CallClassified<ReqB> for RateLimit<I, S, C>
+where
+    I: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
+    S: Store,
+    C: Clock,
+{
+    fn call_classified(&mut self, req: Request<ReqB>, route: RouteInfo) -> Self::Future {
+        RateLimit::call_classified(self, req, route)
+    }
+}
+
+/// A response body that tells an answer a layer under the shed layer
+/// wrote by itself (a rate limiter's `429`, the usage document) from one
+/// it passed on: the latency of the first is not the upstream's, and the
+/// shed layer does not feed it to the latency rule.
+pub trait OwnAnswer {
+    /// Whether a layer wrote this body itself.
+    fn is_own_answer(&self) -> bool;
+}
+
+impl<B> OwnAnswer for RateLimitBody<B> {
+    fn is_own_answer(&self) -> bool {
+        matches!(self, RateLimitBody::Full { .. })
+    }
+}
 
 /// Wraps a service in [`LoadShed`].
 #[derive(Clone)]
@@ -63,7 +117,12 @@ impl<S> Layer<S> for LoadShedLayer {
 
 /// Answers `503 overloaded` instead of calling its inner service when the
 /// [`Shedder`] says so; otherwise holds a unit of capacity until the
-/// response body ends.
+/// response body ends, and records how long the inner service took to the
+/// head of an answer from the upstream (see [`OwnAnswer`]).
+///
+/// With shedding on, it classifies the request by the routes of the
+/// limits in force and hands the [`RouteInfo`] to its inner service (see
+/// [`CallClassified`]), so the limit layer after it does not match again.
 #[derive(Clone)]
 pub struct LoadShed<S> {
     inner: S,
@@ -80,7 +139,8 @@ impl<S: fmt::Debug> fmt::Debug for LoadShed<S> {
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for LoadShed<S>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S: CallClassified<ReqB, Response = Response<ResB>>,
+    ResB: OwnAnswer,
 {
     type Response = Response<ShedBody<ResB>>;
     type Error = S::Error;
@@ -92,24 +152,38 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let layer = &*self.layer.inner;
-        let limits = match layer.shedder.settings().max_in_flight {
-            0 => None, // shedding is off: no need to look
-            _ => Some((layer.limits)()),
+        let settings = layer.shedder.settings();
+        // shedding off: no need to look, and nothing for the limit layer
+        let classified = match settings.max_in_flight {
+            0 => None,
+            _ => {
+                let limits = (layer.limits)();
+                let info = limits.classify(&req);
+                Some((limits, info))
+            }
         };
-        let c = limits.as_ref().map_or(Criticality::Critical, |l| {
-            criticality(l, req.method(), req.uri().path())
-        });
-        let Some(guard) = layer.shedder.try_admit(c) else {
+        let c = classified
+            .as_ref()
+            .map_or(Criticality::Critical, |(_, info)| info.criticality);
+        let Some(guard) = layer.shedder.admit(&settings, c) else {
             metrics::counter!(crate::metrics::SHED, "criticality" => c.as_str()).increment(1);
             let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
-            let retry = layer.shedder.settings().retry_after_s;
-            let limits = limits.unwrap_or_else(|| (layer.limits)());
-            let res = overloaded(limits.problem_base(), retry, close);
+            let limits = match classified {
+                Some((limits, _)) => limits,
+                None => (layer.limits)(),
+            };
+            let res = overloaded(limits.problem_base(), settings.retry_after_s, close);
             return ShedFuture::Shed { res: Some(res) };
         };
+        let started = guard.shedder.now();
+        let call = match classified {
+            Some((_, route)) => self.inner.call_classified(req, route),
+            None => self.inner.call(req),
+        };
         ShedFuture::Inner {
-            call: self.inner.call(req),
+            call,
             guard: Some(guard),
+            started,
         }
     }
 }
@@ -128,6 +202,8 @@ pin_project! {
             #[pin]
             call: F,
             guard: Option<ShedGuard>,
+            // when it was called, by the shedder's clock
+            started: Nanos,
         },
     }
 }
@@ -135,6 +211,7 @@ pin_project! {
 impl<F, B, E> Future for ShedFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: OwnAnswer,
 {
     type Output = Result<Response<ShedBody<B>>, E>;
 
@@ -144,20 +221,30 @@ where
                 let res = res.take().expect("polled after completion");
                 Poll::Ready(Ok(res.map(ShedBody::full)))
             }
-            ShedFutureProj::Inner { call, guard } => {
+            ShedFutureProj::Inner {
+                call,
+                guard,
+                started,
+            } => {
                 let res = std::task::ready!(call.poll(cx))?;
                 let guard = guard.take();
+                if let Some(g) = &guard {
+                    if is_upstream_answer(&res) {
+                        // a clock set back gives zero, never an underflow
+                        let waited = g.shedder.now().saturating_sub(*started);
+                        g.shedder.record_latency(waited.as_duration());
+                    }
+                }
                 Poll::Ready(Ok(res.map(|body| ShedBody::Inner { body, guard })))
             }
         }
     }
 }
 
-/// How critical a request is, by the first route it matches.
-fn criticality(limits: &Limits, method: &Method, path: &str) -> Criticality {
-    limits
-        .route(method, path)
-        .map_or(Criticality::Critical, |r| r.criticality())
+/// Whether `res` is the upstream's answer: neither one a layer under the
+/// shed layer wrote itself nor one the proxy wrote for a failed exchange.
+fn is_upstream_answer<B: OwnAnswer>(res: &Response<B>) -> bool {
+    !res.body().is_own_answer() && !crate::proxy::is_gateway_answer(res)
 }
 
 fn has_body(h: &HeaderMap) -> bool {
@@ -244,5 +331,223 @@ impl<B: Body<Data = Bytes>> Body for ShedBody<B> {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use http_body_util::Empty;
+    use paceline_core::{Clock, ManualClock, MemoryStore, Plan, Policy};
+    use paceline_server::{Limits, RateLimiter, Route, RouteInfo};
+    use paceline_wire::problem::ProblemKind;
+    use tower::{Service, ServiceExt};
+
+    use super::*;
+    use crate::config::SheddingSettings;
+
+    fn limits(rates_cost: u64) -> Limits {
+        let plan = Plan::new("free", vec![Policy::token_bucket("burst", 20, 2).unwrap()]).unwrap();
+        Limits::builder()
+            .plan(plan)
+            .key("sk_1", "free")
+            .route(
+                Route::new("GET", "/v1/rates")
+                    .unwrap()
+                    .with_cost(rates_cost)
+                    .with_criticality(Criticality::Sheddable),
+            )
+            .build()
+            .unwrap()
+    }
+
+    fn rates() -> Request<()> {
+        Request::get("/v1/rates")
+            .header("authorization", "Bearer sk_1")
+            .body(())
+            .unwrap()
+    }
+
+    fn slow_rule(clock: &ManualClock) -> Shedder {
+        let settings = SheddingSettings {
+            max_in_flight: 10,
+            max_latency: Some(Duration::from_millis(50)),
+            ..Default::default()
+        };
+        Shedder::with_clock(settings, Arc::new(clock.clone()))
+    }
+
+    /// The services the tests put under the shed layer take their
+    /// classification in the extensions.
+    impl<F, ReqB> CallClassified<ReqB> for tower::util::ServiceFn<F> where
+        tower::util::ServiceFn<F>: Service<Request<ReqB>>
+    {
+    }
+
+    type Answered<B> = std::future::Ready<Result<Response<B>, Infallible>>;
+
+    /// An inner service whose answers take `took` by `clock`, written by
+    /// `answer`.
+    fn taking<B>(
+        clock: &ManualClock,
+        took: Duration,
+        answer: fn() -> Response<B>,
+    ) -> tower::util::ServiceFn<impl FnMut(Request<()>) -> Answered<B> + Clone> {
+        let clock = clock.clone();
+        tower::service_fn(move |_req: Request<()>| {
+            clock.advance(took.into());
+            std::future::ready(Ok(answer()))
+        })
+    }
+
+    fn passed_on() -> Response<RateLimitBody<Empty<Bytes>>> {
+        Response::new(RateLimitBody::Inner {
+            body: Empty::new(),
+            guard: None,
+        })
+    }
+
+    fn own_429() -> Response<RateLimitBody<Empty<Bytes>>> {
+        let mut res = Response::new(RateLimitBody::Full {
+            data: Some(Bytes::from_static(b"{}")),
+        });
+        *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+        res
+    }
+
+    fn proxy_502() -> Response<RateLimitBody<crate::proxy::ProxyBody>> {
+        let res = crate::proxy::gateway_error("https://x.invalid/", ProblemKind::BadGateway, "no");
+        res.map(|body| RateLimitBody::Inner { body, guard: None })
+    }
+
+    fn layer(shedder: &Shedder, limits: CurrentLimits) -> LoadShedLayer {
+        LoadShedLayer::new(shedder.clone(), limits)
+    }
+
+    #[tokio::test]
+    async fn the_shed_layers_own_timing_feeds_the_latency_rule() {
+        let clock = ManualClock::at_unix_secs(1_790_000_000);
+        let shedder = slow_rule(&clock);
+        let l = limits(1);
+        let current: CurrentLimits = Arc::new(move || l.clone());
+        let upstream = taking(&clock, Duration::from_millis(200), passed_on);
+        let mut svc = layer(&shedder, current.clone()).layer(upstream);
+        assert_eq!(shedder.latency(), None);
+        let res = svc.ready().await.unwrap().call(rates()).await.unwrap();
+        drop(res);
+        // timed from the call to the answer's head, by the shedder's clock
+        assert_eq!(shedder.latency(), Some(Duration::from_millis(200)));
+        // the rule reads it: sheddable work is down to one probe
+        let probe = shedder.try_admit(Criticality::Sheddable).unwrap();
+        assert!(shedder.try_admit(Criticality::Sheddable).is_none());
+        drop(probe);
+
+        // answers written below the shed layer are not the upstream's: a
+        // limiter's own 429 and the proxy's 502 leave the latency alone
+        let mut limited =
+            layer(&shedder, current.clone()).layer(taking(&clock, Duration::ZERO, own_429));
+        let res = limited.ready().await.unwrap().call(rates()).await.unwrap();
+        assert_eq!(res.status(), 429);
+        drop(res); // its unit of capacity back
+        let mut failed = layer(&shedder, current.clone()).layer(taking(
+            &clock,
+            Duration::from_secs(30),
+            proxy_502,
+        ));
+        let res = failed.ready().await.unwrap().call(rates()).await.unwrap();
+        assert_eq!(res.status(), 502);
+        drop(res);
+        assert_eq!(shedder.latency(), Some(Duration::from_millis(200)));
+
+        // fast upstream answers bring it back under the bound
+        let mut fast =
+            layer(&shedder, current).layer(taking(&clock, Duration::from_millis(5), passed_on));
+        for _ in 0..20 {
+            let res = fast.ready().await.unwrap().call(rates()).await.unwrap();
+            assert_eq!(res.status(), 200, "not shed");
+        }
+        assert!(shedder.latency().unwrap() < Duration::from_millis(50));
+    }
+
+    #[tokio::test]
+    async fn a_clock_set_back_times_zero() {
+        let clock = ManualClock::at_unix_secs(1_790_000_000);
+        let shedder = slow_rule(&clock);
+        let l = limits(1);
+        let back = clock.clone();
+        let upstream = tower::service_fn(move |_req: Request<()>| {
+            back.set(
+                back.now()
+                    .saturating_sub(paceline_core::Nanos::from_secs(60)),
+            );
+            std::future::ready(Ok::<_, Infallible>(passed_on()))
+        });
+        let mut svc = layer(&shedder, Arc::new(move || l.clone())).layer(upstream);
+        svc.ready().await.unwrap().call(rates()).await.unwrap();
+        // the smallest sample the shedder keeps: one microsecond
+        assert_eq!(shedder.latency(), Some(Duration::from_micros(1)));
+    }
+
+    /// The shed layer over the limit layer over a handler that keeps the
+    /// classification it finds; the burst remaining and that
+    /// classification.
+    async fn through(
+        shedder: &Shedder,
+        limiter: &RateLimiter<MemoryStore, ManualClock>,
+        current: CurrentLimits,
+    ) -> (u64, Option<RouteInfo>) {
+        let seen = Arc::new(parking_lot::Mutex::new(None));
+        let kept = seen.clone();
+        let handler = tower::service_fn(move |req: Request<()>| {
+            *kept.lock() = req.extensions().get::<RouteInfo>().cloned();
+            async { Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new())) }
+        });
+        let mut svc = tower::ServiceBuilder::new()
+            .layer(layer(shedder, current))
+            .layer(limiter.layer())
+            .service(handler);
+        let res = svc.ready().await.unwrap().call(rates()).await.unwrap();
+        let field = res.headers()["ratelimit"].to_str().unwrap();
+        let r = field.split(';').find_map(|p| p.strip_prefix("r=")).unwrap();
+        let info = seen.lock().take();
+        (r.parse().unwrap(), info)
+    }
+
+    #[tokio::test]
+    async fn the_shed_layers_classification_reaches_the_limit_layer_and_handlers() {
+        let clock = ManualClock::at_unix_secs(1_790_000_000);
+        let shedder = slow_rule(&clock);
+        let limiter = RateLimiter::new(limits(3), MemoryStore::new(), clock.clone());
+        let l = limiter.clone();
+        let (r, info) = through(&shedder, &limiter, Arc::new(move || l.limits())).await;
+        assert_eq!(r, 17);
+        let info = info.unwrap();
+        assert_eq!((info.cost, info.criticality), (3, Criticality::Sheddable));
+        assert_eq!(info, limiter.classify(&rates()));
+        // shedding off: the limit layer classifies by itself, as alone
+        shedder.set_settings(SheddingSettings::default());
+        let l = limiter.clone();
+        let (r, info) = through(&shedder, &limiter, Arc::new(move || l.limits())).await;
+        assert_eq!((r, info.unwrap().cost), (14, 3));
+    }
+
+    #[tokio::test]
+    async fn a_reload_between_the_shed_and_limit_layers_cannot_mix_configurations() {
+        let clock = ManualClock::at_unix_secs(1_790_000_000);
+        let shedder = slow_rule(&clock);
+        let limiter = RateLimiter::new(limits(5), MemoryStore::new(), clock.clone());
+        let l = limiter.clone();
+        // the shed layer classifies by the limits in force, then a reload
+        // lands before the limit layer decides
+        let current: CurrentLimits = Arc::new(move || {
+            let before = l.limits();
+            l.reload(limits(2));
+            before
+        });
+        let (r, info) = through(&shedder, &limiter, current).await;
+        assert_eq!(r, 18, "decided wholly by the new limits: cost 2");
+        assert_eq!(info.unwrap().cost, 2);
     }
 }

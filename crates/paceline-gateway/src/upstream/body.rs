@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use quanta::Instant;
+use paceline_core::Nanos;
 
 use super::codec::{Chunk, Framing, Step};
 use super::conn::Conn;
@@ -34,7 +34,7 @@ impl UpstreamBody {
         framing: Framing,
         keep_alive: bool,
         pool: Arc<Pool>,
-        now: Instant,
+        now: Nanos,
     ) -> Self {
         let mut framing = framing;
         // the whole body is often in the buffer already: take it now and
@@ -62,7 +62,7 @@ impl UpstreamBody {
     }
 
     /// The body is complete: the connection goes back if it can be reused.
-    fn finish(&mut self, now: Instant) {
+    fn finish(&mut self, now: Nanos) {
         if let Some(conn) = self.conn.take() {
             if self.keep_alive {
                 self.pool.put(conn, now);
@@ -90,12 +90,14 @@ impl Body for UpstreamBody {
             match this.framing.decode(&mut conn.buf) {
                 Ok(Step::Data(b)) => {
                     if this.framing.is_end() {
-                        this.finish(Instant::now());
+                        let now = this.pool.now();
+                        this.finish(now);
                     }
                     return Poll::Ready(Some(Ok(Frame::data(b))));
                 }
                 Ok(Step::End) => {
-                    this.finish(Instant::now());
+                    let now = this.pool.now();
+                    this.finish(now);
                     return Poll::Ready(None);
                 }
                 Ok(Step::NeedMore) => {}

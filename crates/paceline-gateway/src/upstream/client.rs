@@ -13,7 +13,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::uri::Authority;
 use http::{Method, Uri};
 use http_body::Body;
-use quanta::Instant;
+use paceline_core::{Clock, Nanos};
 
 use super::body::UpstreamBody;
 use super::codec::{put_data, write_head, BodyFraming, Head, Target};
@@ -39,14 +39,15 @@ pub(crate) struct Client {
 impl Client {
     /// A client for `upstream` (`http://host:port[/base]`), bounding
     /// connecting, pooled idleness and pauses inside the request body by
-    /// `timeouts`.
-    pub(crate) fn new(upstream: &Uri, timeouts: &Timeouts) -> Client {
+    /// `timeouts`, and reading latencies and pool ages from `clock`.
+    pub(crate) fn new(upstream: &Uri, timeouts: &Timeouts, clock: Arc<dyn Clock>) -> Client {
         let target = Target::new(upstream);
         let pool = Pool::new(
             target.host(),
             target.port(),
             timeouts.connect,
             timeouts.pool_idle,
+            clock,
         );
         Client {
             pool: Arc::new(pool),
@@ -69,7 +70,7 @@ impl Client {
         mut rest: Option<&mut Pin<Box<IdleTimeout<B>>>>,
         framing: Option<BodyFraming>,
         sent: u64,
-        now: Instant,
+        now: Nanos,
     ) -> Result<(Head, Conn), UpstreamError>
     where
         B: Body<Data = Bytes>,
@@ -134,11 +135,11 @@ where
         let mut rest = (!whole).then(|| Box::pin(IdleTimeout::new(body, self.body_idle)));
         let method = &parts.method;
 
-        let started = Instant::now();
+        let started = self.pool.now();
         let (head, conn) = self
             .exchange(method, &out, rest.as_mut(), framing, sent, started)
             .await?;
-        let now = Instant::now();
+        let now = self.pool.now();
         let Head {
             status,
             headers,
@@ -150,7 +151,8 @@ where
             status,
             headers,
             body,
-            waited: now.saturating_duration_since(started),
+            // a clock set back gives zero, never an underflow
+            waited: now.saturating_sub(started).as_duration(),
         })
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::Method;
 use http_body::Body;
-use quanta::Instant;
+use paceline_core::Nanos;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -27,12 +27,12 @@ pub(crate) struct Conn {
     io: TcpStream,
     /// Bytes read and not consumed yet.
     pub(super) buf: BytesMut,
-    /// When it last went idle.
-    pub(super) since: Instant,
+    /// When it last went idle, by the pool's clock.
+    pub(super) since: Nanos,
 }
 
 impl Conn {
-    /// Opens a connection within `timeout`.
+    /// Opens a connection within `timeout` (the pool stamps its age).
     pub(crate) async fn connect(
         host: &str,
         port: u16,
@@ -53,7 +53,7 @@ impl Conn {
         Ok(Conn {
             io,
             buf: BytesMut::new(),
-            since: Instant::now(),
+            since: Nanos::ZERO,
         })
     }
 

@@ -521,7 +521,11 @@ where
 }
 
 fn own(uri: &Uri, t: &Timeouts) -> Client {
-    Client::new(uri, t)
+    Client::new(
+        uri,
+        t,
+        std::sync::Arc::new(paceline_core::SystemClock::new()),
+    )
 }
 
 fn hyper(uri: &Uri, t: &Timeouts) -> HyperClient<Full<Bytes>> {

@@ -15,7 +15,7 @@ use http_body::Body;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use quanta::Instant;
+use paceline_core::{Clock, SystemClock};
 
 use super::codec::{write_head, BodyFraming, Target};
 use super::error::{BoxError, UpstreamError};
@@ -28,6 +28,7 @@ pub(crate) struct HyperClient<B> {
     client: hyper_util::client::legacy::Client<HttpConnector, IdleTimeout<B>>,
     target: Target,
     body_idle: Duration,
+    clock: SystemClock,
 }
 
 impl<B> HyperClient<B>
@@ -49,6 +50,7 @@ where
             client,
             target: Target::new(upstream),
             body_idle: timeouts.body_idle,
+            clock: SystemClock::new(),
         }
     }
 }
@@ -92,9 +94,9 @@ where
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;
 
-        let started = Instant::now();
+        let started = self.clock.now();
         let res = self.client.request(request).await.map_err(classify)?;
-        let waited = Instant::now().saturating_duration_since(started);
+        let waited = self.clock.now().saturating_sub(started).as_duration();
         let (head, body) = res.into_parts();
         Ok(Answer {
             status: head.status,

@@ -1,11 +1,13 @@
 //! The keep-alive pool: a stack of idle connections to one upstream, the
 //! most recently used on top, each checked for age and for a close seen
-//! while it sat idle before it is handed out again.
+//! while it sat idle before it is handed out again. Ages are read from the
+//! gateway's clock.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use quanta::Instant;
+use paceline_core::{Clock, Nanos};
 
 use super::conn::{Conn, READ_CHUNK};
 use super::error::UpstreamError;
@@ -19,32 +21,41 @@ pub(crate) struct Pool {
     host: String,
     port: u16,
     connect_timeout: Duration,
-    idle_timeout: Duration,
+    idle_timeout: Nanos,
+    clock: Arc<dyn Clock>,
 }
 
 impl Pool {
-    /// A pool for `host:port`.
+    /// A pool for `host:port`, reading ages from `clock`.
     pub(crate) fn new(
         host: &str,
         port: u16,
         connect_timeout: Duration,
         idle_timeout: Duration,
+        clock: Arc<dyn Clock>,
     ) -> Pool {
         Pool {
             idle: parking_lot::Mutex::new(Vec::new()),
             host: host.to_string(),
             port,
             connect_timeout,
-            idle_timeout,
+            idle_timeout: Nanos::from_duration(idle_timeout),
+            clock,
         }
     }
 
-    /// An idle connection that is still open and not too old at `now`.
-    pub(crate) fn take(&self, now: Instant) -> Option<Conn> {
+    /// The time by the pool's clock.
+    pub(crate) fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    /// An idle connection that is still open and not too old at `now`
+    /// (ages saturate: a clock set back makes none too old).
+    pub(crate) fn take(&self, now: Nanos) -> Option<Conn> {
         loop {
             // the lock is held for the pop only, not for the check
             let c = self.idle.lock().pop()?;
-            if now.saturating_duration_since(c.since) < self.idle_timeout && !c.is_stale() {
+            if now.saturating_sub(c.since) < self.idle_timeout && !c.is_stale() {
                 return Some(c);
             }
         }
@@ -52,11 +63,13 @@ impl Pool {
 
     /// A new connection.
     pub(crate) async fn connect(&self) -> Result<Conn, UpstreamError> {
-        Conn::connect(&self.host, self.port, self.connect_timeout).await
+        let mut conn = Conn::connect(&self.host, self.port, self.connect_timeout).await?;
+        conn.since = self.now();
+        Ok(conn)
     }
 
     /// Puts a connection whose exchange ended at `now` back on the stack.
-    pub(crate) fn put(&self, mut conn: Conn, now: Instant) {
+    pub(crate) fn put(&self, mut conn: Conn, now: Nanos) {
         if !conn.buf.is_empty() {
             return;
         }
@@ -69,7 +82,7 @@ impl Pool {
         // the oldest are at the bottom: drop the ones idle too long
         let stale = idle
             .iter()
-            .take_while(|c| now.saturating_duration_since(c.since) >= self.idle_timeout)
+            .take_while(|c| now.saturating_sub(c.since) >= self.idle_timeout)
             .count();
         if stale > 0 {
             idle.drain(..stale);

@@ -254,6 +254,7 @@ impl LimitsBuilder {
                 usage_path: self.usage_path,
                 problem_base: self.problem_base,
                 escalation: self.escalation,
+                generation: super::next_generation(),
             }),
         })
     }

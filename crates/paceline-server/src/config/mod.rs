@@ -54,7 +54,7 @@ use paceline_wire::emit::Dialects;
 
 use crate::escalation::EscalationConfig;
 use crate::identity::{KeyHash, KeySource, TrustedProxies};
-use crate::route::Route;
+use crate::route::{Route, RouteInfo};
 
 pub(crate) use compile::CompiledPlan;
 pub use compile::LimitsBuilder;
@@ -92,6 +92,25 @@ pub(crate) struct LimitsInner {
     pub(crate) usage_path: Option<String>,
     pub(crate) problem_base: String,
     pub(crate) escalation: EscalationConfig,
+    /// Unique to this build of the limits: a [`RouteInfo`] made from them
+    /// carries it, so a layer can tell whether a classification it finds
+    /// was made by the limits it decides with.
+    pub(crate) generation: u64,
+}
+
+impl LimitsInner {
+    /// See [`Limits::classify`].
+    pub(crate) fn classify_in<B>(&self, req: &http::Request<B>) -> RouteInfo {
+        let (method, path) = (req.method(), req.uri().path());
+        let matched = self.routes.iter().find(|(r, _)| r.matches(method, path));
+        RouteInfo::of(matched, self.generation)
+    }
+}
+
+/// The next [`LimitsInner::generation`].
+pub(crate) fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A configured key, prepared so that a request carrying it needs neither
@@ -155,6 +174,28 @@ impl Limits {
     /// The first route matching a request.
     pub fn route(&self, method: &http::Method, path: &str) -> Option<&Route> {
         self.routes().find(|r| r.matches(method, path))
+    }
+    /// Classifies a request by the first route it matches: its cost,
+    /// criticality and (for an anonymous route) plan, made once. A layer
+    /// that inserts the result into the request's extensions spares the
+    /// limit layer after it matching the routes again; the limit layer
+    /// uses it only while these limits are in force (after a reload it
+    /// classifies again, so one decision never mixes two configurations).
+    ///
+    /// ```
+    /// use paceline_core::{Plan, Policy};
+    /// use paceline_server::{Criticality, Limits, Route};
+    ///
+    /// let plan = Plan::new("free", vec![Policy::token_bucket("burst", 20, 2).unwrap()]).unwrap();
+    /// let quote = Route::new("GET", "/v1/rates").unwrap().with_criticality(Criticality::Sheddable);
+    /// let limits = Limits::builder().plan(plan).key("sk_1", "free").route(quote).build().unwrap();
+    /// let req = http::Request::get("/v1/rates").body(()).unwrap();
+    /// let info = limits.classify(&req);
+    /// assert_eq!(info.criticality, Criticality::Sheddable);
+    /// assert_eq!(info.pattern.as_deref(), Some("/v1/rates"));
+    /// ```
+    pub fn classify<B>(&self, req: &http::Request<B>) -> RouteInfo {
+        self.inner.classify_in(req)
     }
     /// The usage endpoint's path, if it is on.
     pub fn usage_path(&self) -> Option<&str> {

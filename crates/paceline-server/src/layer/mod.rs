@@ -13,8 +13,15 @@
 //! configured); every rejection carries a problem+json body,
 //! `Cache-Control: no-store` and, for 429, `Retry-After`.
 //!
-//! A load shedder goes after this layer: the [`RouteInfo`](crate::RouteInfo)
-//! extension it leaves on each request carries the route's criticality.
+//! The request's classification by route (cost, criticality) is a
+//! [`RouteInfo`](crate::RouteInfo), made once: a layer before this one
+//! that needs it (a load shedder) makes it with
+//! [`Limits::classify`](crate::Limits::classify) and inserts it into the
+//! request's extensions or hands it over with
+//! [`RateLimit::call_classified`], and this layer uses it instead of
+//! matching the routes again; without one, this layer classifies by
+//! itself. A request it lets through carries the classification its
+//! decision was made with, for the handlers after it.
 
 mod body;
 #[allow(clippy::module_inception)]

@@ -128,8 +128,57 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        let prepared = self.limiter.prepare(&req, self.peer);
+    /// Decides with the classification found in the request's extensions
+    /// (made by the limits in force), or classifies the request itself.
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        self.serve(req, None)
+    }
+}
+
+impl<I, S, C> RateLimit<I, S, C> {
+    /// Calls with `req` classified as `route` by a layer before this one
+    /// (with [`RateLimiter::classify`] or
+    /// [`Limits::classify`](crate::Limits::classify)): the layer does not
+    /// match the routes again, and a request it lets through carries
+    /// `route` in its extensions, as if the layer had made it. A
+    /// classification made by limits since replaced is not used: the layer
+    /// classifies again by the limits in force, so one decision never mixes
+    /// two configurations.
+    ///
+    /// The same as inserting `route` into the request's extensions and
+    /// calling, without the allocation an extension takes.
+    pub fn call_classified<ReqB, ResB>(
+        &mut self,
+        req: Request<ReqB>,
+        route: crate::RouteInfo,
+    ) -> ResponseFuture<ResB, I::Error>
+    where
+        I: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+        I::Future: Send + 'static,
+        I::Error: Send + 'static,
+        ReqB: Send + 'static,
+        ResB: Send + 'static,
+        S: Store,
+        C: Clock,
+    {
+        self.serve(req, Some(route))
+    }
+
+    fn serve<ReqB, ResB>(
+        &mut self,
+        mut req: Request<ReqB>,
+        given: Option<crate::RouteInfo>,
+    ) -> ResponseFuture<ResB, I::Error>
+    where
+        I: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+        I::Future: Send + 'static,
+        I::Error: Send + 'static,
+        ReqB: Send + 'static,
+        ResB: Send + 'static,
+        S: Store,
+        C: Clock,
+    {
+        let prepared = self.limiter.prepare(&req, self.peer, given);
         let now = self.limiter.decide_now(&prepared);
         match now {
             // answered without the inner service; the request and its
@@ -154,7 +203,9 @@ where
             };
             match verdict {
                 Verdict::Pass => {
-                    req.extensions_mut().insert(prepared.route);
+                    if let Some(route) = prepared.route {
+                        req.extensions_mut().insert(route);
+                    }
                     Ok(inner.call(req).await?.map(RateLimitBody::inner))
                 }
                 Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
@@ -168,7 +219,11 @@ where
                     // held units go back when the response body is done,
                     // or here if the call fails or is cancelled
                     let guard = limiter.release_guard(&admitted);
-                    req.extensions_mut().insert(prepared.route);
+                    // a classification found in the extensions stays; one
+                    // made here is left for the handlers after this layer
+                    if let Some(route) = prepared.route {
+                        req.extensions_mut().insert(route);
+                    }
                     let mut res = inner.call(req).await?;
                     admitted.decorate(res.headers_mut());
                     Ok(res.map(|b| RateLimitBody::guarded(b, guard)))
