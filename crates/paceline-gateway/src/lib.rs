@@ -18,6 +18,43 @@
 //!   the upstream (pooled keep-alive connections driven in the request's
 //!   task).
 //!
+//! ## The parts
+//!
+//! ```text
+//!  config.rs ─ split.rs ─ locate.rs     the file: [gateway] here, the rest to
+//!     │                                  paceline-server's model; located errors
+//!     ▼
+//!  server.rs   bind, accept, one stack per connection, reload, shutdown
+//!     │  idle.rs (a connection with nothing in flight too long is closed)
+//!     ▼
+//!  shed/ service.rs (LoadShed: classify once, admit or 503, time the inner call)
+//!        mod.rs     (Shedder: in-flight units by criticality, latency rule)
+//!     │
+//!     ▼
+//!  paceline-server RateLimit  (decide from the head; 429 without going on)
+//!     │
+//!     ▼
+//!  proxy.rs ─► upstream/ client.rs (pool.rs, conn.rs, body.rs, idle.rs)
+//!                        codec/ request.rs (the head going up), head.rs and
+//!                               framing.rs (the answer coming back), hop.rs
+//!                        hyper.rs (hyper's client, for the differential test)
+//!  metrics.rs  the gateway's own series       webhook.rs  soft-limit events
+//! ```
+//!
+//! ## A 429, socket to header
+//!
+//! `server.rs` accepts the connection and builds its stack; hyper reads
+//! the head; `shed/service.rs` classifies the request once (its route,
+//! through `paceline-server`'s `config/mod.rs` and `route.rs`) and, with
+//! room to spare, hands it with that classification to the limit layer
+//! (`paceline-server`'s `layer/service.rs`); `limiter.rs` there reads the
+//! key (`identity.rs`), asks the store (`paceline-core`'s `store.rs` and
+//! `check.rs`) and turns the denial into the plan's prepared answer
+//! (`paceline-wire`'s `emit/prepared.rs`: head, `RateLimit`, `Retry-After`
+//! and the problem body); the answer goes back through `shed/service.rs`
+//! (which records no upstream latency for it) to hyper, which writes it.
+//! `proxy.rs` and the upstream are never touched.
+//!
 //! ```no_run
 //! use paceline_gateway::{Gateway, GatewayConfig};
 //!

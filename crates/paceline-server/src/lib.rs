@@ -17,8 +17,41 @@
 //! - [`RateLimiter`]: the engine over any [`paceline_core::Store`] and
 //!   [`paceline_core::Clock`]; [`RateLimiter::layer`] makes the
 //!   [`RateLimitLayer`].
-//! - [`identity`]: key extraction; [`route`]: costs and criticality;
-//!   [`telemetry`]: the metric names.
+//! - [`route`]: costs and criticality, and [`RouteInfo`], a request's
+//!   classification; [`telemetry`]: the metric names.
+//!
+//! ## The parts
+//!
+//! ```text
+//!  config/ model.rs (the serde model) ─► compile.rs (LimitsBuilder,
+//!          error.rs (typed kinds)          CompiledPlan: a plan and its
+//!          mod.rs (Limits, classify)       prepared answers, metric keys)
+//!                                   │ Limits, swapped whole on reload
+//!                                   ▼
+//!  layer/ layer.rs ─► service.rs (RateLimit: call) ─► body.rs (releases held units)
+//!                                   │
+//!                                   ▼
+//!  limiter.rs (prepare, stage, decide, conclude)
+//!     ├─► route.rs     the route: cost, criticality, anonymity (once)
+//!     ├─► identity.rs  who: API key, header or client IP
+//!     ├─► escalation.rs holds for keys that keep retrying   ─┐ state.rs
+//!     ├─► soft.rs      warnings past a share of a quota     ─┘ (bounded maps)
+//!     ├─► paceline-core  the decision (any Store, any Clock)
+//!     ├─► telemetry.rs metrics and tracing
+//!     └─► respond.rs + paceline-wire  the fields, the answers
+//! ```
+//!
+//! ## A 429, file by file
+//!
+//! `layer/service.rs` hands the request head to `limiter.rs`, which takes
+//! its [`RouteInfo`] (`route.rs`: made by a layer in front, such as the
+//! gateway's shedder, or matched here), reads the key (`identity.rs`),
+//! checks for an escalation hold (`escalation.rs`) and asks the store
+//! (`paceline-core`, `store.rs` and `check.rs` there) with the compiled
+//! plan (`config/compile.rs`); the denial goes to the plan's prepared
+//! answer (`paceline-wire`'s `emit/prepared.rs`), is counted
+//! (`telemetry.rs`) and returned by `layer/service.rs` as a ready future,
+//! the request body unread (the connection closes when one was sent).
 //!
 //! ```
 //! use paceline_core::{ManualClock, MemoryStore, Plan, Policy};

@@ -1,3 +1,6 @@
+//! [`RateLimitLayer`]: the tower `Layer` that wraps a service in
+//! [`RateLimit`], so a `ServiceBuilder` can stack it like any other.
+
 use std::fmt;
 
 use tower_layer::Layer;

@@ -1,3 +1,7 @@
+//! [`RateLimit`], the service: it decides from the head before calling the
+//! inner service, and its [`ResponseFuture`] is ready at once (and
+//! allocates nothing) when the answer is made in process.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
