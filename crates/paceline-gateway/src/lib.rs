@@ -14,9 +14,9 @@
 //! - [`Gateway`]: binds, serves (HTTP/1.1 and h2c), reloads, shuts down
 //!   gracefully; [`GatewayHandle`] controls it.
 //! - [`shed`]: load shedding by criticality, as a tower layer.
-//! - [`proxy`]: the forwarding service, with its own HTTP/1.1 client to
-//!   the upstream (pooled keep-alive connections driven in the request's
-//!   task).
+//! - the forwarding service (`proxy.rs`, private), with its own HTTP/1.1
+//!   client to the upstream (pooled keep-alive connections driven in the
+//!   request's task).
 //!
 //! ## The parts
 //!
@@ -72,12 +72,12 @@ mod config;
 mod idle;
 mod locate;
 pub mod metrics;
-pub mod proxy;
+mod proxy;
 mod server;
 pub mod shed;
 mod split;
 mod upstream;
-pub mod webhook;
+mod webhook;
 
 pub use config::{ConfigFileError, GatewayConfig, Settings, SheddingSettings, StoreKind, Timeouts};
 pub use server::{

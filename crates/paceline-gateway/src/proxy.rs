@@ -37,14 +37,14 @@ use crate::metrics as m;
 use crate::shed::CurrentLimits;
 use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError};
 
-pub use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
+pub(crate) use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
 
 /// The body of every response the gateway sends.
-pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Forwards requests to one upstream. Clones share the connection pool.
 #[derive(Clone)]
-pub struct Proxy {
+pub(crate) struct Proxy {
     inner: Arc<ProxyInner>,
     /// The client connection's peer, for requests that carry no
     /// [`PeerAddr`].
@@ -73,7 +73,7 @@ impl Proxy {
     /// under the problem base of the limits `limits` gives at the time;
     /// upstream latencies and the ages of pooled connections are read
     /// from `clock`.
-    pub fn new(
+    pub(crate) fn new(
         upstream: &Uri,
         timeouts: Timeouts,
         limits: CurrentLimits,
@@ -91,7 +91,7 @@ impl Proxy {
 
     /// The same proxy (sharing the pool) for the one client connection
     /// whose peer is `peer`: its requests need not carry a [`PeerAddr`].
-    pub fn with_peer(&self, peer: std::net::SocketAddr) -> Self {
+    pub(crate) fn with_peer(&self, peer: std::net::SocketAddr) -> Self {
         Proxy {
             inner: self.inner.clone(),
             peer: Some(peer.ip()),
@@ -99,7 +99,7 @@ impl Proxy {
     }
 
     /// Forwards one request.
-    pub async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+    pub(crate) async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let this = &*self.inner;
         if req.method() == Method::CONNECT {
             // a tunnel is not a request this proxy forwards

@@ -16,10 +16,10 @@ use hyper_util::rt::TokioExecutor;
 use paceline_server::{SoftLimitEvent, SoftLimitHook};
 
 /// How long one delivery may take.
-pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The JSON document posted for an event.
-pub fn event_json(ev: &SoftLimitEvent) -> String {
+pub(crate) fn event_json(ev: &SoftLimitEvent) -> String {
     serde_json::json!({
         "event": "soft_limit",
         "plan": ev.plan,
@@ -33,7 +33,7 @@ pub fn event_json(ev: &SoftLimitEvent) -> String {
 }
 
 /// A hook that posts each event to `uri` without waiting for it.
-pub fn webhook(uri: Uri) -> SoftLimitHook {
+pub(crate) fn webhook(uri: Uri) -> SoftLimitHook {
     let mut conn = HttpConnector::new();
     conn.set_connect_timeout(Some(WEBHOOK_TIMEOUT));
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(conn);

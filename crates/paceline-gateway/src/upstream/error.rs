@@ -7,7 +7,7 @@ use std::fmt;
 use std::io;
 
 /// Errors inside a streamed body.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug)]

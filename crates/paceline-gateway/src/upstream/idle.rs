@@ -19,7 +19,7 @@ pin_project! {
     /// A body that fails when no frame arrives for `idle`. The timer is
     /// armed only when the body has to wait, so a body that flows costs
     /// no timer work.
-    pub struct IdleTimeout<B> {
+    pub(crate) struct IdleTimeout<B> {
         #[pin]
         body: B,
         sleep: Option<Pin<Box<Sleep>>>,
@@ -31,7 +31,7 @@ pin_project! {
 
 impl<B> IdleTimeout<B> {
     /// Wraps `body`.
-    pub fn new(body: B, idle: Duration) -> Self {
+    pub(crate) fn new(body: B, idle: Duration) -> Self {
         IdleTimeout {
             body,
             sleep: None,
@@ -43,7 +43,7 @@ impl<B> IdleTimeout<B> {
 
 /// A body stalled longer than its idle bound.
 #[derive(Debug)]
-pub struct BodyIdle;
+pub(crate) struct BodyIdle;
 
 impl std::fmt::Display for BodyIdle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

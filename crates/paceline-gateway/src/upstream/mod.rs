@@ -43,10 +43,10 @@ use http::{HeaderMap, StatusCode};
 use http_body::Body;
 
 pub(crate) use client::Client;
-pub use codec::strip_hop_by_hop;
-pub use error::BoxError;
+pub(crate) use codec::strip_hop_by_hop;
+pub(crate) use error::BoxError;
 pub(crate) use error::UpstreamError;
-pub use idle::{BodyIdle, IdleTimeout};
+pub(crate) use idle::{BodyIdle, IdleTimeout};
 
 /// A request as the proxy hands it to an [`Upstream`]: the client's head,
 /// which the upstream client sends on by the codec's rules (hop-by-hop

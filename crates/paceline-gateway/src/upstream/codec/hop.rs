@@ -33,7 +33,7 @@ pub(crate) fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
 
 /// Removes the fields that describe one connection, not the message
 /// (RFC 9110 §7.6.1), including any named in `Connection`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // most messages carry none: one pass over the names instead of a
     // lookup per field
     if !headers.keys().any(is_hop_by_hop) {

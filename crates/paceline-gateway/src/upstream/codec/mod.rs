@@ -11,7 +11,7 @@ mod request;
 
 pub(crate) use framing::{Chunk, Framing, Step};
 pub(crate) use head::{parse_head, Head, MAX_HEAD};
-pub use hop::strip_hop_by_hop;
+pub(crate) use hop::strip_hop_by_hop;
 pub(crate) use request::{put_data, write_head, BodyFraming, Target};
 
 #[cfg(test)]
