@@ -241,3 +241,21 @@ fn problem_body_and_outcomes() {
     let v = parse_response(429, &h, Some(b"{nope"), NOW);
     assert_eq!(reasons(&v, "body").len(), 1);
 }
+
+#[test]
+fn draft07_dictionary_takes_the_window_of_its_numbered_policy() {
+    let h = headers(&[
+        ("ratelimit-policy", "8;w=2"),
+        ("ratelimit", "limit=8, remaining=7, reset=2"),
+    ]);
+    let v = parse_response(200, &h, None, NOW);
+    let p = v.tightest_policy().unwrap();
+    assert_eq!((p.quota, p.window_s, p.remaining), (Some(8), Some(2), Some(7)));
+    // a policy of another quota lends nothing
+    let h = headers(&[
+        ("ratelimit-policy", "100;w=60"),
+        ("ratelimit", "limit=8, remaining=7, reset=2"),
+    ]);
+    let p = parse_response(200, &h, None, NOW).policies[0].clone();
+    assert_eq!((p.quota, p.window_s), (Some(8), None));
+}

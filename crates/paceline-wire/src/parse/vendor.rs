@@ -761,6 +761,7 @@ impl Acc {
         let mut policies = self.ietf_views();
         if let Some(numbered) = self.numbered.take() {
             apply_numbered(&mut self.groups, &numbered);
+            apply_numbered_draft07(&mut self.extra, &numbered);
         }
         let groups = std::mem::take(&mut self.groups);
         for g in groups {
@@ -876,6 +877,26 @@ fn apply_numbered(groups: &mut [Group], numbered: &[(u64, Option<u64>)]) {
         if let Some((q, w)) = hit {
             g.limit.get_or_insert(*q);
             g.window_s = *w;
+        }
+    }
+}
+
+/// Draft-07 pairs the same numbered `RateLimit-Policy: 8;w=2` with its
+/// `RateLimit: limit=8, remaining=7, reset=2` dictionary: the window of the
+/// policy with the same quota (or of the only one) is the dictionary's.
+fn apply_numbered_draft07(extra: &mut [PolicyView], numbered: &[(u64, Option<u64>)]) {
+    for p in extra
+        .iter_mut()
+        .filter(|p| p.name == "ratelimit" && p.window_s.is_none())
+    {
+        let hit = match p.quota {
+            Some(l) => numbered.iter().find(|(q, _)| *q == l),
+            None if numbered.len() == 1 => numbered.first(),
+            None => None,
+        };
+        if let Some((q, w)) = hit {
+            p.quota.get_or_insert(*q);
+            p.window_s = *w;
         }
     }
 }
