@@ -329,7 +329,7 @@ impl Client {
         }
         if scope.throttle.should_drop(now, &mut st.rng) {
             let p = scope.throttle.probability(now);
-            scope.throttle.record_request(now);
+            scope.throttle.record_drop(now);
             let error = ClientError::Throttled {
                 probability_per_mille: (p * 1000.0).round() as u32,
             };

@@ -214,3 +214,22 @@ fn a_small_client_retries_every_call_of_a_burst_of_429s() {
         assert!(without.calls_done < 40, "{without:?}");
     }
 }
+
+#[test]
+fn the_throttle_lets_traffic_back_within_its_window_after_an_outage() {
+    for retry_after_s in [1, 0] {
+        let p = incident::IncidentParams {
+            retry_after_s,
+            ..Default::default()
+        };
+        let r = incident::run(&p, 1);
+        let after = r.recovered_after_s.expect("recovers within the run");
+        println!(
+            "503 ra={retry_after_s}: back to 90% after {after} s, {} dropped",
+            r.local_drops
+        );
+        assert!(r.local_drops > 0, "the throttle engaged");
+        assert!(after <= 120.0, "ra={retry_after_s}: back after {after} s");
+        assert!(r.retries_peak_minute_ratio <= 0.10);
+    }
+}

@@ -199,7 +199,10 @@ fn assert_polite(peer: &str, s: &serde_json::Value, max_429: Option<u64>) {
     let floor = s["floor_s"].as_f64().expect("a floor");
     assert_eq!(floor, 8.0);
     let elapsed = s["elapsed_s"].as_f64().unwrap();
-    assert!(elapsed <= floor * 1.10, "{peer}: {elapsed} s against a floor of {floor} s");
+    assert!(
+        elapsed <= floor * 1.10,
+        "{peer}: {elapsed} s against a floor of {floor} s"
+    );
 }
 
 fn naive_beside(peer: &str, s: &serde_json::Value) {
@@ -208,7 +211,10 @@ fn naive_beside(peer: &str, s: &serde_json::Value) {
     // the naive figures are for comparison; they stay bounded
     let jobs = s["jobs_done"].as_u64().unwrap() + s["jobs_failed"].as_u64().unwrap();
     assert_eq!(jobs, 40, "{peer}: {s}");
-    assert!(count(s, "429") > 0, "{peer}: the naive client drew no 429: {s}");
+    assert!(
+        count(s, "429") > 0,
+        "{peer}: the naive client drew no 429: {s}"
+    );
 }
 
 #[test]

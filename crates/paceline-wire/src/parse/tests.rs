@@ -250,7 +250,10 @@ fn draft07_dictionary_takes_the_window_of_its_numbered_policy() {
     ]);
     let v = parse_response(200, &h, None, NOW);
     let p = v.tightest_policy().unwrap();
-    assert_eq!((p.quota, p.window_s, p.remaining), (Some(8), Some(2), Some(7)));
+    assert_eq!(
+        (p.quota, p.window_s, p.remaining),
+        (Some(8), Some(2), Some(7))
+    );
     // a policy of another quota lends nothing
     let h = headers(&[
         ("ratelimit-policy", "100;w=60"),

@@ -211,9 +211,15 @@ struct Queued {
 enum Outcome {
     Done,
     /// Definitive: the job fails.
-    Failed { reason: String, status: Option<u16> },
+    Failed {
+        reason: String,
+        status: Option<u16>,
+    },
     /// Refused for now (budget, attempts, throttle, network): try again.
-    Again { reason: String, status: Option<u16> },
+    Again {
+        reason: String,
+        status: Option<u16>,
+    },
 }
 
 /// What the run did, shared by the workers.
@@ -390,7 +396,10 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
     let bar = progress(n, args.no_progress);
     watch(&sdk, &bar, args.verbose);
     if args.naive {
-        bar.set_message(format!("naive: at most {} attempts a job", args.naive_attempts));
+        bar.set_message(format!(
+            "naive: at most {} attempts a job",
+            args.naive_attempts
+        ));
     }
     let queue: Arc<Mutex<VecDeque<Queued>>> = Arc::new(Mutex::new(
         jobs.into_iter()
@@ -610,7 +619,8 @@ impl Worker {
             }
             Some((reason, status)) => {
                 self.tally.failed.fetch_add(1, Ordering::Relaxed);
-                self.tally.error(reason.split(' ').next().unwrap_or(&reason));
+                self.tally
+                    .error(reason.split(' ').next().unwrap_or(&reason));
                 self.tally.failures.lock().push(Failure {
                     job: q.index,
                     url: q.job.url.clone(),
@@ -631,7 +641,10 @@ impl Worker {
             count(503)
         );
         if self.naive {
-            msg.push_str(&format!("  (naive: at most {} attempts a job)", self.naive_attempts));
+            msg.push_str(&format!(
+                "  (naive: at most {} attempts a job)",
+                self.naive_attempts
+            ));
         }
         self.bar.set_message(msg);
         None
@@ -647,31 +660,33 @@ impl Worker {
                     status: Some(status),
                 }
             }
-            Err(reqwest_middleware::Error::Middleware(e)) => match e.downcast_ref::<ClientError>() {
-                // the server said when to come back, or the client chose to
-                // hold back: the job is not lost, only later
-                Some(
-                    e @ (ClientError::BudgetExhausted { status }
-                    | ClientError::RetriesExhausted { status, .. }),
-                ) => Outcome::Again {
-                    reason: e.kind().to_string(),
-                    status: *status,
-                },
-                Some(e @ (ClientError::Throttled { .. } | ClientError::Transport { .. })) => {
-                    Outcome::Again {
+            Err(reqwest_middleware::Error::Middleware(e)) => {
+                match e.downcast_ref::<ClientError>() {
+                    // the server said when to come back, or the client chose to
+                    // hold back: the job is not lost, only later
+                    Some(
+                        e @ (ClientError::BudgetExhausted { status }
+                        | ClientError::RetriesExhausted { status, .. }),
+                    ) => Outcome::Again {
+                        reason: e.kind().to_string(),
+                        status: *status,
+                    },
+                    Some(e @ (ClientError::Throttled { .. } | ClientError::Transport { .. })) => {
+                        Outcome::Again {
+                            reason: e.kind().to_string(),
+                            status: None,
+                        }
+                    }
+                    Some(e) => Outcome::Failed {
                         reason: e.kind().to_string(),
                         status: None,
-                    }
+                    },
+                    None => Outcome::Failed {
+                        reason: "middleware".into(),
+                        status: None,
+                    },
                 }
-                Some(e) => Outcome::Failed {
-                    reason: e.kind().to_string(),
-                    status: None,
-                },
-                None => Outcome::Failed {
-                    reason: "middleware".into(),
-                    status: None,
-                },
-            },
+            }
             Err(reqwest_middleware::Error::Reqwest(_)) => Outcome::Again {
                 reason: "transport".into(),
                 status: None,
@@ -742,8 +757,13 @@ fn print_summary(s: &Summary, json: bool) -> anyhow::Result<()> {
         row(&format!("error {kind}"), n.to_string());
     }
     for f in &s.failures {
-        let status = f.status.map_or(String::new(), |c| format!(" (last status {c})"));
-        out.push_str(&format!("failed job {}: {} {}{status}\n", f.job, f.url, f.reason));
+        let status = f
+            .status
+            .map_or(String::new(), |c| format!(" (last status {c})"));
+        out.push_str(&format!(
+            "failed job {}: {} {}{status}\n",
+            f.job, f.url, f.reason
+        ));
     }
     print!("{out}");
     Ok(())
