@@ -348,3 +348,59 @@ mod structured_limits {
         assert!(reasons(&v, "ratelimit-policy")[0].contains("too long"));
     }
 }
+
+#[test]
+fn a_body_that_alone_states_a_monthly_or_spend_cap_is_a_quota() {
+    // NOW is 2023-11-14T22:13:20Z
+    let june = |s: &str| super::time::parse_rfc3339(s).unwrap().saturating_sub(NOW);
+    let cases: &[(&str, &str)] = &[
+        (
+            r#"{"error": {"code": "monthly_limit_exceeded", "message": "Monthly request limit reached.", "reset_at": "2023-12-01T00:00:00Z"}}"#,
+            "2023-12-01T00:00:00Z",
+        ),
+        (
+            r#"{"error": "spend_cap_reached", "message": "Your spend cap was reached; it resets on 2023-12-01."}"#,
+            "2023-12-01T00:00Z",
+        ),
+        (
+            r#"{"message": "You have used up your monthly quota", "resets_at": 1701388800}"#,
+            "2023-12-01T00:00Z",
+        ),
+        (
+            r#"{"type": "billing_error", "detail": "Budget exceeded until 2023-12-01T00:00Z"}"#,
+            "2023-12-01T00:00Z",
+        ),
+    ];
+    for (body, reset) in cases {
+        let h = headers(&[("content-type", "application/json")]);
+        let v = parse_response(429, &h, Some(body.as_bytes()), NOW);
+        assert_eq!(v.outcome, OutcomeKind::QuotaExhausted, "{body}");
+        assert!(!v.retry, "{body}");
+        assert_eq!(v.retry_after, Some(june(reset)), "{body}");
+    }
+    // a rate limit in words is still a rate limit
+    let h = headers(&[("content-type", "application/json")]);
+    let body =
+        r#"{"error": {"type": "rate_limit_error", "message": "Too many requests per minute"}}"#;
+    let v = parse_response(429, &h, Some(body.as_bytes()), NOW);
+    assert_eq!(v.outcome, OutcomeKind::RateLimited);
+}
+
+#[test]
+fn reset_instants_without_seconds() {
+    // 2023-11-14T22:13:20Z: 22:15Z is 100 s away
+    for (prefix, value) in [
+        ("x-ratelimit-", "2023-11-14T22:15Z"),
+        ("ratelimit-", "2023-11-14T22:15Z"),
+        ("x-ratelimit-", "2023-11-14T23:15+01:00"),
+    ] {
+        let (remaining, name) = (format!("{prefix}remaining"), format!("{prefix}reset"));
+        let h = headers(&[(remaining.as_str(), "0"), (name.as_str(), value)]);
+        let v = parse_response(429, &h, None, NOW);
+        assert_eq!(
+            v.retry_after,
+            Some(Nanos::from_secs(100)),
+            "{name}: {value}"
+        );
+    }
+}

@@ -328,7 +328,7 @@ struct Group {
 
 /// The accumulator one parse fills.
 pub(crate) struct Acc {
-    now: Nanos,
+    pub(crate) now: Nanos,
     age: u64,
     groups: Vec<Group>,
     extra: Vec<PolicyView>,
