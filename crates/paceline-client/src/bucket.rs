@@ -27,6 +27,15 @@
 //! upper bound on the same instant) and waits [`FIXED_MARGIN`] past it, for
 //! clock and network jitter, before spending the next window.
 //!
+//! A server that publishes no `w` and its reset as an epoch second
+//! (`X-RateLimit-Reset`) says when a window ends up to a second late. The
+//! answer to the request that opened a window (it left `q − 1`) tells the
+//! window's length in whole seconds, `floor(t + round trip)`; the mirror
+//! then ends each window one such length after its first answer, and lets
+//! the first request of the next window go alone, the others waiting for
+//! its answer, so a window that is not a whole number of seconds costs one
+//! 429 (after which only the server's reset counts), not a window's worth.
+//!
 //! How answers correct a rate mirror: every request remembers what the
 //! mirror expected of it when it went out (its `Mark`). The server's `r`
 //! agrees with that expectation when it is what the mirror predicted for
@@ -113,7 +122,24 @@ pub(crate) struct Mirror {
     /// The latest answer taken as the server's word: when it came and
     /// what it said was left (to tell a restore at once from a refill).
     last_answer: Option<(u64, u64)>,
+    /// The window's length in whole seconds, read off the answer to the
+    /// request that opened a window, when the server publishes no `w`
+    /// (its reset instant, in whole epoch seconds, can be up to a second
+    /// late); dropped for good on the first 429.
+    whole_window: Option<u64>,
+    no_guess: bool,
+    /// When a window whose reset instant was guessed rolled over: the
+    /// first request of the new window goes alone, and the others wait
+    /// for its answer (at most [`PROBE_HOLD`]), so a wrong guess costs one
+    /// 429, not a window's worth.
+    awaiting: Option<u64>,
 }
+
+/// How long the other requests wait for the first answer of a window
+/// whose reset instant was guessed.
+const PROBE_HOLD: u64 = 1_000_000_000;
+/// How often they look again.
+const PROBE_POLL: u64 = 5_000_000;
 
 /// What a rate mirror expected of one request when it went out: its
 /// theoretical arrival time after the charge, less the shifts made so far.
@@ -162,10 +188,14 @@ impl Mirror {
             quota: None,
             window: None,
             model: Model::empty_window(),
-            generation: 0,
+            // never 0, which marks carry when they expect nothing
+            generation: 1,
             fixed: false,
             longest_reset: 0,
             last_answer: None,
+            whole_window: None,
+            no_guess: false,
+            awaiting: None,
         };
         m.shape(p);
         m
@@ -275,6 +305,35 @@ impl Mirror {
         false
     }
 
+    /// Reads the window's length off the answer to a request that opened
+    /// a window (it left `q − 1`): its reset, `t` after the answer, came
+    /// at most one second late (rounded up to an epoch second) and the
+    /// window opened at most one round trip before the answer, so a
+    /// window of whole seconds is `floor(t + round trip)`.
+    fn guess_window(&mut self, now: u64, r: u64, p: &PolicyObservation, seen: &Seen) {
+        if seen.rejected {
+            // the guess may be what drew it: the server's word from now on
+            self.no_guess = true;
+            self.whole_window = None;
+            self.awaiting = None;
+            return;
+        }
+        if self.window.is_some() || self.no_guess || self.whole_window.is_some() {
+            return;
+        }
+        let (Some(q), Some(t), Some(sent)) = (self.quota, p.reset_in, seen.sent_at) else {
+            return;
+        };
+        if r.saturating_add(1) != q || sent.as_u64() > now {
+            return;
+        }
+        let rtt = now - sent.as_u64();
+        let secs = t.as_u64().saturating_add(rtt) / 1_000_000_000;
+        if secs >= 1 {
+            self.whole_window = Some(secs * 1_000_000_000);
+        }
+    }
+
     fn window_of(&self, p: &PolicyObservation) -> Option<u64> {
         p.window_s
             .or_else(|| self.window.map(|w| w.as_secs_floor()))
@@ -283,6 +342,11 @@ impl Mirror {
     /// The earliest instant one unit may be spent.
     pub(crate) fn earliest(&self, now: Nanos) -> Nanos {
         let now = now.as_u64();
+        if let Some(at) = self.awaiting {
+            if now < at.saturating_add(PROBE_HOLD) {
+                return Nanos::new(now + PROBE_POLL);
+            }
+        }
         let at = match self.model {
             Model::Rate {
                 emission,
@@ -340,12 +404,15 @@ impl Mirror {
                 spent,
             } => {
                 let rolled = *reset_at > 0 && now >= reset_at.saturating_add(FIXED_MARGIN.as_u64());
+                if rolled && self.whole_window.is_some() {
+                    self.awaiting = Some(now);
+                }
                 if rolled {
                     // a new window: the whole quota, until at most one
                     // window from now (the answers will say exactly when)
                     *epoch += 1;
                     *remaining = quota;
-                    let span = window.unwrap_or(self.longest_reset);
+                    let span = window.or(self.whole_window).unwrap_or(self.longest_reset);
                     if span > 0 && quota.is_some() {
                         *reset_at = now.saturating_add(span);
                         *provisional = true;
@@ -388,6 +455,8 @@ impl Mirror {
         if !seen.rejected {
             self.last_answer = Some((now, r));
         }
+        self.guess_window(now, r, p, seen);
+        let guess = self.whole_window;
         let quota = self.quota;
         let generation = self.generation;
         match &mut self.model {
@@ -429,7 +498,15 @@ impl Mirror {
                     // an answer about a window the mirror has left behind
                     return;
                 }
-                let bound = p.reset_in.map(|t| now.saturating_add(t.as_u64()));
+                if marked {
+                    self.awaiting = None;
+                }
+                // the window opened before this answer came: it ends no
+                // later than one window from now
+                let bound = p
+                    .reset_in
+                    .map(|t| now.saturating_add(t.as_u64()))
+                    .map(|b| guess.map_or(b, |w| b.min(now.saturating_add(w))));
                 // the server restored more than this window can hold: it
                 // is in a window the mirror has not seen open. Within one
                 // window the server can hold more than the mirror only by

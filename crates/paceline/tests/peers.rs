@@ -243,12 +243,9 @@ fn express_rate_limit_ietf_drafts() {
 fn express_rate_limit_x_ratelimit_headers() {
     let Some(p) = express("legacy") else { return };
     let s = bulk(p.port, &[]);
-    // no window published and the reset in whole epoch seconds: every
-    // window is waited out to the second after its end
-    println!("express-rate-limit x-ratelimit sdk: {s}");
-    assert_eq!(s["jobs_done"], 40, "{s}");
-    assert_eq!(s["jobs_failed"], 0, "{s}");
-    assert!(count(&s, "429") <= 1, "{s}");
+    // no window published and the reset in whole epoch seconds: the
+    // window's length is read off the answers
+    assert_polite("express-rate-limit x-ratelimit", &s, Some(1));
 }
 
 #[test]
