@@ -63,7 +63,9 @@ pub(crate) struct Args {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 30.0)]
     timeout: f64,
-    /// The longest wait the SDK will sleep, in seconds; a longer one fails the job.
+    /// The longest wait, in seconds: a wait the SDK is asked for past it,
+    /// or a job still not done this long after its first attempt, fails
+    /// the job.
     #[arg(long, default_value_t = 300)]
     max_wait: u64,
     /// With --naive: attempts a job gets before it fails.
