@@ -2,7 +2,9 @@
 // a fixed window of LIMIT requests per WINDOW_MS, publishing the headers of
 // one dialect (draft-6, draft-7, draft-8 or legacy X-RateLimit-*).
 // Usage: node express-limiter.js DIALECT [LIMIT] [WINDOW_MS]
-// Listens on 127.0.0.1 on a free port and prints "listening PORT".
+// Listens on 127.0.0.1 on a free port and prints "listening PORT"; exits
+// when its stdin closes. PEER_LOG=1 logs each answer (time, status, counts)
+// to stderr.
 const path = require("path");
 const modules = path.resolve(process.env.PEERS_NODE_MODULES || path.join(__dirname, "node_modules"));
 const express = require(path.join(modules, "express"));
