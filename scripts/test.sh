@@ -13,6 +13,24 @@ need_pkg() { # need_pkg COMMAND PACKAGE
     fi
 }
 
+# The peers of crates/paceline/tests/peers.rs: rate limiters nobody here
+# wrote. nginx from Debian; express and express-rate-limit from npm, into
+# target/peers (nothing global), only when missing.
+need_pkg /usr/sbin/nginx nginx
+need_pkg node nodejs
+need_npm_peers() {
+    local dir=target/peers
+    if [ ! -d "$dir/node_modules/express-rate-limit" ] || [ ! -d "$dir/node_modules/express" ]; then
+        need_pkg npm npm
+        echo "installing express and express-rate-limit (npm, into $dir)"
+        mkdir -p "$dir"
+        [ -f "$dir/package.json" ] || echo '{"name": "paceline-peers", "private": true}' > "$dir/package.json"
+        (cd "$dir" && npm install --no-audit --no-fund --silent express@5.3.0 express-rate-limit@8.7.5 >/dev/null)
+    fi
+}
+mkdir -p target
+need_npm_peers
+
 export CARGO_TERM_COLOR=never
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -1,13 +1,40 @@
 //! A mirror of one server policy, kept by the client.
 //!
-//! Two models, chosen from what the server publishes:
+//! Two models, chosen from what the server publishes and how it behaves:
 //!
-//! - **rate** (quota and a window under an hour known): a GCRA bucket of
-//!   capacity `q` refilling `q` per `w`, the way the server's token bucket
-//!   refills, so the client spends exactly at the published rate;
-//! - **window** (a long quota, or only remaining and reset known): `r`
-//!   units until the reset; when fewer than 10% of `q` are left the rest is
-//!   spread evenly over the time to the reset instead of spent at once.
+//! - **rate** (quota and a window under an hour known, and nothing says
+//!   otherwise): a GCRA bucket of capacity `q` refilling `q` per `w`, the
+//!   way the server's token bucket refills, so the client spends exactly at
+//!   the published rate;
+//! - **window** (a long quota, only remaining and reset known, or a short
+//!   window the server runs as a fixed window): `r` units until the reset,
+//!   then the whole quota again; when fewer than 10% of `q` are left the
+//!   rest is spread evenly over the time to the reset instead of spent at
+//!   once.
+//!
+//! Why the server's window kind matters: a counter that restores all of
+//! `q` at once at the reset instant holds nothing between two resets, so a
+//! bucket mirror that refills one unit every `w/q` spends units the server
+//! does not have and draws a 429 each time. A policy is taken for a fixed
+//! window as soon as an answer could not come from a bucket: `t` (whole
+//! seconds to the full restore, rounded up) longer than a bucket missing
+//! `q − r` units could need, `ceil((q − r) · w / q)` (a fixed window says
+//! `t ≈ w` right after it opens), or shorter than a bucket holding less
+//! than `r + 1` units must need (a window about to end with little left),
+//! or `r` higher than the refill since an earlier answer allows (restored
+//! at once). A window mirror keeps the
+//! earliest reset instant its answers allow (every answer's `now + t` is an
+//! upper bound on the same instant) and waits [`FIXED_MARGIN`] past it, for
+//! clock and network jitter, before spending the next window.
+//!
+//! A server that publishes no `w` and its reset as an epoch second
+//! (`X-RateLimit-Reset`) says when a window ends up to a second late. The
+//! answer to the request that opened a window (it left `q − 1`) tells the
+//! window's length in whole seconds, `floor(t + round trip)`; the mirror
+//! then ends each window one such length after its first answer, and lets
+//! the first request of the next window go alone, the others waiting for
+//! its answer, so a window that is not a whole number of seconds costs one
+//! 429 (after which only the server's reset counts), not a window's worth.
 //!
 //! How answers correct a rate mirror: every request remembers what the
 //! mirror expected of it when it went out (its `Mark`). The server's `r`
@@ -33,6 +60,11 @@ use crate::observe::PolicyObservation;
 /// Windows at least this long are quotas (their 429 is not retried).
 pub const QUOTA_WINDOW: Nanos = Nanos::from_secs(3_600);
 
+/// How long past a window's reset instant a window mirror waits before it
+/// spends the next window: room for the server's clock, the network and the
+/// rounding of `t` to whole seconds on the server's side of the reset.
+pub(crate) const FIXED_MARGIN: Nanos = Nanos::from_millis(50);
+
 #[derive(Clone, Debug)]
 pub(crate) enum Model {
     Rate {
@@ -47,7 +79,28 @@ pub(crate) enum Model {
         remaining: Option<u64>,
         reset_at: u64,
         next_at: u64,
+        /// Counts the windows the mirror has rolled over to; a request
+        /// remembers the one it went out in.
+        epoch: u64,
+        /// `reset_at` is the mirror's own guess for a window no answer has
+        /// spoken of yet (replaced, not tightened, by the first answer).
+        provisional: bool,
+        /// Units spent since `remaining` was last taken from the server.
+        spent: u64,
     },
+}
+
+impl Model {
+    fn empty_window() -> Self {
+        Model::Window {
+            remaining: None,
+            reset_at: 0,
+            next_at: 0,
+            epoch: 0,
+            provisional: false,
+            spent: 0,
+        }
+    }
 }
 
 /// The client's copy of one policy.
@@ -58,10 +111,35 @@ pub(crate) struct Mirror {
     pub(crate) quota: Option<u64>,
     pub(crate) window: Option<Nanos>,
     pub(crate) model: Model,
-    /// Bumped whenever a new rate model is made, so marks taken under an
-    /// older one are not read against it.
+    /// Bumped whenever a new model is made, so marks taken under an older
+    /// one are not read against it.
     generation: u32,
+    /// The server runs this policy as a fixed window (seen in its answers).
+    pub(crate) fixed: bool,
+    /// The longest `t` seen: the window's length, as far as the answers
+    /// tell, when the server does not publish `w`.
+    longest_reset: u64,
+    /// The latest answer taken as the server's word: when it came and
+    /// what it said was left (to tell a restore at once from a refill).
+    last_answer: Option<(u64, u64)>,
+    /// The window's length in whole seconds, read off the answer to the
+    /// request that opened a window, when the server publishes no `w`
+    /// (its reset instant, in whole epoch seconds, can be up to a second
+    /// late); dropped for good on the first 429.
+    whole_window: Option<u64>,
+    no_guess: bool,
+    /// When a window whose reset instant was guessed rolled over: the
+    /// first request of the new window goes alone, and the others wait
+    /// for its answer (at most [`PROBE_HOLD`]), so a wrong guess costs one
+    /// 429, not a window's worth.
+    awaiting: Option<u64>,
 }
+
+/// How long the other requests wait for the first answer of a window
+/// whose reset instant was guessed.
+const PROBE_HOLD: u64 = 1_000_000_000;
+/// How often they look again.
+const PROBE_POLL: u64 = 5_000_000;
 
 /// What a rate mirror expected of one request when it went out: its
 /// theoretical arrival time after the charge, less the shifts made so far.
@@ -87,6 +165,9 @@ pub(crate) struct Seen {
     pub(crate) alone: bool,
     /// The server rejected it (429): it charged nothing.
     pub(crate) rejected: bool,
+    /// Requests still in flight once it landed (sent before or after it):
+    /// the server may not have served them yet.
+    pub(crate) in_flight: u64,
 }
 
 impl Seen {
@@ -106,12 +187,15 @@ impl Mirror {
             endpoint,
             quota: None,
             window: None,
-            model: Model::Window {
-                remaining: None,
-                reset_at: 0,
-                next_at: 0,
-            },
-            generation: 0,
+            model: Model::empty_window(),
+            // never 0, which marks carry when they expect nothing
+            generation: 1,
+            fixed: false,
+            longest_reset: 0,
+            last_answer: None,
+            whole_window: None,
+            no_guess: false,
+            awaiting: None,
         };
         m.shape(p);
         m
@@ -124,6 +208,17 @@ impl Mirror {
         match self.model {
             Model::Rate { tat, .. } => tat <= now,
             Model::Window { reset_at, .. } => reset_at <= now,
+        }
+    }
+
+    /// How the mirror models the server's window, for diagnostics:
+    /// `bucket` (continuous refill), `fixed` (restored at once at the
+    /// reset) or `window` (only remaining and reset known).
+    pub(crate) fn kind(&self) -> &'static str {
+        match self.model {
+            Model::Rate { .. } => "bucket",
+            Model::Window { .. } if self.fixed => "fixed",
+            Model::Window { .. } => "window",
         }
     }
 
@@ -148,7 +243,9 @@ impl Mirror {
             self.window = Some(Nanos::from_secs(w));
         }
         let rate = match (self.quota, self.window) {
-            (Some(q), Some(w)) if q > 0 && w > Nanos::ZERO && w < QUOTA_WINDOW => Some((q, w)),
+            (Some(q), Some(w)) if q > 0 && w > Nanos::ZERO && w < QUOTA_WINDOW && !self.fixed => {
+                Some((q, w))
+            }
             _ => None,
         };
         match (rate, &self.model) {
@@ -164,18 +261,92 @@ impl Mirror {
             }
             (None, Model::Window { .. }) => {}
             (None, Model::Rate { .. }) => {
-                self.model = Model::Window {
-                    remaining: None,
-                    reset_at: 0,
-                    next_at: 0,
-                }
+                self.generation = self.generation.wrapping_add(1).max(1);
+                self.model = Model::empty_window();
             }
         }
+    }
+
+    /// Whether an answer shows a window that restores all at once rather
+    /// than a bucket that refills (see the module documentation).
+    fn looks_fixed(&self, now: u64, p: &PolicyObservation, seen: &Seen) -> bool {
+        let (Some(q), Some(w), Some(r)) = (p.quota.or(self.quota), self.window_of(p), p.remaining)
+        else {
+            return false;
+        };
+        if q == 0 || r >= q || w == 0 || seen.rejected {
+            return false;
+        }
+        let w_ns = w.saturating_mul(1_000_000_000);
+        if let Some(t) = p.reset_in {
+            // a bucket missing q − r units is full again within
+            // (q − r) · w / q, and the server rounds that up to seconds
+            let bucket_t = ((q - r) as u128 * w_ns as u128).div_ceil(q as u128 * 1_000_000_000);
+            let t_s = t.as_u64().div_ceil(1_000_000_000) as u128;
+            if t_s > bucket_t {
+                return true;
+            }
+            // and needs more than (q − r − 1) · w / q (it holds less than
+            // r + 1 units): a window that ends sooner is not a bucket
+            let least = ((q - r - 1) as u128 * w_ns as u128) / (q as u128 * 1_000_000_000);
+            if t_s > 0 && t_s <= least {
+                return true;
+            }
+        }
+        // restored at once: the request went out after an earlier answer,
+        // so the server served it later, and it found more units than a
+        // refill since then (one unit per w/q, and one for rounding) gives
+        if let (Some((at, prev)), Some(sent)) = (self.last_answer, seen.sent_at) {
+            if sent.as_u64() >= at && now > at {
+                let refill = ((now - at) as u128 * q as u128).div_ceil(w_ns as u128) as u64;
+                return r > prev.saturating_add(refill).saturating_add(1);
+            }
+        }
+        false
+    }
+
+    /// Reads the window's length off the answer to a request that opened
+    /// a window (it left `q − 1`): its reset, `t` after the answer, came
+    /// at most one second late (rounded up to an epoch second) and the
+    /// window opened at most one round trip before the answer, so a
+    /// window of whole seconds is `floor(t + round trip)`.
+    fn guess_window(&mut self, now: u64, r: u64, p: &PolicyObservation, seen: &Seen) {
+        if seen.rejected {
+            // the guess may be what drew it: the server's word from now on
+            self.no_guess = true;
+            self.whole_window = None;
+            self.awaiting = None;
+            return;
+        }
+        if self.window.is_some() || self.no_guess || self.whole_window.is_some() {
+            return;
+        }
+        let (Some(q), Some(t), Some(sent)) = (self.quota, p.reset_in, seen.sent_at) else {
+            return;
+        };
+        if r.saturating_add(1) != q || sent.as_u64() > now {
+            return;
+        }
+        let rtt = now - sent.as_u64();
+        let secs = t.as_u64().saturating_add(rtt) / 1_000_000_000;
+        if secs >= 1 {
+            self.whole_window = Some(secs * 1_000_000_000);
+        }
+    }
+
+    fn window_of(&self, p: &PolicyObservation) -> Option<u64> {
+        p.window_s
+            .or_else(|| self.window.map(|w| w.as_secs_floor()))
     }
 
     /// The earliest instant one unit may be spent.
     pub(crate) fn earliest(&self, now: Nanos) -> Nanos {
         let now = now.as_u64();
+        if let Some(at) = self.awaiting {
+            if now < at.saturating_add(PROBE_HOLD) {
+                return Nanos::new(now + PROBE_POLL);
+            }
+        }
         let at = match self.model {
             Model::Rate {
                 emission,
@@ -187,11 +358,15 @@ impl Mirror {
                 remaining,
                 reset_at,
                 next_at,
+                ..
             } => {
-                if now >= reset_at {
+                let go = reset_at.saturating_add(FIXED_MARGIN.as_u64());
+                if reset_at == 0 || now >= go {
                     now
                 } else if remaining == Some(0) {
-                    reset_at
+                    go
+                } else if now >= reset_at {
+                    now
                 } else {
                     next_at
                 }
@@ -224,17 +399,31 @@ impl Mirror {
                 remaining,
                 reset_at,
                 next_at,
+                epoch,
+                provisional,
+                spent,
             } => {
-                if now >= *reset_at {
-                    match (quota, window) {
-                        (Some(q), Some(w)) if *reset_at > 0 && w > 0 => {
-                            let behind = (now - *reset_at) / w + 1;
-                            *reset_at += behind * w;
-                            *remaining = Some(q);
-                        }
-                        _ => *remaining = None,
-                    }
+                let rolled = *reset_at > 0 && now >= reset_at.saturating_add(FIXED_MARGIN.as_u64());
+                if rolled && self.whole_window.is_some() {
+                    self.awaiting = Some(now);
                 }
+                if rolled {
+                    // a new window: the whole quota, until at most one
+                    // window from now (the answers will say exactly when)
+                    *epoch += 1;
+                    *remaining = quota;
+                    let span = window.or(self.whole_window).unwrap_or(self.longest_reset);
+                    if span > 0 && quota.is_some() {
+                        *reset_at = now.saturating_add(span);
+                        *provisional = true;
+                    } else {
+                        *reset_at = 0;
+                        *remaining = None;
+                    }
+                    *next_at = 0;
+                    *spent = 0;
+                }
+                *spent = spent.saturating_add(1);
                 if let Some(r) = remaining {
                     *r = r.saturating_sub(1);
                     if let Some(q) = quota {
@@ -243,7 +432,10 @@ impl Mirror {
                         }
                     }
                 }
-                Mark::default()
+                Mark {
+                    generation,
+                    base: *epoch,
+                }
             }
         }
     }
@@ -251,9 +443,20 @@ impl Mirror {
     /// Folds what the server published into the mirror; `mark` is what
     /// the mirror expected of the answered request when it went out.
     pub(crate) fn observe(&mut self, now: Nanos, p: &PolicyObservation, seen: &Seen, mark: Mark) {
-        self.shape(p);
         let now = now.as_u64();
+        if !self.fixed && self.looks_fixed(now, p, seen) {
+            self.fixed = true;
+        }
+        self.shape(p);
+        if let Some(t) = p.reset_in {
+            self.longest_reset = self.longest_reset.max(t.as_u64());
+        }
         let Some(r) = p.remaining else { return };
+        if !seen.rejected {
+            self.last_answer = Some((now, r));
+        }
+        self.guess_window(now, r, p, seen);
+        let guess = self.whole_window;
         let quota = self.quota;
         let generation = self.generation;
         match &mut self.model {
@@ -285,16 +488,73 @@ impl Mirror {
                 remaining,
                 reset_at,
                 next_at,
+                epoch,
+                provisional,
+                spent,
             } => {
-                if let Some(t) = p.reset_in {
-                    *reset_at = now.saturating_add(t.as_u64());
-                } else if *reset_at <= now {
-                    *reset_at = now.saturating_add(self.window.map(Nanos::as_u64).unwrap_or(0));
+                let marked =
+                    mark.generation != 0 && mark.generation == generation && seen.sent_at.is_some();
+                if marked && mark.base < *epoch {
+                    // an answer about a window the mirror has left behind
+                    return;
                 }
-                let r = r.saturating_sub(seen.later);
+                if marked {
+                    self.awaiting = None;
+                }
+                // the window opened before this answer came: it ends no
+                // later than one window from now
+                let bound = p
+                    .reset_in
+                    .map(|t| now.saturating_add(t.as_u64()))
+                    .map(|b| guess.map_or(b, |w| b.min(now.saturating_add(w))));
+                // the server restored more than this window can hold: it
+                // is in a window the mirror has not seen open. Within one
+                // window the server can hold more than the mirror only by
+                // the other units the mirror spent since it last took the
+                // server's count (answers overtake one another).
+                let others = spent.saturating_sub(1);
+                let restored =
+                    marked && remaining.is_some_and(|local| r > local.saturating_add(others));
+                // a window the server announces by its reset (fixed, or
+                // only remaining and reset published) ends at one instant
+                let one_instant = self.fixed || self.window.is_none();
+                let tighten = one_instant
+                    && marked
+                    && !*provisional
+                    && !seen.rejected
+                    && !restored
+                    && *reset_at > 0;
+                match bound {
+                    // every answer about the same window bounds its reset
+                    // from above: keep the earliest
+                    Some(b) if tighten => *reset_at = (*reset_at).min(b),
+                    Some(b) => *reset_at = b,
+                    None if *reset_at <= now => {
+                        *reset_at = now.saturating_add(self.window.map(Nanos::as_u64).unwrap_or(0))
+                    }
+                    None => {}
+                }
+                *provisional = false;
+                // what may still be charged after this answer's count: the
+                // requests in flight, and those sent after it and answered
+                let unserved = seen
+                    .in_flight
+                    .saturating_add(seen.sent_after.saturating_sub(seen.later));
+                let r = if restored || (!marked && !seen.alone) {
+                    r.saturating_sub(unserved)
+                } else {
+                    r.saturating_sub(seen.later)
+                };
+                // the server's count is taken as it is only when no other
+                // unit was spent since the last one (nothing can have been
+                // served after this request without the mirror knowing)
+                let sole = seen.alone && *spent <= 1;
                 *remaining = Some(match *remaining {
-                    Some(local) if !seen.alone => local.min(r),
-                    _ => r,
+                    Some(local) if !sole && !restored => local.min(r),
+                    _ => {
+                        *spent = 0;
+                        r
+                    }
                 });
                 if let (Some(q), Some(left)) = (quota, *remaining) {
                     if left > 0 && left.saturating_mul(10) < q && *reset_at > now {
@@ -449,7 +709,11 @@ mod tests {
         p.quota = None;
         let mut m = Mirror::new(&p, None);
         m.observe(t0, &p, &Seen::unsent(true), Mark::default());
-        assert_eq!(m.earliest(t0), t0.saturating_add(Nanos::from_secs(30)));
+        assert_eq!(
+            m.earliest(t0),
+            t0.saturating_add(Nanos::from_secs(30))
+                .saturating_add(FIXED_MARGIN)
+        );
     }
 
     const MS: u64 = 1_000_000;

@@ -101,7 +101,8 @@ impl ClientBuilder {
         let c = &self.config;
         let state = State {
             rng,
-            budget: RetryBudget::new(c.budget_window, c.budget_percent, c.budget_min_retries),
+            budget: RetryBudget::new(c.budget_window, c.budget_percent, c.budget_min_retries)
+                .with_floor(c.budget_floor_per_s, c.budget_floor_burst),
             scopes: Scopes::default(),
             totals: Totals::default(),
             rates: SlotWindow::new(Nanos::from_secs(60), Nanos::SECOND),
@@ -328,7 +329,7 @@ impl Client {
         }
         if scope.throttle.should_drop(now, &mut st.rng) {
             let p = scope.throttle.probability(now);
-            scope.throttle.record_request(now);
+            scope.throttle.record_drop(now);
             let error = ClientError::Throttled {
                 probability_per_mille: (p * 1000.0).round() as u32,
             };

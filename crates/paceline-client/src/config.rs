@@ -20,6 +20,14 @@ pub struct Config {
     /// Retries always allowed per window, so a quiet client can still
     /// retry a little (3).
     pub budget_min_retries: u32,
+    /// The floor for small clients: retry tokens that come back per second
+    /// (1). A client whose 10% allows fewer retries than the floor holds
+    /// may still retry on these tokens; see [`crate::budget`]. Zero turns
+    /// the floor off.
+    pub budget_floor_per_s: u32,
+    /// Retry tokens the floor holds when full (10: one burst of 429s to
+    /// ten workers retries every one of them).
+    pub budget_floor_burst: u32,
     /// The adaptive throttle's window (two minutes).
     pub throttle_window: Nanos,
     /// The adaptive throttle's K (2).
@@ -60,6 +68,8 @@ impl Default for Config {
             budget_window: Nanos::from_secs(60),
             budget_percent: 10,
             budget_min_retries: 3,
+            budget_floor_per_s: 1,
+            budget_floor_burst: 10,
             throttle_window: Nanos::from_secs(120),
             throttle_k: 2.0,
             throttle_min_requests: 20,

@@ -20,6 +20,10 @@ pub struct PolicySnapshot {
     pub window_s: Option<u64>,
     /// Whole units the mirror thinks are left.
     pub available: Option<u64>,
+    /// How the server runs the window, as far as its answers tell:
+    /// `bucket` (refills continuously), `fixed` (restores all at once at
+    /// the reset) or `window` (only remaining and reset known).
+    pub window_kind: &'static str,
 }
 
 /// One scope.
@@ -74,6 +78,7 @@ impl ScopeSnapshot {
                     quota: m.quota,
                     window_s: m.window.map(|w| w.as_secs_floor()),
                     available: m.available(now),
+                    window_kind: m.kind(),
                 })
                 .collect(),
             last_429_ago_s: s

@@ -16,7 +16,8 @@
 //! The pieces, each usable alone:
 //!
 //! - [`budget::RetryBudget`]: retries at most 10% of the last minute's
-//!   requests, exact integer arithmetic;
+//!   requests, exact integer arithmetic, with a floor of retry tokens (10,
+//!   one back per second) for clients too small for a share to help;
 //! - [`throttle::AdaptiveThrottle`] and [`throttle::drop_probability`]: the
 //!   SRE book's client-side throttling over two minutes;
 //! - [`jitter::retry_wait`]: `Retry-After + uniform(0, J)`, or full jitter;

@@ -242,6 +242,7 @@ impl Scope {
             sent_after: self.next_seq.saturating_sub(seq + 1),
             alone: newest && self.in_flight.is_empty(),
             rejected: false,
+            in_flight: self.in_flight.len() as u64,
         }
     }
 

@@ -12,6 +12,17 @@
 //! flight are not counted yet, so a burst of first requests is never
 //! dropped for lack of answers.
 //!
+//! **After the outage.** Local drops count as requests (as the SRE book
+//! counts them), so once most requests are dropped the few that still go
+//! out are the only source of accepts, and the formula alone climbs back
+//! slowly: the sent share can only double per window, which kept traffic
+//! away for minutes after the server had recovered. So the formula holds
+//! while the window still holds a failure the server answered (a 429, a
+//! 503, a network error); once every failure has left the window, the
+//! server has accepted everything sent for a whole window and nothing is
+//! dropped. Traffic is back at most one window (two minutes) after the
+//! last failure.
+//!
 //! ```
 //! use paceline_client::throttle::drop_probability;
 //!
@@ -39,6 +50,8 @@ pub fn drop_probability(requests: u64, accepts: u64, k: f64) -> f64 {
 #[derive(Clone, Debug)]
 pub struct AdaptiveThrottle {
     window: SlotWindow,
+    /// Local drops in the window (also counted in `window` as requests).
+    drops: SlotWindow,
     k: f64,
     min_requests: u64,
 }
@@ -55,6 +68,7 @@ impl AdaptiveThrottle {
         let k = if k.is_nan() { 2.0 } else { k.max(1.0) };
         AdaptiveThrottle {
             window: SlotWindow::new(window, Nanos::SECOND),
+            drops: SlotWindow::new(window, Nanos::SECOND),
             k,
             min_requests: 0,
         }
@@ -84,6 +98,20 @@ impl AdaptiveThrottle {
         self.window.add(now, 0, 1);
     }
 
+    /// Counts a request dropped here, before it left: a request for the
+    /// formula, but not a failure the server answered.
+    pub fn record_drop(&mut self, now: Nanos) {
+        self.window.add(now, 1, 0);
+        self.drops.add(now, 1, 0);
+    }
+
+    /// Failures the server answered (requests neither accepted nor dropped
+    /// here) in the window ending at `now`.
+    pub fn failures(&self, now: Nanos) -> u64 {
+        let (r, a) = self.counts(now);
+        r.saturating_sub(a).saturating_sub(self.drops.totals(now).0)
+    }
+
     /// `(requests, accepts)` in the window ending at `now`.
     pub fn counts(&self, now: Nanos) -> (u64, u64) {
         self.window.totals(now)
@@ -92,7 +120,7 @@ impl AdaptiveThrottle {
     /// The drop probability at `now`.
     pub fn probability(&self, now: Nanos) -> f64 {
         let (r, a) = self.counts(now);
-        if r < self.min_requests {
+        if r < self.min_requests || self.failures(now) == 0 {
             return 0.0;
         }
         drop_probability(r, a, self.k)
@@ -136,6 +164,32 @@ mod tests {
         assert!(t.probability(t0) > 0.9);
         let later = t0.saturating_add(Nanos::from_secs(121));
         assert_eq!(t.probability(later), 0.0);
+    }
+
+    #[test]
+    fn drops_alone_keep_nothing_dropped_once_the_failures_are_gone() {
+        let mut t = AdaptiveThrottle::standard();
+        let t0 = Nanos::from_secs(10_000);
+        for _ in 0..100 {
+            t.record_request(t0);
+        }
+        // the outage ends; for a minute most calls are still dropped
+        let later = t0.saturating_add(Nanos::from_secs(60));
+        for _ in 0..1_000 {
+            t.record_drop(later);
+        }
+        t.record_request(later);
+        t.record_accept(later);
+        assert!(
+            t.probability(later) > 0.9,
+            "the formula while failures are live"
+        );
+        // the last failure leaves the window: nothing is dropped any more,
+        // although the drops alone would keep the formula near 1
+        let gone = t0.saturating_add(Nanos::from_secs(120));
+        assert_eq!(t.failures(gone), 0);
+        assert!(drop_probability(t.counts(gone).0, t.counts(gone).1, 2.0) > 0.9);
+        assert_eq!(t.probability(gone), 0.0);
     }
 
     proptest! {

@@ -197,3 +197,39 @@ fn json_has_the_contract_fields() {
     assert_eq!(h["series"][0]["per_second"][0]["t_s"], 5);
     assert_eq!(h["series"][0]["per_second"][0]["requests"], 100);
 }
+
+#[test]
+fn a_small_client_retries_every_call_of_a_burst_of_429s() {
+    for seed in [1, 2, 3] {
+        let with = incident::small_client(true, seed);
+        println!("with the floor: {with:?}");
+        assert_eq!(with.calls_done, 40, "{with:?}");
+        assert_eq!(with.rejected_429, 10, "a burst of 429s: {with:?}");
+        assert_eq!(with.retries_refused, 0, "{with:?}");
+        assert_eq!(with.retries_granted, with.retries_wanted, "{with:?}");
+        // the same burst with the share alone: most retries refused
+        let without = incident::small_client(false, seed);
+        println!("share only: {without:?}");
+        assert!(without.retries_refused >= 4, "{without:?}");
+        assert!(without.calls_done < 40, "{without:?}");
+    }
+}
+
+#[test]
+fn the_throttle_lets_traffic_back_within_its_window_after_an_outage() {
+    for retry_after_s in [1, 0] {
+        let p = incident::IncidentParams {
+            retry_after_s,
+            ..Default::default()
+        };
+        let r = incident::run(&p, 1);
+        let after = r.recovered_after_s.expect("recovers within the run");
+        println!(
+            "503 ra={retry_after_s}: back to 90% after {after} s, {} dropped",
+            r.local_drops
+        );
+        assert!(r.local_drops > 0, "the throttle engaged");
+        assert!(after <= 120.0, "ra={retry_after_s}: back after {after} s");
+        assert!(r.retries_peak_minute_ratio <= 0.10);
+    }
+}

@@ -25,6 +25,7 @@ struct Api {
     limiter: Limiter<MemoryStore, SystemClock>,
     plan: Plan,
     seen: Mutex<Vec<Seen>>,
+    burst_from: Mutex<Option<std::time::Instant>>,
 }
 
 fn spawn_api(plan: Plan) -> (SocketAddr, Arc<Api>) {
@@ -34,6 +35,7 @@ fn spawn_api(plan: Plan) -> (SocketAddr, Arc<Api>) {
         limiter: Limiter::new(MemoryStore::new(), SystemClock::new()),
         plan,
         seen: Mutex::new(Vec::new()),
+        burst_from: Mutex::new(None),
     });
     let a = api.clone();
     thread::spawn(move || {
@@ -83,9 +85,43 @@ fn serve(conn: TcpStream, api: &Api) {
             path == "/flaky" && !api.seen.lock().unwrap().iter().any(|s| s.path == "/flaky");
         let key = headers.get("authorization").cloned().unwrap_or_default();
         let mut extra = Vec::new();
-        let status = if flaky_first {
+        // from the second request to /burst/ on, 8 s of outage (the first
+        // answer seeds the client's pacing, so a wave goes out at once)
+        let burst_left = path.starts_with("/burst/") && {
+            let mut from = api.burst_from.lock().unwrap();
+            let earlier = api
+                .seen
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|s| s.path.starts_with("/burst/"));
+            match *from {
+                None if earlier => {
+                    *from = Some(std::time::Instant::now());
+                    true
+                }
+                None => false,
+                Some(t) => t.elapsed() < std::time::Duration::from_secs(8),
+            }
+        };
+        let status = if flaky_first || path.starts_with("/down/") {
             extra.push(("retry-after".to_string(), "1".to_string()));
             503
+        } else if burst_left {
+            // an outage that still publishes the budget (the client paces)
+            let d = api.limiter.check_sync(&api.plan, &key, 0).unwrap();
+            let mut h = http::HeaderMap::new();
+            emit::write_headers(&api.plan, &d, &emit::Dialects::default(), &mut h);
+            for (k, v) in &h {
+                extra.push((k.to_string(), v.to_str().unwrap().to_string()));
+            }
+            extra.push(("retry-after".to_string(), "1".to_string()));
+            503
+        } else if path.starts_with("/missing/") {
+            404
+        } else if path.starts_with("/limited/") {
+            extra.push(("retry-after".to_string(), "1".to_string()));
+            429
         } else {
             let d = api.limiter.check_sync(&api.plan, &key, 1).unwrap();
             let mut h = http::HeaderMap::new();
@@ -240,6 +276,91 @@ fn json_lines_keys_and_idempotent_retries() {
     let put = seen.iter().find(|r| r.path == "/v1/x").unwrap();
     assert_eq!(put.headers.get("x-trace").map(String::as_str), Some("t1"));
     assert_eq!(put.body, b"raw");
+}
+
+fn paths(addr: SocketAddr, prefix: &str, n: usize) -> String {
+    (0..n)
+        .map(|i| format!("http://{addr}/{prefix}/{i}\n"))
+        .collect()
+}
+
+#[test]
+fn no_job_is_lost_to_an_outage_longer_than_a_call_s_attempts() {
+    // 8 s of 503s with Retry-After: 1, right after the first answer
+    // seeded the pacing: every job is done, none failed
+    let (addr, _api) = spawn_api(race_plan());
+    let (code, s, out) = bulk(
+        &["--workers", "10", "--json", "--no-progress"],
+        &paths(addr, "burst", 40),
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(s["jobs_done"], 40, "{out}");
+    assert_eq!(s["jobs_failed"], 0, "{out}");
+    assert!(s["by_status"]["503"].as_u64().unwrap() >= 5, "{out}");
+    assert_eq!(s["failures"], serde_json::json!([]));
+    assert!(s["elapsed_s"].as_f64().unwrap() >= 8.0, "{out}");
+}
+
+#[test]
+fn a_job_fails_only_on_a_definitive_answer_and_the_summary_says_why() {
+    let (addr, _api) = spawn_api(race_plan());
+    let list = format!(
+        "http://{addr}/v1/ok\nhttp://{addr}/missing/1\nhttp://{addr}/down/1\nhttp://{addr}/v1/ok2\n"
+    );
+    let started = std::time::Instant::now();
+    let (code, s, out) = bulk(
+        &[
+            "--workers",
+            "2",
+            "--json",
+            "--no-progress",
+            "--max-wait",
+            "6",
+        ],
+        &list,
+    );
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(
+        (s["jobs_done"].as_u64(), s["jobs_failed"].as_u64()),
+        (Some(2), Some(2)),
+        "{out}"
+    );
+    let f = s["failures"].as_array().unwrap();
+    assert_eq!(f[0]["job"], 2);
+    assert_eq!(f[0]["reason"], "status_404");
+    assert_eq!(f[0]["status"], 404);
+    assert_eq!(f[1]["job"], 3);
+    let reason = f[1]["reason"].as_str().unwrap();
+    assert!(reason.starts_with("max_wait_exceeded"), "{reason}");
+    assert!(f[1]["requeued"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(f[1]["status"], 503);
+    // bounded by --max-wait
+    assert!(started.elapsed().as_secs_f64() < 15.0);
+}
+
+#[test]
+fn naive_mode_against_a_server_that_never_lets_up_is_bounded() {
+    let (addr, api) = spawn_api(race_plan());
+    let (code, s, out) = bulk(
+        &[
+            "--workers",
+            "3",
+            "--json",
+            "--no-progress",
+            "--naive",
+            "--naive-attempts",
+            "4",
+        ],
+        &paths(addr, "limited", 3),
+    );
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(s["jobs_failed"], 3, "{out}");
+    assert_eq!(s["requests"], 12, "{out}");
+    assert_eq!(api.seen.lock().unwrap().len(), 12);
+    for f in s["failures"].as_array().unwrap() {
+        assert_eq!(f["reason"], "naive_attempts_exhausted");
+        assert_eq!(f["status"], 429);
+    }
 }
 
 #[test]

@@ -221,3 +221,77 @@ fn bad_input_fails_with_a_message() {
     assert_eq!(code, 2);
     assert!(err.contains("status line"), "{err}");
 }
+
+/// The forms the client half learned to read, each with its verdict.
+#[test]
+fn verdicts_on_fixed_window_dialects_long_lists_caps_and_minute_instants() {
+    // draft-7: the dictionary takes the window of its numbered policy
+    let v = inspect(
+        "HTTP/1.1 200 OK\nRateLimit-Policy: 8;w=2\nRateLimit: limit=8, remaining=7, reset=2\n\n",
+        NOW_1840,
+    );
+    assert_eq!(v["outcome"], "success");
+    assert_eq!(v["policies"][0]["window_s"], 2, "{v}");
+    assert_eq!(
+        (v["limit"].as_u64(), v["remaining"].as_u64()),
+        (Some(8), Some(7))
+    );
+
+    // draft-8 as express-rate-limit writes it, exhausted
+    let v = inspect(
+        "HTTP/1.1 429 Too Many Requests\nRetry-After: 2\n\
+         RateLimit-Policy: \"jobs\"; q=8; w=2; pk=:MTJjYTE3YjQ5YWYy:\nRateLimit: \"jobs\"; r=0; t=2\n\n",
+        NOW_1840,
+    );
+    assert_eq!(v["outcome"], "rate_limited");
+    assert_eq!(v["retry"], true);
+    assert_eq!(v["retry_after_s"], 2);
+
+    // a list of 1,024 policies is read whole; the tightest is the one left 0
+    let mut pol = Vec::new();
+    let mut lim = Vec::new();
+    for i in 0..1_024 {
+        pol.push(format!("\"p{i}\";q=100;w=60"));
+        lim.push(format!("\"p{i}\";r={};t=30", if i == 700 { 0 } else { 50 }));
+    }
+    let raw = format!(
+        "HTTP/1.1 429 Too Many Requests\nRateLimit-Policy: {}\nRateLimit: {}\n\n",
+        pol.join(", "),
+        lim.join(", ")
+    );
+    let v = inspect(&raw, NOW_1840);
+    assert_eq!(v["policies"].as_array().unwrap().len(), 1_024);
+    assert_eq!(
+        (v["remaining"].as_u64(), v["retry_after_s"].as_u64()),
+        (Some(0), Some(30))
+    );
+    assert_eq!(v["ignored"], serde_json::json!([]));
+    // one more member and the field is ignored whole, with the reason
+    let raw = format!(
+        "HTTP/1.1 200 OK\nRateLimit-Policy: {}, \"extra\";q=1;w=1\n\n",
+        pol.join(", ")
+    );
+    let v = inspect(&raw, NOW_1840);
+    assert_eq!(v["policies"], serde_json::json!([]));
+    assert_eq!(v["ignored"][0]["field"], "ratelimit-policy");
+
+    // a reset instant without seconds: 18:42Z is 120 s after 18:40
+    let v = inspect(
+        "HTTP/1.1 429 Too Many Requests\nX-RateLimit-Limit: 100\nX-RateLimit-Remaining: 0\n\
+         X-RateLimit-Reset: 2025-06-01T18:42Z\n\n",
+        NOW_1840,
+    );
+    assert_eq!(v["outcome"], "rate_limited");
+    assert_eq!(v["retry_after_s"], 120);
+
+    // a body alone states a monthly cap and its reset date: a quota, no retry
+    let v = inspect(
+        "HTTP/1.1 429 Too Many Requests\nContent-Type: application/json\n\n\
+         {\"error\": {\"code\": \"monthly_limit_exceeded\", \"message\": \"Monthly request limit reached; it resets on 2025-07-01.\"}}",
+        NOW_1840,
+    );
+    assert_eq!(v["outcome"], "quota_exhausted", "{v}");
+    assert_eq!(v["retry"], false);
+    // 18:40 on June 1 to midnight on July 1: 29 days and 5 h 20 min
+    assert_eq!(v["retry_after_s"], 29 * 86_400 + 19_200);
+}

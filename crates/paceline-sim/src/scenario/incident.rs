@@ -13,6 +13,12 @@
 //! `deadline` for a call to be sent), and compares the retries during the
 //! incident to the normal traffic before it.
 //!
+//! The other end of the scale, [`small_client`]: 40 calls, and a short
+//! burst of 429s that rejects about ten of them at once. A share of 10%
+//! would allow four retries in all; the budget's floor (a bucket of retry
+//! tokens) lets every one of them through, since the server said when to
+//! come back.
+//!
 //! ```
 //! use paceline_core::Nanos;
 //! use paceline_sim::scenario::incident::{self, IncidentParams};
@@ -20,9 +26,14 @@
 //! let p = IncidentParams { incident: Nanos::from_secs(120), ..Default::default() };
 //! let r = incident::run(&p, 3);
 //! assert!(r.retries_peak_minute_ratio <= 0.10);
+//!
+//! let small = incident::small_client(true, 1);
+//! assert_eq!((small.calls_done, small.retries_refused), (40, 0));
 //! ```
 
-use paceline_client::{After as SdkAfter, Before as SdkBefore, Call, RequestInfo};
+use paceline_client::{
+    After as SdkAfter, Before as SdkBefore, Call, Client, ClientError, Config, RequestInfo,
+};
 use paceline_core::{Nanos, Plan, Policy};
 use serde::{Deserialize, Serialize};
 
@@ -257,6 +268,131 @@ fn summarize(params: &IncidentParams, per_second: Vec<[u64; 4]>, seed: u64) -> I
         per_second,
         seed,
     }
+}
+
+/// What a burst of 429s did to a small client.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SmallClientReport {
+    /// Calls the application made.
+    pub calls: u64,
+    /// Calls that ended in a 200.
+    pub calls_done: u64,
+    /// 429s answered.
+    pub rejected_429: u64,
+    /// Retries the SDK wanted to make (a 429 with attempts left).
+    pub retries_wanted: u64,
+    /// Retries the budget let through.
+    pub retries_granted: u64,
+    /// Retries the budget refused (the call failed with `budget_exhausted`).
+    pub retries_refused: u64,
+    /// The floor the budget kept: tokens back per second, and its depth.
+    pub floor_per_s: u32,
+    /// See `floor_per_s`.
+    pub floor_burst: u32,
+}
+
+/// The small-client case: 40 calls in four waves of ten (at 0, 1, 2 and
+/// 3 s, the way ten workers start together) through one SDK client; the
+/// second wave meets a burst of 429s with `Retry-After: 1` (ten calls
+/// rejected at once). With `floor` the budget keeps its
+/// default floor; without, only the 10% share and its reserve of three.
+pub fn small_client(floor: bool, seed: u64) -> SmallClientReport {
+    const CALLS: u64 = 40;
+    let plan = Plan::new(
+        "small",
+        vec![Policy::token_bucket("burst", 100, 1).expect("valid")],
+    )
+    .expect("one policy");
+    let latency = Nanos::from_millis(20);
+    let fault = Fault {
+        from: START.saturating_add(Nanos::from_millis(1_000)),
+        until: START.saturating_add(Nanos::from_millis(1_100)),
+        status: 429,
+        retry_after_s: 1,
+    };
+    let mut gw = Gateway::new(plan, 1).with_fault(fault);
+    let mut q = EventQueue::new(START);
+    let mut config = Config::default();
+    if !floor {
+        config.budget_floor_per_s = 0;
+    }
+    let (floor_per_s, floor_burst) = (config.budget_floor_per_s, config.budget_floor_burst);
+    let client = Client::builder()
+        .clock(q.clock().clone())
+        .seed(seed)
+        .config(config)
+        .build();
+    let mut calls: Vec<Option<Call>> = Vec::new();
+    let mut report = SmallClientReport {
+        calls: CALLS,
+        calls_done: 0,
+        rejected_429: 0,
+        retries_wanted: 0,
+        retries_granted: 0,
+        retries_refused: 0,
+        floor_per_s,
+        floor_burst,
+    };
+    for i in 0..CALLS {
+        q.schedule_at(START.saturating_add(Nanos::from_secs(i / 10)), Ev::Call);
+    }
+    while let Some((now, ev)) = q.pop() {
+        match ev {
+            Ev::Call => {
+                calls.push(Some(client.call(RequestInfo::get(sdk::URL))));
+                q.schedule_in(
+                    Nanos::ZERO,
+                    Ev::Before {
+                        call: calls.len() - 1,
+                    },
+                );
+            }
+            Ev::Before { call } => {
+                let c = calls[call].as_mut().expect("live call");
+                match client.before(c) {
+                    SdkBefore::Go => q.schedule_in(latency, Ev::Arrive { call }),
+                    SdkBefore::Wait(d) => q.schedule_in(d.max(Nanos::new(1)), Ev::Before { call }),
+                    SdkBefore::Drop(_) => calls[call] = None,
+                }
+            }
+            Ev::Arrive { call } => {
+                let answer = gw.handle(0, 1, now);
+                q.schedule_in(latency, Ev::Answer { call, answer });
+            }
+            Ev::Answer { call, answer } => {
+                let c = calls[call].as_mut().expect("live call");
+                let Some(obs) = sdk::observe(&gw, &answer, now) else {
+                    calls[call] = None;
+                    continue;
+                };
+                if obs.status == 429 {
+                    report.rejected_429 += 1;
+                    if c.attempts() < client.config().max_attempts {
+                        report.retries_wanted += 1;
+                    }
+                }
+                match client.after(c, &obs) {
+                    SdkAfter::RetryAfter(d) => {
+                        report.retries_granted += 1;
+                        q.schedule_in(d, Ev::Before { call });
+                    }
+                    SdkAfter::Done => {
+                        if obs.status < 400 {
+                            report.calls_done += 1;
+                        }
+                        calls[call] = None;
+                    }
+                    SdkAfter::Error(ClientError::BudgetExhausted { .. }) => {
+                        report.retries_refused += 1;
+                        calls[call] = None;
+                    }
+                    SdkAfter::Error(_) => calls[call] = None,
+                }
+            }
+        }
+    }
+    report
 }
 
 /// Traffic through the incident, in ten-second averages.

@@ -1,14 +1,15 @@
 //! The response body: an RFC 9457 problem, and the providers' JSON error
 //! shapes that change what a client should do (Discord's `retry_after`,
 //! OpenAI's `insufficient_quota`, GitHub's secondary-limit message, Shopify
-//! GraphQL's `throttleStatus`).
+//! GraphQL's `throttleStatus`, a monthly or spend cap stated in words with
+//! its reset date).
 
 use http::HeaderMap;
 use paceline_core::Nanos;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::time::MAX_DELAY_SECS;
+use super::time::{parse_reset, parse_rfc3339, MAX_DELAY_SECS};
 use super::vendor::Acc;
 use super::{PolicyView, Unit};
 
@@ -210,6 +211,141 @@ fn vendor_hints(v: &Value, acc: &mut Acc) {
         acc.dialect("github");
     }
     shopify_graphql(v, acc);
+    spend_cap(v, acc);
+}
+
+/// Words that name a cap counted over a billing period, not a rate.
+const CAP_PERIOD: &[&str] = &[
+    "monthly",
+    "per month",
+    "this month",
+    "spend",
+    "spending",
+    "billing",
+    "budget",
+    "credit",
+];
+/// Words that say the cap was hit.
+const CAP_HIT: &[&str] = &[
+    "limit",
+    "cap",
+    "quota",
+    "exceeded",
+    "exhausted",
+    "reached",
+    "used up",
+];
+/// Fields that carry the instant the cap resets.
+const CAP_RESET_FIELDS: &[&str] = &[
+    "reset_at",
+    "resets_at",
+    "reset_date",
+    "reset_time",
+    "resets_on",
+    "reset",
+    "next_reset",
+    "retry_at",
+];
+
+/// A body that alone states a monthly or spend cap (a 429 with no
+/// headers to tell): `{"error": {"code": "monthly_limit_exceeded",
+/// "message": "…", "reset_at": "2024-06-01T00:00:00Z"}}` and the like. The
+/// words make it a quota (surfaced, not retried); the reset date, from a
+/// field or else from the message, says until when.
+fn spend_cap(v: &Value, acc: &mut Acc) {
+    let err = v.get("error");
+    let mut text = String::new();
+    for s in [
+        v.get("code"),
+        v.get("type"),
+        v.get("message"),
+        v.get("detail"),
+        v.get("title"),
+        err.filter(|e| e.is_string()),
+        err.and_then(|e| e.get("code")),
+        err.and_then(|e| e.get("type")),
+        err.and_then(|e| e.get("message")),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(Value::as_str)
+    {
+        text.extend(s.chars().take(1024).map(|c| match c {
+            '_' | '-' => ' ',
+            c => c.to_ascii_lowercase(),
+        }));
+        text.push(' ');
+    }
+    let period = CAP_PERIOD.iter().any(|w| text.contains(w));
+    let hit = CAP_HIT.iter().any(|w| text.contains(w));
+    if !(period && hit) {
+        return;
+    }
+    acc.body_quota = true;
+    acc.dialect("body-cap");
+    let field = CAP_RESET_FIELDS
+        .iter()
+        .flat_map(|k| [v.get(*k), err.and_then(|e| e.get(*k))])
+        .flatten()
+        .find_map(|x| reset_value(x, acc.now));
+    let reset = field.or_else(|| {
+        let message = err
+            .and_then(|e| e.get("message"))
+            .or_else(|| v.get("message"))
+            .or_else(|| v.get("detail"))
+            .and_then(Value::as_str)?;
+        date_in_text(message, acc.now)
+    });
+    match reset {
+        Some(d) => acc.body_retry = acc.body_retry.or(Some(d)),
+        None => acc.ignore("body", "a spend or monthly cap without a reset date"),
+    }
+}
+
+/// A reset instant written as a date, an RFC 3339 instant (seconds
+/// optional), or epoch seconds or milliseconds, as a delay from `now`.
+fn reset_value(v: &Value, now: Nanos) -> Option<Nanos> {
+    match v {
+        Value::String(s) => date(s.trim(), now).or_else(|| parse_reset(s, now).ok().map(|r| r.0)),
+        Value::Number(n) => parse_reset(&n.to_string(), now).ok().map(|r| r.0),
+        _ => None,
+    }
+}
+
+/// `2024-06-01` (midnight UTC) or an RFC 3339 instant.
+fn date(s: &str, now: Nanos) -> Option<Nanos> {
+    let b = s.as_bytes();
+    let t = if b.len() == 10 && b[4] == b'-' && b[7] == b'-' {
+        parse_rfc3339(&format!("{s}T00:00Z"))
+    } else {
+        parse_rfc3339(s)
+    }?;
+    Some(t.saturating_sub(now))
+}
+
+/// The first ISO 8601 date or instant in a message (`… resets on
+/// 2024-06-01.`, `… until 2024-06-01T00:00Z`).
+fn date_in_text(text: &str, now: Nanos) -> Option<Nanos> {
+    let b = text.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|p| p.iter().all(u8::is_ascii_digit));
+    (0..b.len().saturating_sub(9)).find_map(|i| {
+        let at_start = i == 0 || !b[i - 1].is_ascii_alphanumeric();
+        if !(at_start
+            && digits(i..i + 4)
+            && b[i + 4] == b'-'
+            && digits(i + 5..i + 7)
+            && b[i + 7] == b'-'
+            && digits(i + 8..i + 10))
+        {
+            return None;
+        }
+        // the longest instant starting here that parses
+        let end = (i + 10..=b.len().min(i + 35))
+            .rev()
+            .find(|&e| text.is_char_boundary(e) && date(&text[i..e], now).is_some())?;
+        date(&text[i..end], now)
+    })
 }
 
 /// Shopify GraphQL: `extensions.cost.throttleStatus` is a leaky bucket of

@@ -7,6 +7,11 @@
 //! a string is required, a negative or decimal `q`/`w`/`r`/`t`, a missing
 //! required parameter, one name listed twice with different values), is
 //! rejected whole: the caller records why and uses none of it.
+//!
+//! Bounded, at RFC 9651's minimums: a List of up to [`MAX_MEMBERS`]
+//! members, each with up to [`MAX_PARAMS`] parameters, strings of any
+//! length the field's size bound allows (at least 1,024 characters); a
+//! field past either count is rejected whole.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -15,6 +20,12 @@ use sfv::visitor::{
     EntryVisitor, Ignored, InnerListVisitor, ItemVisitor, ListVisitor, ParameterVisitor,
 };
 use sfv::{BareItemFromInput, KeyRef, Parser};
+
+/// Members a List may have (RFC 9651: parsers support at least 1,024).
+pub(crate) const MAX_MEMBERS: usize = 1_024;
+
+/// Parameters a member may have (RFC 9651: at least 256).
+pub(crate) const MAX_PARAMS: usize = 256;
 
 /// A parameter value as far as this module cares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,6 +59,8 @@ struct Entry<'de> {
     t: Num,
     /// `qu`: `Some(Ok)` a string, `Some(Err)` any other type.
     qu: Option<Result<Cow<'de, str>, ()>>,
+    /// Parameters seen (duplicates included).
+    params: usize,
 }
 
 fn num(v: &BareItemFromInput<'_>) -> Num {
@@ -73,6 +86,11 @@ impl<'de> ListVisitor<'de> for Collect<'de> {
     type Out = Vec<Entry<'de>>;
     type Error = Infallible;
     fn entry(&mut self) -> Result<impl EntryVisitor<'de>, Infallible> {
+        // past the cap, one more member is kept (so the caller sees the
+        // list is too long) and overwritten: memory stays bounded
+        if self.0.len() > MAX_MEMBERS {
+            self.0.pop();
+        }
         self.0.push(Entry::default());
         let last = self.0.len() - 1;
         Ok(EntryRef(&mut self.0[last]))
@@ -120,6 +138,7 @@ impl<'de> ParameterVisitor<'de> for EntryRef<'_, 'de> {
         key: &'de KeyRef,
         value: BareItemFromInput<'de>,
     ) -> Result<(), Infallible> {
+        self.0.params += 1;
         // Later duplicates overwrite earlier ones, as RFC 9651 requires.
         match key.as_str() {
             "q" => self.0.q = num(&value),
@@ -137,12 +156,25 @@ impl<'de> ParameterVisitor<'de> for EntryRef<'_, 'de> {
 }
 
 fn parse_list(value: &str) -> Result<Vec<Entry<'_>>, String> {
-    if let Some(entries) = fast_list(value) {
-        return Ok(entries);
+    let entries = match fast_list(value) {
+        Some(entries) => entries,
+        None => Parser::new(value)
+            .parse_list_with_visitor(Collect(Vec::with_capacity(4)))
+            .map_err(|e| format!("not a structured-field list: {e}"))?,
+    };
+    if entries.len() > MAX_MEMBERS {
+        return Err(format!(
+            "a list of {} members (at most {MAX_MEMBERS} are read)",
+            entries.len()
+        ));
     }
-    Parser::new(value)
-        .parse_list_with_visitor(Collect(Vec::with_capacity(4)))
-        .map_err(|e| format!("not a structured-field list: {e}"))
+    if let Some(e) = entries.iter().find(|e| e.params > MAX_PARAMS) {
+        return Err(format!(
+            "a member with {} parameters (at most {MAX_PARAMS} are read)",
+            e.params
+        ));
+    }
+    Ok(entries)
 }
 
 /// The common shape, read without the general parser: quoted names with
@@ -208,6 +240,7 @@ fn fast_list(value: &str) -> Option<Vec<Entry<'_>>> {
                 return None;
             }
             let n: i64 = value[ds..i].parse().ok()?;
+            e.params += 1;
             match key {
                 "q" => e.q = Num::Int(n),
                 "w" => e.w = Num::Int(n),
@@ -218,6 +251,9 @@ fn fast_list(value: &str) -> Option<Vec<Entry<'_>>> {
             }
         }
         out.push(e);
+        if out.len() > MAX_MEMBERS {
+            return Some(out); // too many: rejected by the caller
+        }
         skip(&mut i, b" \t");
         if i == b.len() {
             return Some(out);

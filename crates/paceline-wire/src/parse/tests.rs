@@ -241,3 +241,166 @@ fn problem_body_and_outcomes() {
     let v = parse_response(429, &h, Some(b"{nope"), NOW);
     assert_eq!(reasons(&v, "body").len(), 1);
 }
+
+#[test]
+fn draft07_dictionary_takes_the_window_of_its_numbered_policy() {
+    let h = headers(&[
+        ("ratelimit-policy", "8;w=2"),
+        ("ratelimit", "limit=8, remaining=7, reset=2"),
+    ]);
+    let v = parse_response(200, &h, None, NOW);
+    let p = v.tightest_policy().unwrap();
+    assert_eq!(
+        (p.quota, p.window_s, p.remaining),
+        (Some(8), Some(2), Some(7))
+    );
+    // a policy of another quota lends nothing
+    let h = headers(&[
+        ("ratelimit-policy", "100;w=60"),
+        ("ratelimit", "limit=8, remaining=7, reset=2"),
+    ]);
+    let p = parse_response(200, &h, None, NOW).policies[0].clone();
+    assert_eq!((p.quota, p.window_s), (Some(8), None));
+}
+
+mod structured_limits {
+    //! RFC 9651's minimums, and the bounds past them.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn policy_list(n: usize, name_len: usize) -> (String, String) {
+        let name = |i: usize| format!("{i:0>width$}", width = name_len.max(5));
+        let pol: Vec<String> = (0..n)
+            .map(|i| format!("\"{}\";q={};w=60", name(i), 100 + i))
+            .collect();
+        let lim: Vec<String> = (0..n)
+            .map(|i| format!("\"{}\";r={};t=30", name(i), 50 + i))
+            .collect();
+        (pol.join(", "), lim.join(", "))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Lists of up to 1,024 members are read whole, every policy
+        /// joined with its counter.
+        #[test]
+        fn lists_up_to_1024_members_are_read(n in 1usize..=1_024) {
+            let (pol, lim) = policy_list(n, 5);
+            let h = headers(&[("ratelimit-policy", &pol), ("ratelimit", &lim)]);
+            let v = parse_response(200, &h, None, NOW);
+            prop_assert!(v.ignored.is_empty(), "{:?}", v.ignored);
+            prop_assert_eq!(v.policies.len(), n);
+            prop_assert!(v.policies.iter().all(|p| p.quota.is_some() && p.remaining.is_some()));
+        }
+
+        /// Past 1,024 members the field is ignored whole, with a reason.
+        #[test]
+        fn longer_lists_are_ignored_whole(extra in 1usize..200) {
+            let (pol, _) = policy_list(1_024 + extra, 5);
+            let h = headers(&[("ratelimit-policy", &pol)]);
+            let v = parse_response(200, &h, None, NOW);
+            prop_assert!(v.policies.is_empty());
+            prop_assert!(reasons(&v, "ratelimit-policy").iter().any(|r| r.contains("1024")));
+        }
+
+        /// A member with up to 256 parameters is read; with more it is
+        /// ignored whole. Either path (the fast one, or sfv for the
+        /// parameters it does not take) agrees.
+        #[test]
+        fn parameters_up_to_256_per_member(n in 0usize..=300, boolean in any::<bool>()) {
+            // q and w, and n − 2 (at least 0) others
+            let others: String = (0..n.saturating_sub(2))
+                .map(|i| if boolean { format!(";x{i}") } else { format!(";x{i}={i}") })
+                .collect();
+            let field = format!("\"p\";q=10;w=60{others}");
+            let h = headers(&[("ratelimit-policy", &field)]);
+            let v = parse_response(200, &h, None, NOW);
+            let params = 2 + n.saturating_sub(2);
+            if params <= 256 {
+                prop_assert_eq!(v.policies.len(), 1, "{:?}", v.ignored);
+                prop_assert_eq!(v.policies[0].quota, Some(10));
+            } else {
+                prop_assert!(v.policies.is_empty());
+                prop_assert!(!reasons(&v, "ratelimit-policy").is_empty());
+            }
+        }
+
+        /// Policy names of 1,024 characters (escapes included) are read.
+        #[test]
+        fn strings_of_1024_characters(body in "[a-z ]{1018}", escaped in any::<bool>()) {
+            let name = if escaped { format!("ab\\\"{body}cd") } else { format!("abc{body}def") };
+            let field = format!("\"{name}\";q=5;w=1");
+            let h = headers(&[("ratelimit-policy", &field), ("ratelimit", &format!("\"{name}\";r=2;t=1"))]);
+            let v = parse_response(200, &h, None, NOW);
+            prop_assert_eq!(v.policies.len(), 1, "{:?}", v.ignored);
+            prop_assert_eq!(v.policies[0].name.chars().count(), if escaped { 1_023 } else { 1_024 });
+            prop_assert_eq!(v.remaining, Some(2));
+        }
+    }
+
+    #[test]
+    fn a_field_past_the_size_bound_is_ignored() {
+        let (pol, _) = policy_list(1_000, 150);
+        assert!(pol.len() > vendor::MAX_STRUCTURED_LEN);
+        let v = parse_response(200, &headers(&[("ratelimit-policy", &pol)]), None, NOW);
+        assert!(v.policies.is_empty());
+        assert!(reasons(&v, "ratelimit-policy")[0].contains("too long"));
+    }
+}
+
+#[test]
+fn a_body_that_alone_states_a_monthly_or_spend_cap_is_a_quota() {
+    // NOW is 2023-11-14T22:13:20Z
+    let june = |s: &str| super::time::parse_rfc3339(s).unwrap().saturating_sub(NOW);
+    let cases: &[(&str, &str)] = &[
+        (
+            r#"{"error": {"code": "monthly_limit_exceeded", "message": "Monthly request limit reached.", "reset_at": "2023-12-01T00:00:00Z"}}"#,
+            "2023-12-01T00:00:00Z",
+        ),
+        (
+            r#"{"error": "spend_cap_reached", "message": "Your spend cap was reached; it resets on 2023-12-01."}"#,
+            "2023-12-01T00:00Z",
+        ),
+        (
+            r#"{"message": "You have used up your monthly quota", "resets_at": 1701388800}"#,
+            "2023-12-01T00:00Z",
+        ),
+        (
+            r#"{"type": "billing_error", "detail": "Budget exceeded until 2023-12-01T00:00Z"}"#,
+            "2023-12-01T00:00Z",
+        ),
+    ];
+    for (body, reset) in cases {
+        let h = headers(&[("content-type", "application/json")]);
+        let v = parse_response(429, &h, Some(body.as_bytes()), NOW);
+        assert_eq!(v.outcome, OutcomeKind::QuotaExhausted, "{body}");
+        assert!(!v.retry, "{body}");
+        assert_eq!(v.retry_after, Some(june(reset)), "{body}");
+    }
+    // a rate limit in words is still a rate limit
+    let h = headers(&[("content-type", "application/json")]);
+    let body =
+        r#"{"error": {"type": "rate_limit_error", "message": "Too many requests per minute"}}"#;
+    let v = parse_response(429, &h, Some(body.as_bytes()), NOW);
+    assert_eq!(v.outcome, OutcomeKind::RateLimited);
+}
+
+#[test]
+fn reset_instants_without_seconds() {
+    // 2023-11-14T22:13:20Z: 22:15Z is 100 s away
+    for (prefix, value) in [
+        ("x-ratelimit-", "2023-11-14T22:15Z"),
+        ("ratelimit-", "2023-11-14T22:15Z"),
+        ("x-ratelimit-", "2023-11-14T23:15+01:00"),
+    ] {
+        let (remaining, name) = (format!("{prefix}remaining"), format!("{prefix}reset"));
+        let h = headers(&[(remaining.as_str(), "0"), (name.as_str(), value)]);
+        let v = parse_response(429, &h, None, NOW);
+        assert_eq!(
+            v.retry_after,
+            Some(Nanos::from_secs(100)),
+            "{name}: {value}"
+        );
+    }
+}

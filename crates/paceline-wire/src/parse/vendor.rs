@@ -32,6 +32,12 @@ use super::{Ignored, OutcomeKind, PolicyView, ProblemView, ResponseView, Unit};
 /// Longest header value read; longer ones are ignored.
 pub(crate) const MAX_VALUE_LEN: usize = 4096;
 
+/// Longest value of the IETF structured fields (`RateLimit`,
+/// `RateLimit-Policy`), all lines joined: room for RFC 9651's minimums (a
+/// List of 1,024 members, 256 parameters on a member, 1,024-character
+/// strings), and a bound on what one response can make the parser do.
+pub(crate) const MAX_STRUCTURED_LEN: usize = 128 * 1024;
+
 /// GitHub's documented floor for a secondary rate limit without headers.
 pub(crate) const GITHUB_SECONDARY_FLOOR: Nanos = Nanos::from_secs(60);
 
@@ -322,7 +328,7 @@ struct Group {
 
 /// The accumulator one parse fills.
 pub(crate) struct Acc {
-    now: Nanos,
+    pub(crate) now: Nanos,
     age: u64,
     groups: Vec<Group>,
     extra: Vec<PolicyView>,
@@ -421,7 +427,11 @@ impl Acc {
                 self.ignore(n, reason);
                 continue;
             }
-            let Some(value) = self.value(n, first, &more, route.is_list()) else {
+            let cap = match route {
+                Route::IetfPolicy | Route::IetfLimit => MAX_STRUCTURED_LEN,
+                _ => MAX_VALUE_LEN,
+            };
+            let Some(value) = self.value(n, first, &more, route.is_list(), cap) else {
                 continue;
             };
             self.apply(route, n, &value);
@@ -436,6 +446,7 @@ impl Acc {
         first: &'h http::HeaderValue,
         more: &[&'h http::HeaderValue],
         list: bool,
+        cap: usize,
     ) -> Option<Cow<'h, str>> {
         let mut out: Option<Cow<'h, str>> = None;
         for v in std::iter::once(first).chain(more.iter().copied()) {
@@ -444,7 +455,7 @@ impl Acc {
                 return None;
             };
             let len = out.as_ref().map_or(0, |o| o.len()) + s.len();
-            if len > MAX_VALUE_LEN {
+            if len > cap {
                 self.ignore(name, format!("value too long ({len} bytes)"));
                 return None;
             }
@@ -761,6 +772,7 @@ impl Acc {
         let mut policies = self.ietf_views();
         if let Some(numbered) = self.numbered.take() {
             apply_numbered(&mut self.groups, &numbered);
+            apply_numbered_draft07(&mut self.extra, &numbered);
         }
         let groups = std::mem::take(&mut self.groups);
         for g in groups {
@@ -876,6 +888,26 @@ fn apply_numbered(groups: &mut [Group], numbered: &[(u64, Option<u64>)]) {
         if let Some((q, w)) = hit {
             g.limit.get_or_insert(*q);
             g.window_s = *w;
+        }
+    }
+}
+
+/// Draft-07 pairs the same numbered `RateLimit-Policy: 8;w=2` with its
+/// `RateLimit: limit=8, remaining=7, reset=2` dictionary: the window of the
+/// policy with the same quota (or of the only one) is the dictionary's.
+fn apply_numbered_draft07(extra: &mut [PolicyView], numbered: &[(u64, Option<u64>)]) {
+    for p in extra
+        .iter_mut()
+        .filter(|p| p.name == "ratelimit" && p.window_s.is_none())
+    {
+        let hit = match p.quota {
+            Some(l) => numbered.iter().find(|(q, _)| *q == l),
+            None if numbered.len() == 1 => numbered.first(),
+            None => None,
+        };
+        if let Some((q, w)) = hit {
+            p.quota.get_or_insert(*q);
+            p.window_s = *w;
         }
     }
 }

@@ -5,11 +5,17 @@
 //! (`body` a string sent as is, or any other JSON value sent as JSON).
 //! Blank lines and lines starting with `#` are skipped.
 //!
-//! With the SDK every attempt is paced and retried politely; `--naive`
-//! runs the same list the way a careless client would (retry every 100 ms,
-//! ignoring `Retry-After`) for comparison.
+//! With the SDK every attempt is paced and retried politely, and no job is
+//! lost to pacing or to the retry budget: a job whose retry the SDK refused
+//! (budget spent, attempts used up, dropped by the adaptive throttle, a
+//! transient network error) waits and goes back to the queue. A job fails
+//! only on a definitive answer: a quota used up, a status that is not worth
+//! retrying, or a wait past `--max-wait` (counted from its first attempt);
+//! the summary names each failed job and why. `--naive` runs the same list
+//! the way a careless client would (retry every 100 ms, ignoring
+//! `Retry-After`, up to `--naive-attempts` attempts a job) for comparison.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,9 +63,14 @@ pub(crate) struct Args {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 30.0)]
     timeout: f64,
-    /// The longest wait the SDK will sleep, in seconds; a longer one fails the job.
+    /// The longest wait, in seconds: a wait the SDK is asked for past it,
+    /// or a job still not done this long after its first attempt, fails
+    /// the job.
     #[arg(long, default_value_t = 300)]
     max_wait: u64,
+    /// With --naive: attempts a job gets before it fails.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    naive_attempts: u32,
     /// Hide the progress bar.
     #[arg(long)]
     no_progress: bool,
@@ -173,6 +184,46 @@ fn check_url(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A job that failed, and why.
+#[derive(Clone, Debug, Serialize)]
+struct Failure {
+    /// The job's place in the list (1 for the first).
+    job: usize,
+    url: String,
+    /// `quota_exceeded`, `wait_too_long`, `max_wait_exceeded`,
+    /// `status_<code>`, `naive_attempts_exhausted`, `transport`, …
+    reason: String,
+    /// The last status the job got, if any.
+    status: Option<u16>,
+    /// Times the job went back to the queue before it failed.
+    requeued: u32,
+}
+
+/// A job on its way through the queue.
+struct Queued {
+    index: usize,
+    job: Job,
+    /// Times it went back to the queue.
+    requeued: u32,
+    /// When its first attempt started.
+    first: Option<Instant>,
+}
+
+/// What became of one run of a job.
+enum Outcome {
+    Done,
+    /// Definitive: the job fails.
+    Failed {
+        reason: String,
+        status: Option<u16>,
+    },
+    /// Refused for now (budget, attempts, throttle, network): try again.
+    Again {
+        reason: String,
+        status: Option<u16>,
+    },
+}
+
 /// What the run did, shared by the workers.
 #[derive(Default)]
 struct Tally {
@@ -180,6 +231,8 @@ struct Tally {
     retries: AtomicU64,
     done: AtomicU64,
     failed: AtomicU64,
+    requeued: AtomicU64,
+    failures: Mutex<Vec<Failure>>,
     by_status: Mutex<BTreeMap<u16, u64>>,
     errors: Mutex<BTreeMap<String, u64>>,
     /// The tightest short-window request policy seen: (burst q, window w s).
@@ -254,6 +307,10 @@ struct Summary {
     elapsed_s: f64,
     floor_s: Option<f64>,
     errors: BTreeMap<String, u64>,
+    /// Times a job whose retry was refused went back to the queue.
+    requeued: u64,
+    /// Every failed job, in list order, with its reason.
+    failures: Vec<Failure>,
 }
 
 /// Runs `paceline bulk`.
@@ -340,24 +397,56 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
     };
     let bar = progress(n, args.no_progress);
     watch(&sdk, &bar, args.verbose);
-    let queue = Arc::new(Mutex::new(jobs.into_iter()));
+    if args.naive {
+        bar.set_message(format!(
+            "naive: at most {} attempts a job",
+            args.naive_attempts
+        ));
+    }
+    let queue: Arc<Mutex<VecDeque<Queued>>> = Arc::new(Mutex::new(
+        jobs.into_iter()
+            .enumerate()
+            .map(|(i, job)| Queued {
+                index: i + 1,
+                job,
+                requeued: 0,
+                first: None,
+            })
+            .collect(),
+    ));
+    // jobs neither done nor failed: a worker stays while any is left, as a
+    // job waiting to go back to the queue may still need it
+    let open = Arc::new(AtomicU64::new(n));
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..args.workers.min(n as u32) {
-        let w = Worker {
+        let w = Arc::new(Worker {
             http: http.clone(),
             tally: tally.clone(),
             key: args.key.clone(),
             naive: args.naive,
+            naive_attempts: args.naive_attempts,
+            max_wait: Duration::from_secs(args.max_wait),
             bar: bar.clone(),
-        };
+        });
         let queue = queue.clone();
+        let open = open.clone();
         workers.push(tokio::spawn(async move {
-            loop {
-                let Some(job) = queue.lock().next() else {
-                    break;
+            while open.load(Ordering::Acquire) > 0 {
+                let next = queue.lock().pop_front();
+                let Some(q) = next else {
+                    tokio::time::sleep(IDLE_POLL).await;
+                    continue;
                 };
-                w.run(&job).await;
+                if let Some(back) = w.run(q, &open).await {
+                    // wait off the worker, then back to the end of the queue
+                    let (delay, q) = back;
+                    let queue = queue.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        queue.lock().push_back(q);
+                    });
+                }
             }
         }));
     }
@@ -384,6 +473,8 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
         .map(|(k, v)| (k.to_string(), *v))
         .collect();
     let errors = tally.errors.lock().clone();
+    let mut failures = tally.failures.lock().clone();
+    failures.sort_by_key(|f| f.job);
     Ok(Summary {
         mode: if args.naive { "naive" } else { "sdk" },
         jobs: n,
@@ -396,6 +487,8 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
         elapsed_s: (elapsed * 1000.0).round() / 1000.0,
         floor_s: floor.map(|f| (f * 1000.0).round() / 1000.0),
         errors,
+        requeued: tally.requeued.load(Ordering::Relaxed),
+        failures,
     })
 }
 
@@ -459,13 +552,31 @@ struct Worker {
     tally: Arc<Tally>,
     key: Option<String>,
     naive: bool,
+    naive_attempts: u32,
+    max_wait: Duration,
     bar: indicatif::ProgressBar,
 }
 
 /// The naive client's fixed pause between attempts.
 const NAIVE_RETRY: Duration = Duration::from_millis(100);
-/// The naive client gives a job up after this many attempts.
-const NAIVE_MAX_ATTEMPTS: u32 = 10_000;
+/// How often an idle worker looks for a job coming back to the queue.
+const IDLE_POLL: Duration = Duration::from_millis(10);
+/// The wait before a refused job goes back to the queue: full jitter over
+/// `min(REQUEUE_CAP, REQUEUE_BASE · 2^n)` after its n-th refusal (a wait
+/// the server asked for is kept by the SDK's pacing on top of it).
+const REQUEUE_BASE: Duration = Duration::from_millis(250);
+const REQUEUE_CAP: Duration = Duration::from_secs(20);
+
+fn requeue_delay(n: u32) -> Duration {
+    let cap = REQUEUE_BASE
+        .saturating_mul(1u32 << n.min(16))
+        .min(REQUEUE_CAP);
+    // a cheap uniform draw: the sub-second nanoseconds of the wall clock
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    cap.mul_f64(f64::from(nanos) / 1e9)
+}
 
 impl Worker {
     fn request(&self, job: &Job) -> reqwest_middleware::RequestBuilder {
@@ -482,67 +593,135 @@ impl Worker {
         req
     }
 
-    async fn run(&self, job: &Job) {
-        let ok = if self.naive {
-            self.naive(job).await
+    /// Runs one job; returns it with a delay when it goes back to the
+    /// queue, and settles it (done or failed) otherwise.
+    async fn run(&self, mut q: Queued, open: &AtomicU64) -> Option<(Duration, Queued)> {
+        let first = *q.first.get_or_insert_with(Instant::now);
+        let outcome = if self.naive {
+            self.naive(&q.job).await
         } else {
-            self.polite(job).await
+            self.polite(&q.job).await
         };
-        if ok {
-            self.tally.done.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.tally.failed.fetch_add(1, Ordering::Relaxed);
+        let failed = match outcome {
+            Outcome::Done => None,
+            Outcome::Failed { reason, status } => Some((reason, status)),
+            Outcome::Again { reason, status } => {
+                let delay = requeue_delay(q.requeued);
+                if first.elapsed() + delay <= self.max_wait {
+                    q.requeued += 1;
+                    self.tally.requeued.fetch_add(1, Ordering::Relaxed);
+                    return Some((delay, q));
+                }
+                Some((format!("max_wait_exceeded ({reason})"), status))
+            }
+        };
+        match failed {
+            None => {
+                self.tally.done.fetch_add(1, Ordering::Relaxed);
+            }
+            Some((reason, status)) => {
+                self.tally.failed.fetch_add(1, Ordering::Relaxed);
+                self.tally
+                    .error(reason.split(' ').next().unwrap_or(&reason));
+                self.tally.failures.lock().push(Failure {
+                    job: q.index,
+                    url: q.job.url.clone(),
+                    reason,
+                    status,
+                    requeued: q.requeued,
+                });
+            }
         }
+        open.fetch_sub(1, Ordering::AcqRel);
         self.bar.inc(1);
         let s = self.tally.by_status.lock();
         let count = |c: u16| s.get(&c).copied().unwrap_or(0);
-        self.bar.set_message(format!(
+        let mut msg = format!(
             "{} requests  429: {}  503: {}",
             self.tally.requests.load(Ordering::Relaxed),
             count(429),
             count(503)
-        ));
+        );
+        if self.naive {
+            msg.push_str(&format!(
+                "  (naive: at most {} attempts a job)",
+                self.naive_attempts
+            ));
+        }
+        self.bar.set_message(msg);
+        None
     }
 
-    async fn polite(&self, job: &Job) -> bool {
+    async fn polite(&self, job: &Job) -> Outcome {
         match self.request(job).send().await {
-            Ok(r) if r.status().as_u16() < 400 => true,
+            Ok(r) if r.status().as_u16() < 400 => Outcome::Done,
             Ok(r) => {
-                self.tally.error(&format!("status_{}", r.status().as_u16()));
-                false
+                let status = r.status().as_u16();
+                Outcome::Failed {
+                    reason: format!("status_{status}"),
+                    status: Some(status),
+                }
             }
             Err(reqwest_middleware::Error::Middleware(e)) => {
-                let kind = e
-                    .downcast_ref::<ClientError>()
-                    .map_or("middleware", ClientError::kind);
-                self.tally.error(kind);
-                false
+                match e.downcast_ref::<ClientError>() {
+                    // the server said when to come back, or the client chose to
+                    // hold back: the job is not lost, only later
+                    Some(
+                        e @ (ClientError::BudgetExhausted { status }
+                        | ClientError::RetriesExhausted { status, .. }),
+                    ) => Outcome::Again {
+                        reason: e.kind().to_string(),
+                        status: *status,
+                    },
+                    Some(e @ (ClientError::Throttled { .. } | ClientError::Transport { .. })) => {
+                        Outcome::Again {
+                            reason: e.kind().to_string(),
+                            status: None,
+                        }
+                    }
+                    Some(e) => Outcome::Failed {
+                        reason: e.kind().to_string(),
+                        status: None,
+                    },
+                    None => Outcome::Failed {
+                        reason: "middleware".into(),
+                        status: None,
+                    },
+                }
             }
-            Err(reqwest_middleware::Error::Reqwest(_)) => {
-                self.tally.error("transport");
-                false
-            }
+            Err(reqwest_middleware::Error::Reqwest(_)) => Outcome::Again {
+                reason: "transport".into(),
+                status: None,
+            },
         }
     }
 
-    async fn naive(&self, job: &Job) -> bool {
-        for attempt in 0..NAIVE_MAX_ATTEMPTS {
+    async fn naive(&self, job: &Job) -> Outcome {
+        let mut last = None;
+        for attempt in 0..self.naive_attempts {
             if attempt > 0 {
                 self.tally.retries.fetch_add(1, Ordering::Relaxed);
             }
             match self.request(job).send().await {
-                Ok(r) if matches!(r.status().as_u16(), 429 | 503) => {}
-                Ok(r) if r.status().as_u16() < 400 => return true,
+                Ok(r) if matches!(r.status().as_u16(), 429 | 503) => {
+                    last = Some(r.status().as_u16())
+                }
+                Ok(r) if r.status().as_u16() < 400 => return Outcome::Done,
                 Ok(r) => {
-                    self.tally.error(&format!("status_{}", r.status().as_u16()));
-                    return false;
+                    let status = r.status().as_u16();
+                    return Outcome::Failed {
+                        reason: format!("status_{status}"),
+                        status: Some(status),
+                    };
                 }
                 Err(_) => {}
             }
             tokio::time::sleep(NAIVE_RETRY).await;
         }
-        self.tally.error("naive_attempts_exhausted");
-        false
+        Outcome::Failed {
+            reason: "naive_attempts_exhausted".into(),
+            status: last,
+        }
     }
 }
 
@@ -573,8 +752,20 @@ fn print_summary(s: &Summary, json: bool) -> anyhow::Result<()> {
             |f| format!("{f:.2} s"),
         ),
     );
+    if s.requeued > 0 {
+        row("requeued", s.requeued.to_string());
+    }
     for (kind, n) in &s.errors {
         row(&format!("error {kind}"), n.to_string());
+    }
+    for f in &s.failures {
+        let status = f
+            .status
+            .map_or(String::new(), |c| format!(" (last status {c})"));
+        out.push_str(&format!(
+            "failed job {}: {} {}{status}\n",
+            f.job, f.url, f.reason
+        ));
     }
     print!("{out}");
     Ok(())
