@@ -26,6 +26,9 @@ use crate::throttle::AdaptiveThrottle;
 use crate::window::SlotWindow;
 
 /// What to do before sending an attempt.
+///
+/// Deliberately exhaustive, as [`After`] is: a transport that drives the
+/// client must act on every answer, so a new one is a breaking change.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Before {
     /// Send it now (the attempt is counted as in flight).
@@ -37,6 +40,8 @@ pub enum Before {
 }
 
 /// What to do after an attempt's response (or network error).
+///
+/// Deliberately exhaustive, as [`Before`] is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum After {
     /// Hand the response to the application (whatever its status).

@@ -9,6 +9,7 @@ use crate::error::ClientError;
 
 /// The pacing mode of a scope.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[non_exhaustive]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Nothing heard yet: one request probes, the others wait for it.

@@ -26,6 +26,34 @@
 //! - per-scope mirrored buckets, a pause shared by every request of a
 //!   scope, escalation and restore, and a [`Snapshot`] of it all.
 //!
+//! ## The parts
+//!
+//! ```text
+//!  adapter/ reqwest.rs, tower.rs  sleeps and sends what the client decides
+//!        │ request.rs (RequestInfo → Call, with its Idempotency-Key)
+//!        ▼
+//!  client.rs   before: go / wait / drop        after: done / retry / error
+//!     ├─► scope.rs   a scope's mirrored policies (bucket.rs), its pause,
+//!     │              escalation and restore, seeded by usage.rs
+//!     ├─► budget.rs  retries ≤ 10% of recent requests, with a floor ─┐ window.rs
+//!     ├─► throttle.rs drop locally what would be rejected anyway    ─┘ (exact counts)
+//!     ├─► jitter.rs, backoff.rs  how long a retry waits
+//!     ├─► observe.rs  a response as the client needs it (from paceline-wire)
+//!     └─► event.rs, diag.rs, error.rs  what it tells: events, a snapshot, errors
+//!  config.rs   every setting, with the contract's defaults
+//! ```
+//!
+//! ## A 429, file by file
+//!
+//! An adapter (`adapter/reqwest.rs` or `adapter/tower.rs`) hands the
+//! response's head and body to `paceline-wire`, whose view becomes an
+//! [`Observation`] (`observe.rs`); [`Client::after`] (`client.rs`) updates
+//! the scope's mirrored policies and pause (`scope.rs`, `bucket.rs`) and,
+//! for a burst 429, asks the budget (`budget.rs`) and the wait
+//! (`jitter.rs`) before answering [`After::RetryAfter`]; a quota 429
+//! becomes [`ClientError::QuotaExceeded`] (`error.rs`). The next
+//! [`Client::before`] of any call to that scope waits out the pause.
+//!
 //! ```
 //! use paceline_client::{After, Before, Client, ClientError, Observation, RequestInfo, ResponseKind};
 //! use paceline_core::{ManualClock, Nanos};

@@ -11,6 +11,7 @@ use paceline_wire::parse::{OutcomeKind, PolicyView, ResponseView};
 
 /// How a response ended, from the client's point of view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResponseKind {
     /// Anything the server accepted (2xx, 3xx, and 4xx/5xx other than the
     /// rate-limit ones: those go back to the application unchanged).

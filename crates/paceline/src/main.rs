@@ -1,4 +1,17 @@
 //! `paceline`: both halves of the HTTP rate-limit contract, from the shell.
+//!
+//! The binary is arguments to calls: each command in `cmd/` parses and
+//! validates its arguments with clap, calls the crates, and prints.
+//!
+//! ```text
+//!  cmd/gateway.rs ─► paceline-gateway       cmd/inspect.rs ─► paceline-wire (raw, parse)
+//!  cmd/demo.rs    ─► paceline-demo          cmd/bulk.rs    ─► paceline-client (reqwest)
+//!  cmd/sim.rs     ─► paceline-sim
+//! ```
+//!
+//! A 429 the gateway sends never crosses this crate: `cmd/gateway.rs`
+//! loads the file, binds and runs, and the gateway's own doc follows the
+//! request from there.
 
 #![forbid(unsafe_code)]
 
