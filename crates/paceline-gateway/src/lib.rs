@@ -42,7 +42,10 @@ mod split;
 mod upstream;
 pub mod webhook;
 
-pub use config::{ConfigFileError, GatewayConfig, Settings, SheddingSettings, StoreKind, Timeouts};
+pub use config::{
+    ConfigFileError, GatewayConfig, Settings, SheddingSettings, StoreKind, Timeouts,
+    DEFAULT_MAX_HEAD_BYTES, MAX_MAX_HEAD_BYTES, MIN_MAX_HEAD_BYTES,
+};
 pub use server::{
     shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback, ReloadEvent,
 };

@@ -34,7 +34,7 @@ use tower_service::Service;
 use crate::config::Timeouts;
 use crate::metrics as m;
 use crate::shed::{CurrentLimits, Shedder};
-use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError};
+use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError, Via};
 
 pub use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
 
@@ -117,13 +117,12 @@ impl Proxy {
             .get::<PeerAddr>()
             .map(|p| p.0.ip())
             .or(self.peer);
-        let exchange = this.upstream.send(
-            Outgoing {
-                parts: &parts,
-                peer,
-            },
-            body,
-        );
+        let trusted = |ip| (this.limits)().trusted_proxies().contains(ip);
+        let via = Via {
+            peer,
+            trusted: &trusted,
+        };
+        let exchange = this.upstream.send(Outgoing { parts: &parts, via }, body);
         match tokio::time::timeout(this.timeouts.upstream_header, exchange).await {
             Ok(Ok(answer)) => {
                 let Answer {

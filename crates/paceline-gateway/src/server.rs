@@ -206,8 +206,12 @@ impl Gateway {
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(None)
-            .writev(false);
-        builder.http2().timer(TokioTimer::new());
+            .writev(false)
+            .max_buf_size(settings.max_head_bytes);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(settings.max_head_bytes as u32);
         let graceful = GracefulShutdown::new();
         let mut tasks = Vec::new();
         if let Some((l, _)) = self.metrics {
@@ -396,6 +400,7 @@ fn restart_notes(
         shedding: _,
         // applied: read at every tick of the watcher
         watch: _,
+        max_head_bytes,
     } = new;
     let mut notes = Vec::new();
     let mut note = |name: &str, changed: bool| {
@@ -412,6 +417,10 @@ fn restart_notes(
         old.metrics_listen != *metrics_listen,
     );
     note("gateway.timeouts", old.timeouts != *timeouts);
+    note(
+        "gateway.max_head_bytes",
+        old.max_head_bytes != *max_head_bytes,
+    );
     // the limiter keeps these from its construction
     note("escalation", old_limits.escalation() != limits.escalation());
     note("soft_limit", old_limits.soft_limit() != limits.soft_limit());
