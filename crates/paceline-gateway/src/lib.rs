@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod edge;
 mod idle;
 mod locate;
 pub mod metrics;

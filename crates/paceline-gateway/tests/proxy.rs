@@ -700,7 +700,10 @@ async fn upstream_connections_are_reused() {
     assert!(head.contains("\r\nhost: 127.0.0.1:"), "{head}");
     // the client is no trusted proxy: its own X-Forwarded-For is replaced
     // by its address
-    assert!(head.contains("\r\nx-forwarded-for: 127.0.0.1\r\n"), "{head}");
+    assert!(
+        head.contains("\r\nx-forwarded-for: 127.0.0.1\r\n"),
+        "{head}"
+    );
     assert!(!head.contains("10.1.2.3"), "{head}");
     assert!(head.contains("\r\nx-forwarded-proto: http"), "{head}");
 }

@@ -45,6 +45,8 @@ pub enum ProblemKind {
     LengthRequired,
     /// 413: the request body is larger than allowed.
     PayloadTooLarge,
+    /// 431: the request head is longer than allowed.
+    HeadTooLarge,
     /// 501: the request uses a transfer coding that is not supported (only
     /// `chunked` is).
     NotImplemented,
@@ -56,7 +58,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ProblemKind; 18] = [
+    pub const ALL: [ProblemKind; 19] = [
         ProblemKind::RateLimited,
         ProblemKind::QuotaExhausted,
         ProblemKind::Overloaded,
@@ -72,6 +74,7 @@ impl ProblemKind {
         ProblemKind::RequestTimeout,
         ProblemKind::LengthRequired,
         ProblemKind::PayloadTooLarge,
+        ProblemKind::HeadTooLarge,
         ProblemKind::NotImplemented,
         ProblemKind::BadGateway,
         ProblemKind::GatewayTimeout,
@@ -93,6 +96,7 @@ impl ProblemKind {
             ProblemKind::RequestTimeout => 408,
             ProblemKind::LengthRequired => 411,
             ProblemKind::PayloadTooLarge => 413,
+            ProblemKind::HeadTooLarge => 431,
             ProblemKind::NotImplemented => 501,
             ProblemKind::BadGateway => 502,
             ProblemKind::GatewayTimeout => 504,
@@ -117,6 +121,7 @@ impl ProblemKind {
             ProblemKind::RequestTimeout => "request_timeout",
             ProblemKind::LengthRequired => "length_required",
             ProblemKind::PayloadTooLarge => "payload_too_large",
+            ProblemKind::HeadTooLarge => "head_too_large",
             ProblemKind::NotImplemented => "not_implemented",
             ProblemKind::BadGateway => "bad_gateway",
             ProblemKind::GatewayTimeout => "gateway_timeout",
@@ -146,6 +151,7 @@ impl ProblemKind {
             ProblemKind::RequestTimeout => "Request Timeout",
             ProblemKind::LengthRequired => "Content-Length required",
             ProblemKind::PayloadTooLarge => "Payload Too Large",
+            ProblemKind::HeadTooLarge => "Request Header Fields Too Large",
             ProblemKind::NotImplemented => "Not Implemented",
             ProblemKind::BadGateway => "Bad Gateway",
             ProblemKind::GatewayTimeout => "Gateway Timeout",
