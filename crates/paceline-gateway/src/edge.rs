@@ -69,7 +69,16 @@ impl EdgeIo {
     }
 
     /// Writes what is held, if anything, before anything else.
+    #[inline]
     fn release(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.held.is_empty() {
+            true => Poll::Ready(Ok(())),
+            false => self.release_held(cx),
+        }
+    }
+
+    #[cold]
+    fn release_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.held.is_empty() {
             let held = std::mem::take(&mut self.held);
             let r = self.io().poll_write(cx, &held);

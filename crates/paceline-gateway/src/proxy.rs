@@ -4,7 +4,8 @@
 //! It speaks HTTP/1.1 to the upstream itself, inside the request's task,
 //! over a pool of keep-alive connections (a stack of idle connections, one
 //! going back on it the moment its response body ends). It strips
-//! hop-by-hop fields both ways, appends the client to `X-Forwarded-For`,
+//! hop-by-hop fields both ways, appends the client to `X-Forwarded-For`
+//! (replacing what a client that is no trusted proxy sent there),
 //! and bounds every phase: connecting, waiting for the response head, and
 //! every pause inside either body. A request body streams while the answer
 //! is watched for, so an upstream may answer early. An upstream that cannot

@@ -34,6 +34,9 @@ pub(crate) struct HeadCheck {
     /// The announced length, once one parsed.
     length: Option<u64>,
     bad_length: bool,
+    /// Anything above that refuses the head: the common head is passed
+    /// with one test.
+    odd: bool,
 }
 
 /// Why a head is refused.
@@ -64,6 +67,7 @@ impl HeadCheck {
         if b.len() > 7 && b[..6].eq_ignore_ascii_case(b"bearer") && b[7..].contains(&b',') {
             self.listed_credentials = true;
         }
+        self.odd |= self.authorizations > 1 || self.listed_credentials;
     }
 
     /// One `Host` field.
@@ -73,6 +77,7 @@ impl HeadCheck {
         if v.as_bytes().contains(&b',') {
             self.listed_host = true;
         }
+        self.odd |= self.hosts > 1 || self.listed_host;
     }
 
     /// One `Transfer-Encoding` field: its codings, in order.
@@ -87,6 +92,7 @@ impl HeadCheck {
                 false => self.other_coding = true,
             }
         }
+        self.odd |= self.chunked > 1 || self.other_coding;
     }
 
     /// One `Content-Length` field: digits, or a list of equal ones.
@@ -97,11 +103,20 @@ impl HeadCheck {
                 _ => self.bad_length = true,
             }
         }
+        self.odd |= self.bad_length;
     }
 
     /// Why the head is refused, if it is; `headers` is looked up only when
     /// the key comes from a header other than `Authorization`.
+    #[inline]
     pub(crate) fn refusal(&self, headers: &HeaderMap, source: &KeySource) -> Option<Refusal> {
+        match self.odd || matches!(source, KeySource::Header(_)) {
+            true => self.refusal_of(headers, source),
+            false => None,
+        }
+    }
+
+    fn refusal_of(&self, headers: &HeaderMap, source: &KeySource) -> Option<Refusal> {
         if self.authorizations > 1 || self.listed_credentials || duplicate_key(headers, source) {
             return Some(Refusal::DuplicateCredentials);
         }

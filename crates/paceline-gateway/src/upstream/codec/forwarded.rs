@@ -72,43 +72,39 @@ impl Chains {
     /// Writes `X-Forwarded-For` (the trusted chain, then the peer) and, if
     /// the client sent one, `Forwarded` (the same, as `for=` elements).
     pub(crate) fn write(self, via: &Via<'_>, out: &mut BytesMut) {
-        let mut xff = self.xff.unwrap_or_default();
-        if let Some(ip) = via.peer {
-            paceline_wire::ip::push_ip(&mut xff, ip);
-        }
-        put_list(out, b"x-forwarded-for: ", &xff);
+        let xff = self.xff.as_deref().unwrap_or_default();
+        put_chain(out, b"x-forwarded-for: ", xff, via.peer, false);
         if self.saw_forwarded {
-            let mut fwd = self.forwarded.unwrap_or_default();
-            if let Some(ip) = via.peer {
-                push_node(&mut fwd, ip);
-            }
-            put_list(out, b"forwarded: ", &fwd);
+            let fwd = self.forwarded.as_deref().unwrap_or_default();
+            put_chain(out, b"forwarded: ", fwd, via.peer, true);
         }
     }
 }
 
-/// Writes `name` and `list` (a trailing separator dropped) as one field;
-/// nothing when the list is empty.
-fn put_list(out: &mut BytesMut, name: &[u8], list: &str) {
-    let list = list.trim_end_matches(", ");
-    if list.is_empty() {
+/// Writes the field `name`: `chain` (each hop followed by `, `), then the
+/// peer, as a node (`for=`) when `node`; nothing when both are empty.
+fn put_chain(out: &mut BytesMut, name: &[u8], chain: &str, peer: Option<IpAddr>, node: bool) {
+    let chain = match peer {
+        Some(_) => chain,
+        None => chain.strip_suffix(", ").unwrap_or(chain),
+    };
+    if chain.is_empty() && peer.is_none() {
         return;
     }
     out.put_slice(name);
-    out.put_slice(list.as_bytes());
-    out.put_slice(b"\r\n");
-}
-
-/// `for=` and the address as RFC 7239 §6 writes a node: an IPv6 address
-/// in brackets, quoted.
-fn push_node(out: &mut String, ip: IpAddr) {
-    out.push_str("for=");
-    match ip {
-        IpAddr::V4(_) => paceline_wire::ip::push_ip(out, ip),
-        IpAddr::V6(_) => {
-            out.push_str("\"[");
-            paceline_wire::ip::push_ip(out, ip);
-            out.push_str("]\"");
+    out.put_slice(chain.as_bytes());
+    if let Some(ip) = peer {
+        // RFC 7239 §6: an IPv6 node in brackets, quoted
+        let v6 = node && ip.is_ipv6();
+        out.put_slice(match (node, v6) {
+            (false, _) => b"",
+            (true, false) => b"for=",
+            (true, true) => b"for=\"[",
+        });
+        paceline_wire::ip::with_ip(ip, |s| out.put_slice(s.as_bytes()));
+        if v6 {
+            out.put_slice(b"]\"");
         }
     }
+    out.put_slice(b"\r\n");
 }
