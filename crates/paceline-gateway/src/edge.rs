@@ -98,7 +98,9 @@ impl EdgeIo {
 /// Whether `buf` is one of hyper's own answers: a `4xx` head alone that
 /// closes the connection and announces no body.
 fn is_own_answer(buf: &[u8]) -> bool {
+    // the status's first digit first: most answers are not 4xx
     buf.len() <= MAX_OWN_ANSWER
+        && buf.get(9) == Some(&b'4')
         && buf.starts_with(b"HTTP/1.1 4")
         && buf.ends_with(b"\r\n\r\n")
         && contains(buf, b"\r\nconnection: close\r\n")
