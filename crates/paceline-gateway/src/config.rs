@@ -181,6 +181,17 @@ impl Default for SheddingSettings {
     }
 }
 
+/// The default bound on a client's request head, in bytes: the bound the
+/// gateway keeps on its upstream's answer heads.
+pub const DEFAULT_MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// The smallest request-head bound `gateway.max_head_bytes` takes (the
+/// HTTP/1 server reads in buffers of this size).
+pub const MIN_MAX_HEAD_BYTES: usize = 8 * 1024;
+
+/// The largest request-head bound `gateway.max_head_bytes` takes.
+pub const MAX_MAX_HEAD_BYTES: usize = 1024 * 1024;
+
 /// The gateway's own settings (the `[gateway]` table).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -200,6 +211,11 @@ pub struct Settings {
     pub shedding: SheddingSettings,
     /// Whether to watch the file and reload when it changes.
     pub watch: bool,
+    /// The largest request head a client may send, in bytes (request line
+    /// and fields; for HTTP/2, the field list): a longer one is answered
+    /// `431` and the connection closed. `gateway.max_head_bytes`, by
+    /// default [`DEFAULT_MAX_HEAD_BYTES`].
+    pub max_head_bytes: usize,
 }
 
 /// A loaded, validated configuration.
@@ -248,6 +264,8 @@ struct GatewayModel {
     keys_file: Option<String>,
     #[serde(default = "yes")]
     watch: bool,
+    #[serde(default)]
+    max_head_bytes: Option<u64>,
     #[serde(default)]
     timeouts: TimeoutsModel,
     #[serde(default)]
@@ -489,7 +507,25 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
         timeouts: timeouts(src, &g.timeouts)?,
         shedding: shedding(src, &g.shedding)?,
         watch: g.watch,
+        max_head_bytes: max_head_bytes(src, g.max_head_bytes)?,
     })
+}
+
+fn max_head_bytes(src: &Source<'_>, v: Option<u64>) -> Result<usize, ConfigFileError> {
+    let Some(n) = v else {
+        return Ok(DEFAULT_MAX_HEAD_BYTES);
+    };
+    let range = MIN_MAX_HEAD_BYTES as u64..=MAX_MAX_HEAD_BYTES as u64;
+    match range.contains(&n) {
+        true => Ok(n as usize),
+        false => Err(src.at_field(
+            Kind::OutOfRange,
+            "gateway.max_head_bytes",
+            format!(
+                "{n} bytes is outside {MIN_MAX_HEAD_BYTES}..={MAX_MAX_HEAD_BYTES}; the default is {DEFAULT_MAX_HEAD_BYTES} (64 KiB)"
+            ),
+        )),
+    }
 }
 
 fn timeouts(src: &Source<'_>, t: &TimeoutsModel) -> Result<Timeouts, ConfigFileError> {
@@ -615,6 +651,7 @@ criticality = "SHEDDABLE"
     #[test]
     fn the_good_config_loads() {
         let c = GatewayConfig::parse(GOOD, "t.toml", None).unwrap();
+        assert_eq!(c.settings.max_head_bytes, 64 * 1024);
         assert_eq!(c.settings.shedding.max_in_flight, 64);
         assert_eq!(c.settings.shedding.reserve, 0.2);
         assert_eq!(c.limits.plans().len(), 2);
@@ -668,6 +705,22 @@ criticality = "SHEDDABLE"
         assert_eq!((e.line(), e.field()), (7, "gateway.shedding.reserve"));
         let e = patched("[gateway]\n", "[gateway]\nstore = \"redis\"\n");
         assert_eq!((e.line(), e.field()), (2, "gateway.store"));
+    }
+
+    #[test]
+    fn the_head_bound_is_checked() {
+        for bad in ["0", "8191", "1048577"] {
+            let e = patched(
+                "[gateway]\n",
+                &format!("[gateway]\nmax_head_bytes = {bad}\n"),
+            );
+            assert_eq!((e.line(), e.field()), (2, "gateway.max_head_bytes"), "{e}");
+            assert_eq!(e.kind(), Kind::OutOfRange);
+            assert!(e.message().contains("65536"), "{e}");
+        }
+        let text = GOOD.replacen("[gateway]\n", "[gateway]\nmax_head_bytes = 16384\n", 1);
+        let c = GatewayConfig::parse(&text, "t.toml", None).unwrap();
+        assert_eq!(c.settings.max_head_bytes, 16384);
     }
 
     #[test]

@@ -69,6 +69,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod edge;
 mod idle;
 mod locate;
 pub mod metrics;
@@ -79,7 +80,10 @@ mod split;
 mod upstream;
 mod webhook;
 
-pub use config::{ConfigFileError, GatewayConfig, Settings, SheddingSettings, StoreKind, Timeouts};
+pub use config::{
+    ConfigFileError, GatewayConfig, Settings, SheddingSettings, StoreKind, Timeouts,
+    DEFAULT_MAX_HEAD_BYTES, MAX_MAX_HEAD_BYTES, MIN_MAX_HEAD_BYTES,
+};
 pub use server::{
     shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback, ReloadEvent,
 };

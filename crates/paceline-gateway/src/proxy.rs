@@ -4,7 +4,8 @@
 //! It speaks HTTP/1.1 to the upstream itself, inside the request's task,
 //! over a pool of keep-alive connections (a stack of idle connections, one
 //! going back on it the moment its response body ends). It strips
-//! hop-by-hop fields both ways, appends the client to `X-Forwarded-For`,
+//! hop-by-hop fields both ways, appends the client to `X-Forwarded-For`
+//! (replacing what a client that is no trusted proxy sent there),
 //! and bounds every phase: connecting, waiting for the response head, and
 //! every pause inside either body. A request body streams while the answer
 //! is watched for, so an upstream may answer early. An upstream that cannot
@@ -35,7 +36,7 @@ use tower_service::Service;
 use crate::config::Timeouts;
 use crate::metrics as m;
 use crate::shed::CurrentLimits;
-use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError};
+use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError, Via};
 
 pub(crate) use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
 
@@ -117,13 +118,12 @@ impl Proxy {
             .get::<PeerAddr>()
             .map(|p| p.0.ip())
             .or(self.peer);
-        let exchange = this.upstream.send(
-            Outgoing {
-                parts: &parts,
-                peer,
-            },
-            body,
-        );
+        let trusted = |ip| (this.limits)().trusted_proxies().contains(ip);
+        let via = Via {
+            peer,
+            trusted: &trusted,
+        };
+        let exchange = this.upstream.send(Outgoing { parts: &parts, via }, body);
         match tokio::time::timeout(this.timeouts.upstream_header, exchange).await {
             Ok(Ok(answer)) => {
                 let Answer {

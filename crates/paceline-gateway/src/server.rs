@@ -11,8 +11,13 @@
 //! the shedding settings, the webhook and the keys file in place: the
 //! counters live in one store that outlives every configuration, and no
 //! connection is dropped. The settings only a restart applies (listen,
-//! upstream, store, metrics, timeouts, escalation, soft limit) are named in
-//! [`ReloadEvent::Applied`]. A configuration that fails validation is
+//! upstream, store, metrics, timeouts, the request-head bound, escalation,
+//! soft limit) are named in [`ReloadEvent::Applied`].
+//!
+//! A request head longer than `gateway.max_head_bytes` (64 KiB by default,
+//! the bound kept on upstream answer heads too) is answered `431` and its
+//! connection closed: HTTP/1.1 by the size of the connection's read buffer,
+//! HTTP/2 by the field-list size it announces. A configuration that fails validation is
 //! refused and the old one keeps serving.
 
 use std::future::Future;
@@ -213,8 +218,12 @@ impl Gateway {
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(None)
-            .writev(false);
-        builder.http2().timer(TokioTimer::new());
+            .writev(false)
+            .max_buf_size(settings.max_head_bytes);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(settings.max_head_bytes as u32);
         let graceful = GracefulShutdown::new();
         let mut tasks = Vec::new();
         if let Some((l, _)) = self.metrics {
@@ -265,20 +274,24 @@ impl Gateway {
                 let fut: ServeFuture = Box::pin(TrackedCall::new(call, busy));
                 fut
             });
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), svc)
-                .into_owned();
+            let (io, left) = crate::edge::EdgeIo::new(stream);
+            let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
             let conn = graceful.watch(conn);
             let bound = t.client_header;
+            let (limiter, max_head) = (h.inner.limiter.clone(), settings.max_head_bytes);
             tokio::spawn(async move {
+                let mut error = None;
                 tokio::select! {
                     r = conn => if let Err(e) = r {
                         tracing::debug!(error = %e, "connection ended with an error");
+                        error = Some(e);
                     },
                     _ = watched.idle_for(bound) => {
                         tracing::debug!("connection idle too long: closed");
                     }
                 }
+                let base = || limiter.limits().problem_base().to_string();
+                crate::edge::finish(left, error, max_head, base, bound).await;
             });
         }
         drop(self.listener);
@@ -403,6 +416,7 @@ fn restart_notes(
         shedding: _,
         // applied: read at every tick of the watcher
         watch: _,
+        max_head_bytes,
     } = new;
     let mut notes = Vec::new();
     let mut note = |name: &str, changed: bool| {
@@ -419,6 +433,10 @@ fn restart_notes(
         old.metrics_listen != *metrics_listen,
     );
     note("gateway.timeouts", old.timeouts != *timeouts);
+    note(
+        "gateway.max_head_bytes",
+        old.max_head_bytes != *max_head_bytes,
+    );
     // the limiter keeps these from its construction
     note("escalation", old_limits.escalation() != limits.escalation());
     note("soft_limit", old_limits.soft_limit() != limits.soft_limit());

@@ -7,6 +7,15 @@
 //! hops, and the first untrusted address is the client. A header sent by
 //! anyone else changes nothing, so a client cannot pick its own bucket.
 //!
+//! One precedence: `X-Forwarded-For` first, `Forwarded` only when the
+//! request carries no `X-Forwarded-For` at all. Why: the proxies people
+//! put in front (load balancers, nginx, HAProxy, Envoy, this gateway)
+//! append to `X-Forwarded-For` and pass a client's `Forwarded` through
+//! untouched, so preferring `Forwarded` would let any client behind them
+//! name its own address. A trusted proxy must therefore append to (or
+//! replace) `X-Forwarded-For`; one that writes only `Forwarded` works when
+//! it also removes any `X-Forwarded-For` a client sent.
+//!
 //! ```
 //! use std::net::SocketAddr;
 //! use paceline_server::{client_ip, TrustedProxies};
@@ -163,7 +172,8 @@ pub fn peer_ip(ext: &Extensions) -> Option<IpAddr> {
 
 /// The client address of a request whose socket peer is `peer`: the peer
 /// itself unless it is a trusted proxy, in which case the right-most
-/// untrusted hop of `Forwarded` (preferred) or `X-Forwarded-For`.
+/// untrusted hop of `X-Forwarded-For` (or, when the request carries no
+/// `X-Forwarded-For`, of `Forwarded`).
 pub fn client_ip(
     headers: &HeaderMap,
     peer: Option<IpAddr>,
@@ -173,7 +183,10 @@ pub fn client_ip(
     if !trusted.contains(peer) {
         return Some(peer);
     }
-    let hops = forwarded_hops(headers).or_else(|| xff_hops(headers));
+    let hops = match headers.contains_key(X_FORWARDED_FOR) {
+        true => xff_hops(headers),
+        false => forwarded_hops(headers),
+    };
     let Some(hops) = hops else {
         return Some(peer);
     };
@@ -191,9 +204,11 @@ pub fn client_ip(
 
 type Hops = Vec<Option<IpAddr>>;
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 fn xff_hops(headers: &HeaderMap) -> Option<Hops> {
     let mut hops = Vec::new();
-    for v in headers.get_all("x-forwarded-for") {
+    for v in headers.get_all(X_FORWARDED_FOR) {
         let s = v.to_str().ok()?;
         hops.extend(s.split(',').map(|h| parse_hop(h.trim())));
     }
@@ -315,14 +330,15 @@ mod tests {
             client_ip(&h, Some(ip("127.0.0.1")), &t),
             Some(ip("2001:db8::7"))
         );
-        // Forwarded wins over X-Forwarded-For
+        // X-Forwarded-For wins over Forwarded: a proxy that appends to the
+        // first passes a client's second through untouched
         let h2 = headers(&[
             ("forwarded", "for=198.51.100.1"),
             ("x-forwarded-for", "192.0.2.1"),
         ]);
         assert_eq!(
             client_ip(&h2, Some(ip("127.0.0.1")), &t),
-            Some(ip("198.51.100.1"))
+            Some(ip("192.0.2.1"))
         );
         // garbage hop: stop at the proxy
         let h3 = headers(&[("x-forwarded-for", "192.0.2.1, unknown")]);

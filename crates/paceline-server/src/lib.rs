@@ -85,6 +85,7 @@
 
 mod config;
 mod escalation;
+mod head;
 mod identity;
 mod layer;
 mod limiter;

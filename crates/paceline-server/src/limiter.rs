@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, Version};
 use paceline_core::{
     Clock, Cost, Decision, Denial, FailMode, MemoryStore, Nanos, Outcome, PolicyKind, Store,
@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use crate::config::{key_prefix, Limits, LimitsInner};
 use crate::escalation::{Escalator, Level};
+use crate::head::{HeadCheck, Refusal};
 use crate::identity::{bearer, client_ip, peer_ip, KeyHash, KeySource};
 use crate::layer::ReleaseGuard;
 use crate::respond;
@@ -129,6 +130,8 @@ pub(crate) struct Prepared {
     bytes: u64,
     /// A body whose length is not announced (chunked).
     unknown_len: bool,
+    /// A head refused whoever sent it (see [`crate::head`]).
+    refused: Option<Refusal>,
 }
 
 /// What to do with a request.
@@ -278,10 +281,13 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         let fields = HeadFields::of(req.headers());
         let who = who(&limits, req, peer, &fields, route);
         let cost = route.cost;
-        let close = req.version() <= Version::HTTP_11 && fields.has_body();
+        let refused = fields.check.refusal(req.headers(), &lim.key_source);
+        let close = req.version() <= Version::HTTP_11
+            && (fields.has_body() || refused.is_some_and(|r| r.breaks_framing()));
         let bytes = fields.body_len();
         let unknown_len = fields.transfer_encoding && fields.content_length.is_none();
         Prepared {
+            refused,
             bytes,
             unknown_len,
             limits,
@@ -339,6 +345,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// Everything before the store: who, escalation holds, the cost.
     fn stage(&self, p: &Prepared) -> Stage {
         let lim = &p.limits.inner;
+        if let Some(r) = p.refused {
+            return Stage::Done(Verdict::Reject(r.answer(&lim.problem_base)));
+        }
         let Some(who) = &p.who else {
             return Stage::Done(match p.usage {
                 true => Verdict::Respond(respond::unauthorized(&lim.problem_base)),
@@ -587,6 +596,8 @@ struct HeadFields<'a> {
     transfer_encoding: bool,
     /// The first `Content-Length` value.
     content_length: Option<&'a HeaderValue>,
+    /// What decides whether the head is refused.
+    check: HeadCheck,
 }
 
 impl<'a> HeadFields<'a> {
@@ -595,14 +606,20 @@ impl<'a> HeadFields<'a> {
             authorization: None,
             transfer_encoding: false,
             content_length: None,
+            check: HeadCheck::default(),
         };
         for (name, value) in h {
             if name == AUTHORIZATION {
+                f.check.authorization(value);
                 f.authorization.get_or_insert(value);
             } else if name == TRANSFER_ENCODING {
+                f.check.transfer_encoding(value);
                 f.transfer_encoding = true;
             } else if name == CONTENT_LENGTH {
+                f.check.content_length(value);
                 f.content_length.get_or_insert(value);
+            } else if name == HOST {
+                f.check.host(value);
             }
         }
         f

@@ -16,6 +16,23 @@ use std::net::IpAddr;
 /// ```
 pub fn push_ip(out: &mut String, ip: IpAddr) {
     match ip {
+        IpAddr::V6(v6) => {
+            use std::fmt::Write;
+            let _ = write!(out, "{v6}");
+        }
+        v4 => with_ip(v4, |s| out.push_str(s)),
+    }
+}
+
+/// Calls `f` with `ip` as `Display` writes it; an IPv4 address is written
+/// on the stack, so a writer into any buffer allocates nothing for it.
+///
+/// ```
+/// let n = paceline_wire::ip::with_ip("192.0.2.10".parse().unwrap(), |s| s.len());
+/// assert_eq!(n, 10);
+/// ```
+pub fn with_ip<R>(ip: IpAddr, f: impl FnOnce(&str) -> R) -> R {
+    match ip {
         IpAddr::V4(v4) => {
             // at most 15 bytes, written once
             let mut buf = [0u8; 15];
@@ -36,12 +53,9 @@ pub fn push_ip(out: &mut String, ip: IpAddr) {
                 buf[len] = b'0' + octet % 10;
                 len += 1;
             }
-            out.push_str(std::str::from_utf8(&buf[..len]).unwrap_or_default());
+            f(std::str::from_utf8(&buf[..len]).unwrap_or_default())
         }
-        IpAddr::V6(v6) => {
-            use std::fmt::Write;
-            let _ = write!(out, "{v6}");
-        }
+        IpAddr::V6(v6) => f(&v6.to_string()),
     }
 }
 

@@ -125,7 +125,7 @@ where
         let framing = BodyFraming::of(&body);
         // the head, and as much of the body as is there already
         let mut out = BytesMut::with_capacity(512);
-        write_head(&mut out, &self.target, parts, req.peer, framing);
+        write_head(&mut out, &self.target, parts, req.via, framing);
         let (sent, whole) = match framing {
             None => (0, true),
             Some(f) => coalesce(&mut body, &mut out, f).map_err(UpstreamError::RequestBody)?,

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::hyper::HyperClient;
-use super::{strip_hop_by_hop, Answer, Client, Outgoing, Upstream, UpstreamError};
+use super::{strip_hop_by_hop, Answer, Client, Outgoing, Upstream, UpstreamError, Via};
 use crate::config::Timeouts;
 
 /// The bound on one case through one client, from connecting to the end
@@ -471,7 +471,7 @@ async fn run<U: Upstream<Full<Bytes>>>(client: &U, method: &Method, body: &'stat
         .into_parts();
     let req = Outgoing {
         parts: &parts,
-        peer: None,
+        via: Via::UNKNOWN,
     };
     let answer = match client.send(req, Full::new(Bytes::from_static(body))).await {
         Ok(a) => a,

@@ -68,7 +68,7 @@ where
         // hyper writes them as they are, framing included
         let mut head = BytesMut::with_capacity(512);
         let framing = BodyFraming::of(&body);
-        write_head(&mut head, &self.target, parts, req.peer, framing);
+        write_head(&mut head, &self.target, parts, req.via, framing);
         let mut fields = vec![httparse::EMPTY_HEADER; parts.headers.len() + 8];
         let mut parsed = httparse::Request::new(&mut fields);
         if !matches!(parsed.parse(&head), Ok(httparse::Status::Complete(_))) {

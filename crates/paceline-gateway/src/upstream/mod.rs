@@ -35,7 +35,6 @@ mod differential;
 mod hyper;
 
 use std::future::Future;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -44,6 +43,7 @@ use http_body::Body;
 
 pub(crate) use client::Client;
 pub(crate) use codec::strip_hop_by_hop;
+pub(crate) use codec::Via;
 pub(crate) use error::BoxError;
 pub(crate) use error::UpstreamError;
 pub(crate) use idle::{BodyIdle, IdleTimeout};
@@ -55,8 +55,9 @@ pub(crate) use idle::{BodyIdle, IdleTimeout};
 pub(crate) struct Outgoing<'a> {
     /// The client's request head.
     pub(crate) parts: &'a http::request::Parts,
-    /// The client's address, appended to `X-Forwarded-For`.
-    pub(crate) peer: Option<IpAddr>,
+    /// The client connection: its address, appended to `X-Forwarded-For`,
+    /// and whether it is a trusted proxy.
+    pub(crate) via: Via<'a>,
 }
 
 /// An upstream's final answer: its head (hop-by-hop fields still in it)

@@ -217,6 +217,10 @@ impl Limits {
     pub fn escalation(&self) -> &EscalationConfig {
         &self.inner.escalation
     }
+    /// The proxies whose forwarding fields are believed.
+    pub fn trusted_proxies(&self) -> &TrustedProxies {
+        &self.inner.trusted
+    }
 }
 
 #[cfg(test)]

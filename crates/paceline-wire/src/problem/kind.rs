@@ -28,6 +28,10 @@ pub enum ProblemKind {
     IdempotencyInFlight,
     /// 401: the request carries no known API key.
     Unauthorized,
+    /// 400: the request carries more than one credential (two
+    /// `Authorization` fields, or the key header twice): which one counts
+    /// is not guessed.
+    DuplicateCredentials,
     /// 404: nothing is there.
     NotFound,
     /// 405: the method is not served (the gateway does not tunnel
@@ -41,6 +45,11 @@ pub enum ProblemKind {
     LengthRequired,
     /// 413: the request body is larger than allowed.
     PayloadTooLarge,
+    /// 431: the request head is longer than allowed.
+    HeadTooLarge,
+    /// 501: the request uses a transfer coding that is not supported (only
+    /// `chunked` is).
+    NotImplemented,
     /// 502: the upstream could not be reached or failed.
     BadGateway,
     /// 504: the upstream did not answer in time.
@@ -49,7 +58,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ProblemKind; 16] = [
+    pub const ALL: [ProblemKind; 19] = [
         ProblemKind::RateLimited,
         ProblemKind::QuotaExhausted,
         ProblemKind::Overloaded,
@@ -58,12 +67,15 @@ impl ProblemKind {
         ProblemKind::IdempotencyKeyMissing,
         ProblemKind::IdempotencyInFlight,
         ProblemKind::Unauthorized,
+        ProblemKind::DuplicateCredentials,
         ProblemKind::NotFound,
         ProblemKind::MethodNotAllowed,
         ProblemKind::BadRequest,
         ProblemKind::RequestTimeout,
         ProblemKind::LengthRequired,
         ProblemKind::PayloadTooLarge,
+        ProblemKind::HeadTooLarge,
+        ProblemKind::NotImplemented,
         ProblemKind::BadGateway,
         ProblemKind::GatewayTimeout,
     ];
@@ -75,7 +87,8 @@ impl ProblemKind {
             ProblemKind::Overloaded => 503,
             ProblemKind::CostExceedsBurst
             | ProblemKind::IdempotencyKeyMissing
-            | ProblemKind::BadRequest => 400,
+            | ProblemKind::BadRequest
+            | ProblemKind::DuplicateCredentials => 400,
             ProblemKind::IdempotencyConflict | ProblemKind::IdempotencyInFlight => 409,
             ProblemKind::Unauthorized => 401,
             ProblemKind::NotFound => 404,
@@ -83,6 +96,8 @@ impl ProblemKind {
             ProblemKind::RequestTimeout => 408,
             ProblemKind::LengthRequired => 411,
             ProblemKind::PayloadTooLarge => 413,
+            ProblemKind::HeadTooLarge => 431,
+            ProblemKind::NotImplemented => 501,
             ProblemKind::BadGateway => 502,
             ProblemKind::GatewayTimeout => 504,
         }
@@ -99,12 +114,15 @@ impl ProblemKind {
             ProblemKind::IdempotencyKeyMissing => "idempotency_key_missing",
             ProblemKind::IdempotencyInFlight => "idempotency_in_flight",
             ProblemKind::Unauthorized => "unauthorized",
+            ProblemKind::DuplicateCredentials => "duplicate_credentials",
             ProblemKind::NotFound => "not_found",
             ProblemKind::MethodNotAllowed => "method_not_allowed",
             ProblemKind::BadRequest => "bad_request",
             ProblemKind::RequestTimeout => "request_timeout",
             ProblemKind::LengthRequired => "length_required",
             ProblemKind::PayloadTooLarge => "payload_too_large",
+            ProblemKind::HeadTooLarge => "head_too_large",
+            ProblemKind::NotImplemented => "not_implemented",
             ProblemKind::BadGateway => "bad_gateway",
             ProblemKind::GatewayTimeout => "gateway_timeout",
         }
@@ -126,12 +144,15 @@ impl ProblemKind {
             ProblemKind::IdempotencyKeyMissing => "Idempotency key required",
             ProblemKind::IdempotencyInFlight => "Request with this idempotency key in progress",
             ProblemKind::Unauthorized => "API key required",
+            ProblemKind::DuplicateCredentials => "More than one credential",
             ProblemKind::NotFound => "Not Found",
             ProblemKind::MethodNotAllowed => "Method Not Allowed",
             ProblemKind::BadRequest => "Bad Request",
             ProblemKind::RequestTimeout => "Request Timeout",
             ProblemKind::LengthRequired => "Content-Length required",
             ProblemKind::PayloadTooLarge => "Payload Too Large",
+            ProblemKind::HeadTooLarge => "Request Header Fields Too Large",
+            ProblemKind::NotImplemented => "Not Implemented",
             ProblemKind::BadGateway => "Bad Gateway",
             ProblemKind::GatewayTimeout => "Gateway Timeout",
         }
@@ -178,12 +199,19 @@ mod tests {
     fn the_gateway_statuses_keep_their_reason_phrases() {
         for k in ProblemKind::ALL.into_iter().filter(|k| !k.names_policies()) {
             let status = http::StatusCode::from_u16(k.status()).unwrap();
-            if !matches!(k, ProblemKind::Unauthorized | ProblemKind::LengthRequired) {
+            if !matches!(
+                k,
+                ProblemKind::Unauthorized
+                    | ProblemKind::LengthRequired
+                    | ProblemKind::DuplicateCredentials
+            ) {
                 assert_eq!(status.canonical_reason(), Some(k.title()), "{k:?}");
             }
         }
         assert_eq!(ProblemKind::Unauthorized.status(), 401);
         assert_eq!(ProblemKind::LengthRequired.status(), 411);
         assert_eq!(ProblemKind::PayloadTooLarge.status(), 413);
+        assert_eq!(ProblemKind::DuplicateCredentials.status(), 400);
+        assert_eq!(ProblemKind::NotImplemented.status(), 501);
     }
 }

@@ -4,11 +4,13 @@
 //! reads and writes; this says what the bytes mean, so it can be tested
 //! on any split of them.
 
+mod forwarded;
 mod framing;
 mod head;
 mod hop;
 mod request;
 
+pub(crate) use forwarded::Via;
 pub(crate) use framing::{Chunk, Framing, Step};
 pub(crate) use head::{parse_head, Head, MAX_HEAD};
 pub(crate) use hop::strip_hop_by_hop;

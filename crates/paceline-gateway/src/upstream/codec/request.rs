@@ -1,9 +1,8 @@
 //! The request-head writer: the request line in origin form under the
 //! upstream's base path, the client's end-to-end fields with `Host` and
-//! `X-Forwarded-*`, and the framing of the body that follows (its length,
-//! or chunks, each written by [`put_data`]).
-
-use std::net::IpAddr;
+//! `X-Forwarded-*` (by the rules of [`super::forwarded`]), and the framing
+//! of the body that follows (its length, or chunks, each written by
+//! [`put_data`]).
 
 use bytes::{BufMut, BytesMut};
 use http::header::{self, HeaderName};
@@ -11,6 +10,7 @@ use http::uri::{Authority, PathAndQuery};
 use http::{Method, Uri};
 use http_body::Body;
 
+use super::forwarded::{Chains, Via};
 use super::hop::{connection_named, is_hop_by_hop};
 
 /// Where requests go: the upstream's authority and base path.
@@ -94,14 +94,14 @@ pub(crate) fn write_head(
     out: &mut BytesMut,
     target: &Target,
     parts: &http::request::Parts,
-    peer: Option<IpAddr>,
+    via: Via<'_>,
     framing: Option<BodyFraming>,
 ) {
     out.put_slice(parts.method.as_str().as_bytes());
     out.put_u8(b' ');
     target.put_target(&parts.uri, out);
     out.put_slice(b" HTTP/1.1\r\n");
-    let had_length = put_fields(parts, target.authority(), peer, out);
+    let had_length = put_fields(parts, target.authority(), via, out);
     match framing {
         None if had_length || expects_body(&parts.method) => {
             out.put_slice(b"content-length: 0\r\n")
@@ -141,14 +141,16 @@ pub(crate) fn put_data(out: &mut BytesMut, data: &[u8], chunked: bool) {
 /// Writes the request's fields as they go upstream: `Host` first (the
 /// authority of an HTTP/2 or absolute-form request, or the client's
 /// `Host`, or the upstream's), then the client's end-to-end fields, then
-/// `X-Forwarded-For` with the client appended and `X-Forwarded-Proto`.
+/// `X-Forwarded-For` with the client appended (and `Forwarded`, when the
+/// client sent one), each passed on only from a trusted proxy, and
+/// `X-Forwarded-Proto`.
 /// Hop-by-hop fields (RFC 9110 §7.6.1, with any named in `Connection`) and
 /// the client's framing fields stay behind; the caller writes the framing.
 /// True when the client sent a `Content-Length`.
 fn put_fields(
     parts: &http::request::Parts,
     upstream: &Authority,
-    peer: Option<IpAddr>,
+    via: Via<'_>,
     out: &mut BytesMut,
 ) -> bool {
     let headers = &parts.headers;
@@ -166,7 +168,7 @@ fn put_fields(
         true => connection_named(headers),
     };
     let mut had_length = false;
-    let mut forwarded: Option<String> = None;
+    let mut chains = Chains::default();
     for (name, value) in headers {
         if name == header::HOST || name == X_FORWARDED_PROTO || is_hop_by_hop(name) {
             continue;
@@ -178,12 +180,8 @@ fn put_fields(
         if !named.is_empty() && named.contains(name) {
             continue;
         }
-        if name == X_FORWARDED_FOR {
-            let f = forwarded.get_or_insert_with(String::new);
-            if let Ok(v) = value.to_str() {
-                f.push_str(v);
-                f.push_str(", ");
-            }
+        if name == X_FORWARDED_FOR || name == header::FORWARDED {
+            chains.field(&via, name == header::FORWARDED, value);
             continue;
         }
         out.put_slice(name.as_str().as_bytes());
@@ -191,17 +189,7 @@ fn put_fields(
         out.put_slice(value.as_bytes());
         out.put_slice(b"\r\n");
     }
-    if let Some(ip) = peer {
-        let mut f = forwarded.unwrap_or_default();
-        paceline_wire::ip::push_ip(&mut f, ip);
-        out.put_slice(b"x-forwarded-for: ");
-        out.put_slice(f.as_bytes());
-        out.put_slice(b"\r\n");
-    } else if let Some(f) = forwarded {
-        out.put_slice(b"x-forwarded-for: ");
-        out.put_slice(f.trim_end_matches(", ").as_bytes());
-        out.put_slice(b"\r\n");
-    }
+    chains.write(&via, out);
     out.put_slice(b"x-forwarded-proto: http\r\n");
     had_length
 }
@@ -214,8 +202,13 @@ mod tests {
     use super::*;
     use http::Request;
 
-    /// The fields `put_fields` writes for a request with `fields`.
+    /// The fields `put_fields` writes for a request with `fields` from a
+    /// trusted peer.
     fn sent(fields: &[(&str, &str)], peer: Option<&str>) -> String {
+        sent_via(fields, peer, true)
+    }
+
+    fn sent_via(fields: &[(&str, &str)], peer: Option<&str>, trusted: bool) -> String {
         let mut req = Request::get("/x");
         for (n, v) in fields {
             req = req.header(*n, *v);
@@ -223,12 +216,12 @@ mod tests {
         let (parts, ()) = req.body(()).unwrap().into_parts();
         let mut out = BytesMut::new();
         let upstream = Authority::from_static("up:80");
-        let len = put_fields(
-            &parts,
-            &upstream,
-            peer.map(|p| p.parse().unwrap()),
-            &mut out,
-        );
+        let trust = move |_| trusted;
+        let via = Via {
+            peer: peer.map(|p| p.parse().unwrap()),
+            trusted: &trust,
+        };
+        let len = put_fields(&parts, &upstream, via, &mut out);
         let text = String::from_utf8(out.to_vec()).unwrap();
         format!("{text}length={len}")
     }
@@ -260,9 +253,34 @@ mod tests {
             "host: up:80\r\nauthorization: Bearer k\r\n\
              x-forwarded-for: 10.0.0.1, 10.0.0.2, ::1\r\nx-forwarded-proto: http\r\nlength=true"
         );
-        // without a peer the prior chain is passed on as it was
-        assert!(sent(&[("x-forwarded-for", "10.0.0.9")], None)
-            .contains("\r\nx-forwarded-for: 10.0.0.9\r\n"));
+        // without a known peer nothing the client sent is passed on
+        assert!(!sent(&[("x-forwarded-for", "10.0.0.9")], None).contains("10.0.0.9"));
+    }
+
+    #[test]
+    fn forwarding_fields_go_on_only_from_a_trusted_peer() {
+        let spoof = [
+            ("x-forwarded-for", "1.1.1.1"),
+            ("forwarded", "for=1.1.1.1;proto=https"),
+        ];
+        // from a client: replaced by what the gateway saw
+        assert_eq!(
+            sent_via(&spoof, Some("203.0.113.7"), false),
+            "host: up:80\r\nx-forwarded-for: 203.0.113.7\r\nforwarded: for=203.0.113.7\r\n\
+             x-forwarded-proto: http\r\nlength=false"
+        );
+        // from a trusted proxy: appended to
+        assert_eq!(
+            sent_via(&spoof, Some("10.0.0.1"), true),
+            "host: up:80\r\nx-forwarded-for: 1.1.1.1, 10.0.0.1\r\n\
+             forwarded: for=1.1.1.1;proto=https, for=10.0.0.1\r\n\
+             x-forwarded-proto: http\r\nlength=false"
+        );
+        // an IPv6 node is quoted in brackets
+        assert!(sent_via(&spoof[1..], Some("2001:db8::7"), false)
+            .contains("\r\nforwarded: for=\"[2001:db8::7]\"\r\n"));
+        // no Forwarded field is made up for a request that sent none
+        assert!(!sent_via(&[], Some("10.0.0.1"), false).contains("forwarded:"));
     }
 
     #[test]
