@@ -792,7 +792,11 @@ criticality = "SHEDDABLE"
     #[test]
     fn the_limits_defaults_are_the_server_models() {
         let c = GatewayConfig::parse(GOOD, "t.toml", None).unwrap();
-        let d = LimitsConfig::default().build().unwrap();
+        // the model's defaults, with the one plan a configuration must give
+        let mut m = LimitsConfig::default();
+        let plan = r#"policies = [{ name = "b", algorithm = "token_bucket", q = 1, w = 1 }]"#;
+        m.plans.insert("p".into(), toml::from_str(plan).unwrap());
+        let d = m.build().unwrap();
         assert_eq!(c.limits.problem_base(), d.problem_base());
         assert_eq!(c.limits.soft_limit(), d.soft_limit());
         assert_eq!(c.limits.usage_path(), d.usage_path());

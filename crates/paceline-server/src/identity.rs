@@ -56,6 +56,33 @@ pub enum KeySource {
     Header(HeaderName),
 }
 
+/// What a request without a known key gets: the configured answer for a
+/// request that sends no key, and for one whose key is not configured.
+///
+/// Neither passes unlimited: with no setting both are refused with 401.
+/// A route that needs no limit at all says so itself
+/// ([`Route::unlimited`](crate::Route::unlimited)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum KeyTreatment {
+    /// 401 with a problem body saying what is wrong (the default).
+    #[default]
+    Reject,
+    /// Limited per client IP under the anonymous plan, publishing no
+    /// counters.
+    Anonymous,
+}
+
+/// Why a request has no known key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stranger {
+    /// It sends no key.
+    Missing,
+    /// It sends a key the configuration does not know.
+    Unknown,
+}
+
 /// One network: an address and a prefix length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IpNet {

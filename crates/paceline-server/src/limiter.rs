@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::config::{key_prefix, Limits, LimitsInner};
 use crate::escalation::{Escalator, Level};
 use crate::head::{HeadCheck, Refusal};
-use crate::identity::{bearer, client_ip, peer_ip, KeyHash, KeySource};
+use crate::identity::{bearer, client_ip, peer_ip, KeyHash, KeySource, KeyTreatment, Stranger};
 use crate::layer::ReleaseGuard;
 use crate::respond;
 use crate::route::RouteInfo;
@@ -124,6 +124,9 @@ pub(crate) struct Prepared {
     cost: u64,
     usage: bool,
     who: Option<Who>,
+    /// Why the request has no known key, when it has none (whatever its
+    /// treatment).
+    stranger: Option<Stranger>,
     /// A rejection leaves a request body unread: close the connection.
     pub(crate) close: bool,
     /// The announced body length, charged to content-bytes policies.
@@ -279,7 +282,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         };
         let usage = req.method() == Method::GET && lim.usage_path.as_deref() == Some(path);
         let fields = HeadFields::of(req.headers());
-        let who = who(&limits, req, peer, &fields, route);
+        let (who, stranger) = who(&limits, req, peer, &fields, route);
         let cost = route.cost;
         let refused = fields.check.refusal(req.headers(), &lim.key_source);
         let close = req.version() <= Version::HTTP_11
@@ -295,6 +298,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             cost,
             usage,
             who,
+            stranger,
             close,
         }
     }
@@ -348,10 +352,18 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         if let Some(r) = p.refused {
             return Stage::Done(Verdict::Reject(r.answer(&lim.problem_base)));
         }
+        let unauthorized = |s: Option<Stranger>| {
+            respond::unauthorized(&lim.problem_base, s.unwrap_or(Stranger::Missing), &lim.key_source)
+        };
+        if p.usage && (p.stranger.is_some() || !p.who.as_ref().is_some_and(|w| w.publish)) {
+            // the usage of a key it does not have: say which is wrong
+            return Stage::Done(Verdict::Respond(unauthorized(p.stranger)));
+        }
         let Some(who) = &p.who else {
-            return Stage::Done(match p.usage {
-                true => Verdict::Respond(respond::unauthorized(&lim.problem_base)),
-                false => Verdict::Pass,
+            return Stage::Done(match p.stranger {
+                Some(_) => Verdict::Reject(unauthorized(p.stranger)),
+                // an unlimited route
+                None => Verdict::Pass,
             });
         };
         let sh = &*self.shared;
@@ -365,10 +377,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             })
         };
         if p.usage {
-            return match who.publish {
-                true => ask(Cost::requests(0), None),
-                false => Stage::Done(Verdict::Respond(respond::unauthorized(&lim.problem_base))),
-            };
+            return ask(Cost::requests(0), None);
         }
         if p.unknown_len && lim.plans[who.plan].plan.counts_bytes() {
             return Stage::Done(Verdict::Reject(respond::length_required(&lim.problem_base)));
@@ -644,52 +653,77 @@ impl<'a> HeadFields<'a> {
     }
 }
 
+/// Who a request is counted as, and why it has no known key when it has
+/// none. No one (and no stranger) is a request of an unlimited route; no
+/// one with a stranger is a request to refuse with 401.
 fn who<B>(
     limits: &Limits,
     req: &Request<B>,
     peer: Option<std::net::IpAddr>,
     fields: &HeadFields<'_>,
     route: &RouteInfo,
-) -> Option<Who> {
+) -> (Option<Who>, Option<Stranger>) {
     let lim = &*limits.inner;
-    let headers = req.headers();
-    let ip_key = || {
-        let peer = peer_ip(req.extensions()).or(peer);
-        let ip = client_ip(headers, peer, &lim.trusted);
-        ip.map_or_else(|| "ip:unknown".to_string(), ip_key)
-    };
-    let anonymous = |plan: usize| Some(Who::owned(ip_key(), plan, false));
-    if route.anonymous {
-        return anonymous(route.anonymous_plan.or(lim.anonymous_plan)?);
+    if route.unlimited {
+        return (None, None);
     }
+    let headers = req.headers();
+    let ip = || {
+        let peer = peer_ip(req.extensions()).or(peer);
+        client_ip(headers, peer, &lim.trusted)
+    };
+    let anon_key = || ip().map_or_else(|| "ip:unknown".to_string(), ip_key);
+    let anonymous = |plan: usize| Who::owned(anon_key(), plan, false);
+    if route.anonymous {
+        // the build makes sure an anonymous route has a plan
+        return (route.anonymous_plan.or(lim.anonymous_plan).map(anonymous), None);
+    }
+    // a stranger gets its treatment: the anonymous plan, or a refusal
+    let stranger = |s: Stranger| {
+        let treatment = match s {
+            Stranger::Missing => lim.missing_key,
+            Stranger::Unknown => lim.unknown_key,
+        };
+        let who = match treatment {
+            KeyTreatment::Anonymous => lim.anonymous_plan.map(anonymous),
+            _ => None,
+        };
+        (who, Some(s))
+    };
     let lookup = match &lim.key_source {
         KeySource::ApiKey => fields.authorization.and_then(bearer),
         KeySource::ClientIp => {
-            let k = ip_key();
+            let Some(ip) = ip() else {
+                return stranger(Stranger::Missing);
+            };
+            let k = ip_key(ip);
             if let Some(&i) = lim.keys.get(&k[3..]) {
-                return Some(Who::configured(lim, i));
+                return (Some(Who::configured(lim, i)), None);
             }
             return match lim.default_plan {
-                Some(plan) => Some(Who::owned(k, plan, true)),
-                None => anonymous(lim.anonymous_plan?),
+                Some(plan) => (Some(Who::owned(k, plan, true)), None),
+                None => stranger(Stranger::Unknown),
             };
         }
         KeySource::Route => route.pattern.as_deref(),
         KeySource::Header(name) => headers.get(name).and_then(|v| v.to_str().ok()),
     };
+    let Some(l) = lookup else {
+        return stranger(Stranger::Missing);
+    };
     // a configured key was prepared at build time: no allocation, no hash
-    if let Some(&i) = lookup.and_then(|l| lim.keys.get(l)) {
-        return Some(Who::configured(lim, i));
+    if let Some(&i) = lim.keys.get(l) {
+        return (Some(Who::configured(lim, i)), None);
     }
-    match (lookup, lim.default_plan) {
-        (Some(l), Some(plan)) => {
+    match lim.default_plan {
+        Some(plan) => {
             let prefix = key_prefix(&lim.key_source);
             let mut k = String::with_capacity(prefix.len() + l.len());
             k.push_str(prefix);
             k.push_str(l);
-            Some(Who::owned(k, plan, true))
+            (Some(Who::owned(k, plan, true)), None)
         }
-        _ => anonymous(lim.anonymous_plan?),
+        None => stranger(Stranger::Unknown),
     }
 }
 

@@ -39,10 +39,18 @@ fn login() -> Plan {
     Plan::new("login", vec![Policy::fixed_window("login", 5, 60).unwrap()]).unwrap()
 }
 
+/// A plan whose burst holds the batch route's cost of 50 (no key is on
+/// it): the route can be served, so the limits build, and a Free key is
+/// still refused it with 400.
+fn bulk() -> Plan {
+    Plan::new("bulk", vec![Policy::token_bucket("burst", 100, 2).unwrap()]).unwrap()
+}
+
 fn base_limits() -> LimitsBuilder {
     Limits::builder()
         .plan(free())
         .plan(login())
+        .plan(bulk())
         .key("sk_free", "free")
         .key("sk_other", "free")
         .route(
