@@ -1,6 +1,12 @@
 //! Who is asking: API keys, client addresses behind trusted proxies,
 //! routes and arbitrary headers.
 //!
+//! A request without a known key is a stranger of one of two kinds: it
+//! sends no key, or a key the configuration does not list. Each kind gets
+//! its [`KeyTreatment`]: refused with 401 (the default, so an unknown
+//! caller never passes by accident), or limited per client IP under the
+//! anonymous plan. A listed key never depends on either.
+//!
 //! The client address comes from the socket. `X-Forwarded-For` and
 //! `Forwarded` are believed only when the socket peer is a configured
 //! trusted proxy; then the list is read from the right, skipping trusted

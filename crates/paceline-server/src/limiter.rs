@@ -26,6 +26,7 @@ use crate::respond;
 use crate::route::RouteInfo;
 use crate::soft::{SoftLimitEvent, SoftLimitHook, SoftLimits, WARNING_HEADER};
 use crate::telemetry::{self, OutcomeLabel, PlanKeys};
+use paceline_wire::emit::Hold;
 
 /// Checks requests against [`Limits`], with a store and a clock. Clones
 /// share everything: the store, the escalation and soft-limit state, and
@@ -166,7 +167,39 @@ struct Ask {
     /// the latency histogram's measure).
     now: Nanos,
     /// An escalation hold: the answer is a denial whatever the store says.
-    hold: Option<Denial>,
+    hold: Option<Held>,
+}
+
+/// An escalation hold on a request, and the policy it holds.
+struct Held {
+    policy: usize,
+    hold: crate::escalation::Hold,
+}
+
+/// Marks policy `i` of `d` as what the answer says it is: refusing until
+/// `wait` has passed, so `RateLimit` agrees with `Retry-After`; under a
+/// hold (`held`) nothing of it is usable before then, so nothing is left.
+fn mark_held(d: &mut Decision, i: usize, wait: Nanos, held: bool) {
+    if let Some(s) = d.statuses.get_mut(i) {
+        if held {
+            s.remaining = 0;
+        }
+        s.reset_after = s.reset_after.max(wait);
+        s.would_deny = true;
+    }
+}
+
+/// Whether a hold of `wait` says more than the policies' own `real` wait,
+/// in the whole seconds `Retry-After` announces.
+fn hold_binds(wait: Nanos, real: Nanos) -> bool {
+    wait.as_secs_ceil().max(1) > real.as_secs_ceil().max(1)
+}
+
+fn wire_hold(level: Level) -> Hold {
+    match level {
+        Level::Blocked => Hold::Blocked,
+        _ => Hold::Extended,
+    }
 }
 
 impl Ask {
@@ -282,7 +315,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         };
         let usage = req.method() == Method::GET && lim.usage_path.as_deref() == Some(path);
         let fields = HeadFields::of(req.headers());
-        let (who, stranger) = who(&limits, req, peer, &fields, route);
+        let (who, stranger) = who(&limits, req, peer, &fields, route, usage);
         let cost = route.cost;
         let refused = fields.check.refusal(req.headers(), &lim.key_source);
         let close = req.version() <= Version::HTTP_11
@@ -353,7 +386,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             return Stage::Done(Verdict::Reject(r.answer(&lim.problem_base)));
         }
         let unauthorized = |s: Option<Stranger>| {
-            respond::unauthorized(&lim.problem_base, s.unwrap_or(Stranger::Missing), &lim.key_source)
+            respond::unauthorized(
+                &lim.problem_base,
+                s.unwrap_or(Stranger::Missing),
+                &lim.key_source,
+            )
         };
         if p.usage && (p.stranger.is_some() || !p.who.as_ref().is_some_and(|w| w.publish)) {
             // the usage of a key it does not have: say which is wrong
@@ -396,13 +433,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                     );
                 }
                 let policy = hold.policy.min(plan.policies().len() - 1);
-                let denial = Denial {
-                    policy,
-                    kind: plan.policy(policy).kind(),
-                    retry_after: hold.wait,
-                };
                 // read the standing for the headers, charge nothing
-                ask(Cost::requests(0), Some(denial))
+                ask(Cost::requests(0), Some(Held { policy, hold }))
             }
             None => ask(Cost::requests(p.cost).with_bytes(p.bytes), None),
         }
@@ -430,17 +462,51 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 }
             };
         }
+        // the hold that lengthened the wait, when one did
+        let mut held: Option<Hold> = None;
         let result = result.map(|mut d| {
-            match ask.hold {
-                Some(denial) => d.outcome = Outcome::Denied(denial),
+            match &ask.hold {
+                Some(Held { policy, hold }) => {
+                    // the policies' own wait: the store's at the last denial,
+                    // or a quota that stands spent (until its reset)
+                    let cost = Cost::requests(p.cost).with_bytes(p.bytes);
+                    let (mut real, mut binding) = (hold.real, *policy);
+                    for (i, (q, s)) in plan.policies().iter().zip(&d.statuses).enumerate() {
+                        let spent = s.remaining < cost.of(q);
+                        if !q.is_shadow()
+                            && q.kind() == PolicyKind::Quota
+                            && spent
+                            && s.reset_after > real
+                        {
+                            (real, binding) = (s.reset_after, i);
+                        }
+                    }
+                    let wait = hold.wait.max(real);
+                    if hold_binds(hold.wait, real) {
+                        held = Some(wire_hold(hold.level));
+                        binding = *policy;
+                    }
+                    mark_held(&mut d, binding, wait, held.is_some());
+                    d.outcome = Outcome::Denied(Denial {
+                        policy: binding,
+                        kind: plan.policy(binding).kind(),
+                        retry_after: wait,
+                    });
+                }
                 None => {
                     if let Outcome::Denied(den) = &mut d.outcome {
-                        let (wait, fresh) =
-                            sh.escalator
-                                .denied(who.hash, now, den.retry_after, den.policy);
+                        let real = den.retry_after;
+                        let (wait, fresh) = sh
+                            .escalator
+                            .denied(who.hash, now, real, den.policy, den.kind);
                         den.retry_after = wait;
                         if fresh {
                             escalated(plan_name, mk, who.hash, Level::Extended, wait);
+                        }
+                        if hold_binds(wait, real) {
+                            held = Some(Hold::Extended);
+                            let i = den.policy;
+                            mark_held(&mut d, i, wait, true);
                         }
                     }
                 }
@@ -503,13 +569,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             retry_after_s = paceline_wire::emit::retry_after_secs(&d),
             "request rejected"
         );
-        Verdict::Reject(compiled.meta.rejection(
-            plan,
-            &d,
-            &lim.dialects,
-            who.publish,
-            &lim.problem_base,
-        ))
+        let (meta, dialects, base) = (&compiled.meta, &lim.dialects, &lim.problem_base);
+        Verdict::Reject(match held {
+            Some(h) => meta.held_rejection(plan, &d, dialects, who.publish, base, h),
+            None => meta.rejection(plan, &d, dialects, who.publish, base),
+        })
     }
 
     /// The warning field for quotas past the soft limit; fires the hook the
@@ -662,9 +726,11 @@ fn who<B>(
     peer: Option<std::net::IpAddr>,
     fields: &HeadFields<'_>,
     route: &RouteInfo,
+    usage: bool,
 ) -> (Option<Who>, Option<Stranger>) {
     let lim = &*limits.inner;
-    if route.unlimited {
+    // the usage endpoint reports on the key, whatever its route says
+    if route.unlimited && !usage {
         return (None, None);
     }
     let headers = req.headers();
@@ -676,7 +742,10 @@ fn who<B>(
     let anonymous = |plan: usize| Who::owned(anon_key(), plan, false);
     if route.anonymous {
         // the build makes sure an anonymous route has a plan
-        return (route.anonymous_plan.or(lim.anonymous_plan).map(anonymous), None);
+        return (
+            route.anonymous_plan.or(lim.anonymous_plan).map(anonymous),
+            None,
+        );
     }
     // a stranger gets its treatment: the anonymous plan, or a refusal
     let stranger = |s: Stranger| {

@@ -408,7 +408,10 @@ mod tests {
         assert!(Route::new("GET", "/v1/a{id}").is_err());
         assert!(Route::new("G ET", "/v1").is_err());
         let fetch = Route::new("FETCH", "/v1").unwrap_err();
-        assert!(fetch.is_method() && fetch.to_string().contains("FETCH"), "{fetch}");
+        assert!(
+            fetch.is_method() && fetch.to_string().contains("FETCH"),
+            "{fetch}"
+        );
         assert!(Route::new("patch", "/v1").is_ok());
     }
 

@@ -403,12 +403,21 @@ async fn usage_endpoint_reports_and_costs_nothing() {
         assert_eq!(
             u,
             serde_json::json!({"plan": "free", "limits": [
-                {"name": "burst", "q": 20, "w": 2, "r": 7},
+                {"name": "burst", "q": 20, "w": 2, "r": 7, "reset_at": "2026-09-30T18:40:02Z"},
                 {"name": "daily", "q": 10000, "w": 86400, "r": 9987, "reset_at": "2026-10-01T00:00:00Z"}
             ]})
         );
         assert_eq!(param(g.header("ratelimit").unwrap(), "daily", "r"), 9_987);
     }
+    // a fresh key: its bucket is full now, its day ends at midnight all the same
+    let fresh = c.send(get("/v1/usage", "sk_other")).await.json();
+    assert_eq!(
+        fresh,
+        serde_json::json!({"plan": "free", "limits": [
+            {"name": "burst", "q": 20, "w": 2, "r": 20, "reset_at": "2026-09-30T18:40:00Z"},
+            {"name": "daily", "q": 10000, "w": 86400, "r": 10000, "reset_at": "2026-10-01T00:00:00Z"}
+        ]})
+    );
     assert_eq!(
         srv.inner.calls(),
         13,

@@ -226,7 +226,10 @@ impl LimitsBuilder {
                 "default_plan already gives unknown keys a plan: set one of the two",
             ));
         }
-        for (field, t) in [("missing_key", self.missing_key), ("unknown_key", self.unknown_key)] {
+        for (field, t) in [
+            ("missing_key", self.missing_key),
+            ("unknown_key", self.unknown_key),
+        ] {
             if t == Some(KeyTreatment::Anonymous) && anonymous_plan.is_none() {
                 return Err(ConfigError::new(
                     Kind::Missing,
@@ -300,12 +303,7 @@ impl LimitsBuilder {
 /// Refuses a route whose cost no plan it can meet could ever hold: every
 /// request to it would be answered 400 `cost_exceeds_burst`. An anonymous
 /// route meets its own plan, any other route every plan.
-fn check_cost(
-    i: usize,
-    r: &Route,
-    anon: Option<usize>,
-    plans: &[Plan],
-) -> Result<(), ConfigError> {
+fn check_cost(i: usize, r: &Route, anon: Option<usize>, plans: &[Plan]) -> Result<(), ConfigError> {
     if r.is_unlimited() {
         return Ok(());
     }
