@@ -21,10 +21,9 @@ async fn a_busy_metrics_port_is_named_as_the_metrics_address() {
     let addr = busy.local_addr().unwrap();
     let text = CONFIG.replace("METRICS", &addr.to_string());
     let config = GatewayConfig::parse(&text, "t.toml", None).unwrap();
-    let e = Gateway::bind(config)
-        .await
-        .err()
-        .expect("the port is taken");
+    let Err(e) = Gateway::bind(config).await else {
+        panic!("the port is taken");
+    };
     let shown = e.to_string();
     assert!(shown.contains("gateway.metrics_listen"), "{shown}");
     assert!(shown.contains(&addr.to_string()), "{shown}");
