@@ -293,6 +293,16 @@ async fn a_shed_answer_is_a_proper_503() {
     let p: Value = serde_json::from_slice(&body).unwrap();
     assert!(p["type"].as_str().unwrap().ends_with("overloaded"));
     assert_eq!(p["retry_after_s"], 1);
+    // the key's counters, as they stand: the shed request charged nothing
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        "\"burst\";q=1000;w=3600, \"hour\";q=1000;w=3600"
+    );
+    assert!(
+        header(&res, "ratelimit").contains("\"hour\";r=999;"),
+        "{}",
+        header(&res, "ratelimit")
+    );
     rig.stop().await;
 }
 

@@ -336,6 +336,32 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         }
     }
 
+    /// See [`RateLimit::standing`](crate::RateLimit::standing).
+    pub(crate) fn standing<B>(
+        &self,
+        req: &Request<B>,
+        peer: Option<std::net::IpAddr>,
+        given: Option<RouteInfo>,
+    ) -> Option<HeaderMap> {
+        let mem = (&self.shared.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        let p = self.prepare(req, peer, given);
+        let who = p
+            .who
+            .as_ref()
+            .filter(|w| w.publish && p.stranger.is_none() && !p.usage)?;
+        let lim = &p.limits.inner;
+        let compiled = &lim.plans[who.plan];
+        let now = self.shared.clock.now();
+        let d = mem
+            .check_sync(&compiled.plan, who.key(lim), Cost::requests(0), now)
+            .ok()?;
+        let mut h = HeaderMap::new();
+        compiled
+            .meta
+            .write_fields(&compiled.plan, &d, &lim.dialects, true, &mut h);
+        Some(h)
+    }
+
     /// The tracing span of one decision.
     fn span(&self, p: &Prepared) -> tracing::Span {
         match &p.who {
