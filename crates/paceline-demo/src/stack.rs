@@ -26,7 +26,7 @@ impl DemoStack {
         let config = demo::shiplane_config(listen, api.addr())?;
         let gateway = Gateway::bind(config)
             .await
-            .with_context(|| format!("binding {listen}"))?;
+            .context("starting the gateway")?;
         let addr = gateway.local_addr();
         let handle = gateway.handle();
         let served = tokio::spawn(gateway.run(std::future::pending()));

@@ -350,7 +350,8 @@ impl<'a> Source<'a> {
         match e.span() {
             // a syntax error (the text did not parse) has no field
             Some(span) if !self.doc.is_parsed() => {
-                self.at_offset(Kind::Syntax, span.start, Some(String::new()), msg)
+                let field = self.field_of_unreadable_value(&span);
+                self.at_offset(Kind::Syntax, span.start, Some(field), msg)
             }
             // the deserializer fails on a key only when the field is unknown
             Some(span) if self.doc.is_key(&span) => {
@@ -368,6 +369,32 @@ impl<'a> Source<'a> {
                 field: String::new(),
                 message: msg,
             },
+        }
+    }
+
+    /// The field whose value at `span` does not parse (a number too large
+    /// for any field, say): the text with a 0 in place of the value's
+    /// token locates it, when that parses; empty when it does not (a
+    /// broken table header).
+    fn field_of_unreadable_value(&self, span: &std::ops::Range<usize>) -> String {
+        let start = span.start;
+        // the parser points at the value's first character: take its token
+        let token = self.text.get(start..).map_or(0, |rest| {
+            rest.find(|c: char| !(c.is_ascii_alphanumeric() || "_+-.:".contains(c)))
+                .unwrap_or(rest.len())
+        });
+        let end = span.end.max(start + token).min(self.text.len());
+        let (Some(before), Some(after)) = (self.text.get(..start), self.text.get(end..)) else {
+            return String::new();
+        };
+        if start >= end {
+            return String::new();
+        }
+        let patched = format!("{before}0{after}");
+        let doc = Doc::parse(&patched);
+        match doc.is_parsed() {
+            true => doc.path_at(start),
+            false => String::new(),
         }
     }
 
@@ -790,9 +817,50 @@ criticality = "SHEDDABLE"
     }
 
     #[test]
+    fn a_number_too_large_names_its_field() {
+        let e = patched("q = 20, w = 2", "q = 99999999999999999999, w = 2");
+        assert_eq!(e.field(), "plans.free.policies[0].q", "{e}");
+        assert_eq!(e.line(), 10, "{e}");
+        let e = patched("max_in_flight = 64", "max_in_flight = 99999999999999999999");
+        assert_eq!(e.field(), "gateway.shedding.max_in_flight", "{e}");
+    }
+
+    #[test]
+    fn what_cannot_work_is_refused_with_its_field() {
+        // a route cost no plan can hold
+        let e = patched(
+            "path = \"/v1/rates\"\n",
+            "path = \"/v1/rates\"\ncost = 25\n",
+        );
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::OutOfRange, "routes[1].cost"),
+            "{e}"
+        );
+        // an unknown method
+        let e = patched("method = \"GET\"", "method = \"FETCH\"");
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::InvalidValue, "routes[1].method"),
+            "{e}"
+        );
+        // no plan at all
+        let start = GOOD.find("[plans.free]").unwrap();
+        let end = GOOD.find("[keys]").unwrap();
+        let none = format!("{}{}", &GOOD[..start], &GOOD[end..]).replace("sk_1 = \"free\"\n", "");
+        let none = none.replace("anonymous = true\nplan = \"login\"\n", "");
+        let e = err(&none);
+        assert_eq!((e.kind(), e.field()), (Kind::Missing, "plans"), "{e}");
+    }
+
+    #[test]
     fn the_limits_defaults_are_the_server_models() {
         let c = GatewayConfig::parse(GOOD, "t.toml", None).unwrap();
-        let d = LimitsConfig::default().build().unwrap();
+        // the model's defaults, with the one plan a configuration must give
+        let mut m = LimitsConfig::default();
+        let plan = r#"policies = [{ name = "b", algorithm = "token_bucket", q = 1, w = 1 }]"#;
+        m.plans.insert("p".into(), toml::from_str(plan).unwrap());
+        let d = m.build().unwrap();
         assert_eq!(c.limits.problem_base(), d.problem_base());
         assert_eq!(c.limits.soft_limit(), d.soft_limit());
         assert_eq!(c.limits.usage_path(), d.usage_path());

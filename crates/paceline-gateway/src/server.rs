@@ -116,8 +116,19 @@ struct HandleInner {
     stop: watch::Sender<bool>,
 }
 
+/// A listener that could not be bound, named by its setting and address
+/// (the gateway binds more than one).
+fn bind_error(field: &str, addr: SocketAddr, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("{field} = \"{addr}\": cannot listen there: {e}"),
+    )
+}
+
 impl Gateway {
     /// Binds the listeners of `config`, reading time from the system clock.
+    /// An address that cannot be bound is named in the error, with its
+    /// setting (`gateway.listen`, `gateway.metrics_listen`).
     pub async fn bind(config: GatewayConfig) -> io::Result<Gateway> {
         Gateway::bind_with_clock(config, Arc::new(SystemClock::new())).await
     }
@@ -130,11 +141,15 @@ impl Gateway {
         clock: Arc<dyn Clock>,
     ) -> io::Result<Gateway> {
         let s = config.settings.clone();
-        let listener = TcpListener::bind(s.listen).await?;
+        let listener = TcpListener::bind(s.listen)
+            .await
+            .map_err(|e| bind_error("gateway.listen", s.listen, e))?;
         let addr = listener.local_addr()?;
         let metrics = match s.metrics_listen {
             Some(a) => {
-                let l = TcpListener::bind(a).await?;
+                let l = TcpListener::bind(a)
+                    .await
+                    .map_err(|e| bind_error("gateway.metrics_listen", a, e))?;
                 let a = l.local_addr()?;
                 Some((l, a))
             }

@@ -293,6 +293,16 @@ async fn a_shed_answer_is_a_proper_503() {
     let p: Value = serde_json::from_slice(&body).unwrap();
     assert!(p["type"].as_str().unwrap().ends_with("overloaded"));
     assert_eq!(p["retry_after_s"], 1);
+    // the key's counters, as they stand: the shed request charged nothing
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        "\"burst\";q=1000;w=3600, \"hour\";q=1000;w=3600"
+    );
+    assert!(
+        header(&res, "ratelimit").contains("\"hour\";r=999;"),
+        "{}",
+        header(&res, "ratelimit")
+    );
     rig.stop().await;
 }
 
@@ -759,4 +769,72 @@ async fn clients_that_close_leave_their_upstream_connection_to_others() {
         !head.to_ascii_lowercase().contains("connection: close"),
         "{head}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_config_refuses_unknown_keys_and_limits_the_keyless_per_ip() {
+    let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    let cfg = demo::shiplane_config("127.0.0.1:0".parse().unwrap(), api.addr()).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::at_unix_secs(1_790_000_000));
+    let gw = Gateway::bind_with_clock(cfg, clock).await.unwrap();
+    let rig = Rig {
+        addr: gw.local_addr(),
+        handle: gw.handle(),
+        served: tokio::spawn(gw.run(std::future::pending())),
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        file: std::env::temp_dir().join(format!("pl-gw-shipped-{}/none", std::process::id())),
+        api,
+    };
+    let code = |body: &Bytes| {
+        let v: Value = serde_json::from_slice(body).unwrap();
+        v["type"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    // a key nobody issued gets nothing past the gateway, however often
+    for _ in 0..30 {
+        let (res, body) = rig.get("/v1/rates", "sk_not_a_key").await;
+        assert_eq!(res.status(), 401);
+        assert_eq!(code(&body), "unknown_key");
+        assert_eq!(header(&res, "ratelimit"), "");
+    }
+    let (res, body) = rig.get("/v1/usage", "sk_not_a_key").await;
+    assert_eq!(
+        (res.status().as_u16(), code(&body)),
+        (401, "unknown_key".into())
+    );
+    // no key: the anonymous plan, per IP, publishing nothing
+    let keyless = || {
+        rig.req("GET", "/v1/rates", None)
+            .body(Full::default())
+            .unwrap()
+    };
+    for _ in 0..10 {
+        let (res, _) = rig.send(keyless()).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "ratelimit"), "");
+    }
+    let (res, _) = rig.send(keyless()).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "ratelimit"), "");
+    let usage = rig
+        .req("GET", "/v1/usage", None)
+        .body(Full::default())
+        .unwrap();
+    let (res, body) = rig.send(usage).await;
+    assert_eq!(
+        (res.status().as_u16(), code(&body)),
+        (401, "unauthorized".into())
+    );
+    // a demo key is on the Free plan as before
+    let (res, _) = rig.get("/v1/rates", "sk_demo_alice").await;
+    assert_eq!(res.status(), 200);
+    assert!(header(&res, "ratelimit").starts_with("\"burst\";r=19"));
+    rig.stop().await;
 }

@@ -1,6 +1,12 @@
 //! Who is asking: API keys, client addresses behind trusted proxies,
 //! routes and arbitrary headers.
 //!
+//! A request without a known key is a stranger of one of two kinds: it
+//! sends no key, or a key the configuration does not list. Each kind gets
+//! its [`KeyTreatment`]: refused with 401 (the default, so an unknown
+//! caller never passes by accident), or limited per client IP under the
+//! anonymous plan. A listed key never depends on either.
+//!
 //! The client address comes from the socket. `X-Forwarded-For` and
 //! `Forwarded` are believed only when the socket peer is a configured
 //! trusted proxy; then the list is read from the right, skipping trusted
@@ -54,6 +60,33 @@ pub enum KeySource {
     Route,
     /// The value of a request header.
     Header(HeaderName),
+}
+
+/// What a request without a known key gets: the configured answer for a
+/// request that sends no key, and for one whose key is not configured.
+///
+/// Neither passes unlimited: with no setting both are refused with 401.
+/// A route that needs no limit at all says so itself
+/// ([`Route::unlimited`](crate::Route::unlimited)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum KeyTreatment {
+    /// 401 with a problem body saying what is wrong (the default).
+    #[default]
+    Reject,
+    /// Limited per client IP under the anonymous plan, publishing no
+    /// counters.
+    Anonymous,
+}
+
+/// Why a request has no known key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stranger {
+    /// It sends no key.
+    Missing,
+    /// It sends a key the configuration does not know.
+    Unknown,
 }
 
 /// One network: an address and a prefix length.

@@ -101,7 +101,8 @@ pub use config::{
 };
 pub use escalation::{EscalationConfig, Level};
 pub use identity::{
-    bearer_token, client_ip, peer_ip, IpNet, KeyHash, KeySource, PeerAddr, TrustedProxies,
+    bearer_token, client_ip, peer_ip, IpNet, KeyHash, KeySource, KeyTreatment, PeerAddr,
+    TrustedProxies,
 };
 pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture};
 pub use limiter::RateLimiter;

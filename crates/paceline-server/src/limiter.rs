@@ -20,12 +20,13 @@ use tracing::Instrument;
 use crate::config::{key_prefix, Limits, LimitsInner};
 use crate::escalation::{Escalator, Level};
 use crate::head::{HeadCheck, Refusal};
-use crate::identity::{bearer, client_ip, peer_ip, KeyHash, KeySource};
+use crate::identity::{bearer, client_ip, peer_ip, KeyHash, KeySource, KeyTreatment, Stranger};
 use crate::layer::ReleaseGuard;
 use crate::respond;
 use crate::route::RouteInfo;
 use crate::soft::{SoftLimitEvent, SoftLimitHook, SoftLimits, WARNING_HEADER};
 use crate::telemetry::{self, OutcomeLabel, PlanKeys};
+use paceline_wire::emit::Hold;
 
 /// Checks requests against [`Limits`], with a store and a clock. Clones
 /// share everything: the store, the escalation and soft-limit state, and
@@ -124,6 +125,9 @@ pub(crate) struct Prepared {
     cost: u64,
     usage: bool,
     who: Option<Who>,
+    /// Why the request has no known key, when it has none (whatever its
+    /// treatment).
+    stranger: Option<Stranger>,
     /// A rejection leaves a request body unread: close the connection.
     pub(crate) close: bool,
     /// The announced body length, charged to content-bytes policies.
@@ -163,7 +167,39 @@ struct Ask {
     /// the latency histogram's measure).
     now: Nanos,
     /// An escalation hold: the answer is a denial whatever the store says.
-    hold: Option<Denial>,
+    hold: Option<Held>,
+}
+
+/// An escalation hold on a request, and the policy it holds.
+struct Held {
+    policy: usize,
+    hold: crate::escalation::Hold,
+}
+
+/// Marks policy `i` of `d` as what the answer says it is: refusing until
+/// `wait` has passed, so `RateLimit` agrees with `Retry-After`; under a
+/// hold (`held`) nothing of it is usable before then, so nothing is left.
+fn mark_held(d: &mut Decision, i: usize, wait: Nanos, held: bool) {
+    if let Some(s) = d.statuses.get_mut(i) {
+        if held {
+            s.remaining = 0;
+        }
+        s.reset_after = s.reset_after.max(wait);
+        s.would_deny = true;
+    }
+}
+
+/// Whether a hold of `wait` says more than the policies' own `real` wait,
+/// in the whole seconds `Retry-After` announces.
+fn hold_binds(wait: Nanos, real: Nanos) -> bool {
+    wait.as_secs_ceil().max(1) > real.as_secs_ceil().max(1)
+}
+
+fn wire_hold(level: Level) -> Hold {
+    match level {
+        Level::Blocked => Hold::Blocked,
+        _ => Hold::Extended,
+    }
 }
 
 impl Ask {
@@ -279,7 +315,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         };
         let usage = req.method() == Method::GET && lim.usage_path.as_deref() == Some(path);
         let fields = HeadFields::of(req.headers());
-        let who = who(&limits, req, peer, &fields, route);
+        let (who, stranger) = who(&limits, req, peer, &fields, route, usage);
         let cost = route.cost;
         let refused = fields.check.refusal(req.headers(), &lim.key_source);
         let close = req.version() <= Version::HTTP_11
@@ -295,8 +331,35 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             cost,
             usage,
             who,
+            stranger,
             close,
         }
+    }
+
+    /// See [`RateLimit::standing`](crate::RateLimit::standing).
+    pub(crate) fn standing<B>(
+        &self,
+        req: &Request<B>,
+        peer: Option<std::net::IpAddr>,
+        given: Option<RouteInfo>,
+    ) -> Option<HeaderMap> {
+        let mem = (&self.shared.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        let p = self.prepare(req, peer, given);
+        let who = p
+            .who
+            .as_ref()
+            .filter(|w| w.publish && p.stranger.is_none() && !p.usage)?;
+        let lim = &p.limits.inner;
+        let compiled = &lim.plans[who.plan];
+        let now = self.shared.clock.now();
+        let d = mem
+            .check_sync(&compiled.plan, who.key(lim), Cost::requests(0), now)
+            .ok()?;
+        let mut h = HeaderMap::new();
+        compiled
+            .meta
+            .write_fields(&compiled.plan, &d, &lim.dialects, true, &mut h);
+        Some(h)
     }
 
     /// The tracing span of one decision.
@@ -348,10 +411,22 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         if let Some(r) = p.refused {
             return Stage::Done(Verdict::Reject(r.answer(&lim.problem_base)));
         }
+        let unauthorized = |s: Option<Stranger>| {
+            respond::unauthorized(
+                &lim.problem_base,
+                s.unwrap_or(Stranger::Missing),
+                &lim.key_source,
+            )
+        };
+        if p.usage && (p.stranger.is_some() || !p.who.as_ref().is_some_and(|w| w.publish)) {
+            // the usage of a key it does not have: say which is wrong
+            return Stage::Done(Verdict::Respond(unauthorized(p.stranger)));
+        }
         let Some(who) = &p.who else {
-            return Stage::Done(match p.usage {
-                true => Verdict::Respond(respond::unauthorized(&lim.problem_base)),
-                false => Verdict::Pass,
+            return Stage::Done(match p.stranger {
+                Some(_) => Verdict::Reject(unauthorized(p.stranger)),
+                // an unlimited route
+                None => Verdict::Pass,
             });
         };
         let sh = &*self.shared;
@@ -365,10 +440,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             })
         };
         if p.usage {
-            return match who.publish {
-                true => ask(Cost::requests(0), None),
-                false => Stage::Done(Verdict::Respond(respond::unauthorized(&lim.problem_base))),
-            };
+            return ask(Cost::requests(0), None);
         }
         if p.unknown_len && lim.plans[who.plan].plan.counts_bytes() {
             return Stage::Done(Verdict::Reject(respond::length_required(&lim.problem_base)));
@@ -387,13 +459,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                     );
                 }
                 let policy = hold.policy.min(plan.policies().len() - 1);
-                let denial = Denial {
-                    policy,
-                    kind: plan.policy(policy).kind(),
-                    retry_after: hold.wait,
-                };
                 // read the standing for the headers, charge nothing
-                ask(Cost::requests(0), Some(denial))
+                ask(Cost::requests(0), Some(Held { policy, hold }))
             }
             None => ask(Cost::requests(p.cost).with_bytes(p.bytes), None),
         }
@@ -421,17 +488,51 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 }
             };
         }
+        // the hold that lengthened the wait, when one did
+        let mut held: Option<Hold> = None;
         let result = result.map(|mut d| {
-            match ask.hold {
-                Some(denial) => d.outcome = Outcome::Denied(denial),
+            match &ask.hold {
+                Some(Held { policy, hold }) => {
+                    // the policies' own wait: the store's at the last denial,
+                    // or a quota that stands spent (until its reset)
+                    let cost = Cost::requests(p.cost).with_bytes(p.bytes);
+                    let (mut real, mut binding) = (hold.real, *policy);
+                    for (i, (q, s)) in plan.policies().iter().zip(&d.statuses).enumerate() {
+                        let spent = s.remaining < cost.of(q);
+                        if !q.is_shadow()
+                            && q.kind() == PolicyKind::Quota
+                            && spent
+                            && s.reset_after > real
+                        {
+                            (real, binding) = (s.reset_after, i);
+                        }
+                    }
+                    let wait = hold.wait.max(real);
+                    if hold_binds(hold.wait, real) {
+                        held = Some(wire_hold(hold.level));
+                        binding = *policy;
+                    }
+                    mark_held(&mut d, binding, wait, held.is_some());
+                    d.outcome = Outcome::Denied(Denial {
+                        policy: binding,
+                        kind: plan.policy(binding).kind(),
+                        retry_after: wait,
+                    });
+                }
                 None => {
                     if let Outcome::Denied(den) = &mut d.outcome {
-                        let (wait, fresh) =
-                            sh.escalator
-                                .denied(who.hash, now, den.retry_after, den.policy);
+                        let real = den.retry_after;
+                        let (wait, fresh) = sh
+                            .escalator
+                            .denied(who.hash, now, real, den.policy, den.kind);
                         den.retry_after = wait;
                         if fresh {
                             escalated(plan_name, mk, who.hash, Level::Extended, wait);
+                        }
+                        if hold_binds(wait, real) {
+                            held = Some(Hold::Extended);
+                            let i = den.policy;
+                            mark_held(&mut d, i, wait, true);
                         }
                     }
                 }
@@ -494,13 +595,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             retry_after_s = paceline_wire::emit::retry_after_secs(&d),
             "request rejected"
         );
-        Verdict::Reject(compiled.meta.rejection(
-            plan,
-            &d,
-            &lim.dialects,
-            who.publish,
-            &lim.problem_base,
-        ))
+        let (meta, dialects, base) = (&compiled.meta, &lim.dialects, &lim.problem_base);
+        Verdict::Reject(match held {
+            Some(h) => meta.held_rejection(plan, &d, dialects, who.publish, base, h),
+            None => meta.rejection(plan, &d, dialects, who.publish, base),
+        })
     }
 
     /// The warning field for quotas past the soft limit; fires the hook the
@@ -644,52 +743,82 @@ impl<'a> HeadFields<'a> {
     }
 }
 
+/// Who a request is counted as, and why it has no known key when it has
+/// none. No one (and no stranger) is a request of an unlimited route; no
+/// one with a stranger is a request to refuse with 401.
 fn who<B>(
     limits: &Limits,
     req: &Request<B>,
     peer: Option<std::net::IpAddr>,
     fields: &HeadFields<'_>,
     route: &RouteInfo,
-) -> Option<Who> {
+    usage: bool,
+) -> (Option<Who>, Option<Stranger>) {
     let lim = &*limits.inner;
-    let headers = req.headers();
-    let ip_key = || {
-        let peer = peer_ip(req.extensions()).or(peer);
-        let ip = client_ip(headers, peer, &lim.trusted);
-        ip.map_or_else(|| "ip:unknown".to_string(), ip_key)
-    };
-    let anonymous = |plan: usize| Some(Who::owned(ip_key(), plan, false));
-    if route.anonymous {
-        return anonymous(route.anonymous_plan.or(lim.anonymous_plan)?);
+    // the usage endpoint reports on the key, whatever its route says
+    if route.unlimited && !usage {
+        return (None, None);
     }
+    let headers = req.headers();
+    let ip = || {
+        let peer = peer_ip(req.extensions()).or(peer);
+        client_ip(headers, peer, &lim.trusted)
+    };
+    let anon_key = || ip().map_or_else(|| "ip:unknown".to_string(), ip_key);
+    let anonymous = |plan: usize| Who::owned(anon_key(), plan, false);
+    if route.anonymous {
+        // the build makes sure an anonymous route has a plan
+        return (
+            route.anonymous_plan.or(lim.anonymous_plan).map(anonymous),
+            None,
+        );
+    }
+    // a stranger gets its treatment: the anonymous plan, or a refusal
+    let stranger = |s: Stranger| {
+        let treatment = match s {
+            Stranger::Missing => lim.missing_key,
+            Stranger::Unknown => lim.unknown_key,
+        };
+        let who = match treatment {
+            KeyTreatment::Anonymous => lim.anonymous_plan.map(anonymous),
+            _ => None,
+        };
+        (who, Some(s))
+    };
     let lookup = match &lim.key_source {
         KeySource::ApiKey => fields.authorization.and_then(bearer),
         KeySource::ClientIp => {
-            let k = ip_key();
+            let Some(ip) = ip() else {
+                return stranger(Stranger::Missing);
+            };
+            let k = ip_key(ip);
             if let Some(&i) = lim.keys.get(&k[3..]) {
-                return Some(Who::configured(lim, i));
+                return (Some(Who::configured(lim, i)), None);
             }
             return match lim.default_plan {
-                Some(plan) => Some(Who::owned(k, plan, true)),
-                None => anonymous(lim.anonymous_plan?),
+                Some(plan) => (Some(Who::owned(k, plan, true)), None),
+                None => stranger(Stranger::Unknown),
             };
         }
         KeySource::Route => route.pattern.as_deref(),
         KeySource::Header(name) => headers.get(name).and_then(|v| v.to_str().ok()),
     };
+    let Some(l) = lookup else {
+        return stranger(Stranger::Missing);
+    };
     // a configured key was prepared at build time: no allocation, no hash
-    if let Some(&i) = lookup.and_then(|l| lim.keys.get(l)) {
-        return Some(Who::configured(lim, i));
+    if let Some(&i) = lim.keys.get(l) {
+        return (Some(Who::configured(lim, i)), None);
     }
-    match (lookup, lim.default_plan) {
-        (Some(l), Some(plan)) => {
+    match lim.default_plan {
+        Some(plan) => {
             let prefix = key_prefix(&lim.key_source);
             let mut k = String::with_capacity(prefix.len() + l.len());
             k.push_str(prefix);
             k.push_str(l);
-            Some(Who::owned(k, plan, true))
+            (Some(Who::owned(k, plan, true)), None)
         }
-        _ => anonymous(lim.anonymous_plan?),
+        None => stranger(Stranger::Unknown),
     }
 }
 

@@ -10,6 +10,8 @@ use paceline_wire::emit::{Dialects, PreparedPlan};
 use paceline_wire::problem::{self, Problem, ProblemKind};
 use paceline_wire::usage::Usage;
 
+use crate::identity::{KeySource, Stranger};
+
 /// Marks a response that answers a request whose body was never read: the
 /// connection is not reused.
 pub(crate) fn close_connection<B>(r: &mut Response<B>) {
@@ -28,15 +30,34 @@ pub(crate) fn unavailable(base: &str) -> Response<Bytes> {
     problem::answer(&p)
 }
 
-/// 401 from the usage endpoint for a request without a known key.
-pub(crate) fn unauthorized(base: &str) -> Response<Bytes> {
-    let mut r = problem::answer(&Problem::new(
-        ProblemKind::Unauthorized,
-        base,
-        "Send your API key as Authorization: Bearer <key> to read its usage.",
-    ));
-    r.headers_mut()
-        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+/// 401 for a request without a known key, where the configuration gives
+/// it no plan (and from the usage endpoint for any such request): `no key`
+/// and `unknown key` are told apart by type and detail, and the detail
+/// says where the key goes.
+pub(crate) fn unauthorized(base: &str, why: Stranger, source: &KeySource) -> Response<Bytes> {
+    let send = match source {
+        KeySource::Header(name) => format!("in the {name} header"),
+        KeySource::ClientIp => "from a configured client address".to_string(),
+        KeySource::Route => "on a configured route".to_string(),
+        _ => "as Authorization: Bearer <key>".to_string(),
+    };
+    let (kind, detail, challenge) = match why {
+        Stranger::Missing => (
+            ProblemKind::Unauthorized,
+            format!("This request sends no API key; send yours {send}."),
+            "Bearer",
+        ),
+        Stranger::Unknown => (
+            ProblemKind::UnknownKey,
+            format!("The API key this request sends is not known here; send a valid key {send}."),
+            "Bearer error=\"invalid_token\"",
+        ),
+    };
+    let mut r = problem::answer(&Problem::new(kind, base, detail));
+    if matches!(source, KeySource::ApiKey) {
+        r.headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    }
     r
 }
 

@@ -90,8 +90,16 @@ pub struct Route {
     cost: u64,
     criticality: Criticality,
     anonymous: bool,
+    /// No limit applies (see [`Route::unlimited`]).
+    unlimited: bool,
     plan: Option<String>,
 }
+
+/// The methods a route may name: those of RFC 9110 and `PATCH`. Any other
+/// name is a typo no request would ever match on purpose.
+const METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
 
 /// Why a route could not be built.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,10 +142,19 @@ impl Route {
     pub fn new(method: &str, pattern: &str) -> Result<Route, RouteError> {
         let method = match method {
             "*" | "" => None,
-            m => Some(
-                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                    .map_err(|_| RouteError::method(format!("{m:?} is not an HTTP method")))?,
-            ),
+            m => {
+                let upper = m.to_ascii_uppercase();
+                if !METHODS.contains(&upper.as_str()) {
+                    return Err(RouteError::method(format!(
+                        "{m:?} is not an HTTP method; use one of {}, or * for any",
+                        METHODS.join(", ")
+                    )));
+                }
+                Some(
+                    Method::from_bytes(upper.as_bytes())
+                        .map_err(|_| RouteError::method(format!("{m:?} is not an HTTP method")))?,
+                )
+            }
         };
         let segments = parse_pattern(pattern)?;
         let literal = segments.iter().all(|s| matches!(s, Segment::Literal(_)));
@@ -149,6 +166,7 @@ impl Route {
             cost: 1,
             criticality: Criticality::Critical,
             anonymous: false,
+            unlimited: false,
             plan: None,
         })
     }
@@ -172,6 +190,16 @@ impl Route {
     pub fn anonymous(mut self, plan: Option<&str>) -> Route {
         self.anonymous = true;
         self.plan = plan.map(str::to_string);
+        self
+    }
+
+    /// Makes the route unlimited: no limit applies to it, for any caller,
+    /// and no rate-limit fields are published (health checks, status
+    /// pages). The only way a request passes without a limit.
+    pub fn unlimited(mut self) -> Route {
+        self.unlimited = true;
+        self.anonymous = false;
+        self.plan = None;
         self
     }
 
@@ -216,6 +244,10 @@ impl Route {
     /// Whether requests are limited per IP, anonymously.
     pub fn is_anonymous(&self) -> bool {
         self.anonymous
+    }
+    /// Whether no limit applies to the route.
+    pub fn is_unlimited(&self) -> bool {
+        self.unlimited
     }
     /// The per-IP plan of an anonymous route, if it names one.
     pub fn plan(&self) -> Option<&str> {
@@ -280,6 +312,8 @@ pub struct RouteInfo {
     pub criticality: Criticality,
     /// The matched route is anonymous: limited per client IP.
     pub(crate) anonymous: bool,
+    /// The matched route is unlimited: no limit applies.
+    pub(crate) unlimited: bool,
     /// The per-IP plan of an anonymous route (else the anonymous plan).
     pub(crate) anonymous_plan: Option<usize>,
     /// The generation of the limits that made it.
@@ -307,6 +341,7 @@ impl RouteInfo {
                 cost: r.cost,
                 criticality: r.criticality,
                 anonymous: r.anonymous,
+                unlimited: r.unlimited,
                 anonymous_plan: *plan,
                 generation,
             },
@@ -315,6 +350,7 @@ impl RouteInfo {
                 cost: 1,
                 criticality: Criticality::default(),
                 anonymous: false,
+                unlimited: false,
                 anonymous_plan: None,
                 generation,
             },
@@ -371,6 +407,12 @@ mod tests {
         assert!(Route::new("GET", "/v1/*/x").is_err());
         assert!(Route::new("GET", "/v1/a{id}").is_err());
         assert!(Route::new("G ET", "/v1").is_err());
+        let fetch = Route::new("FETCH", "/v1").unwrap_err();
+        assert!(
+            fetch.is_method() && fetch.to_string().contains("FETCH"),
+            "{fetch}"
+        );
+        assert!(Route::new("patch", "/v1").is_ok());
     }
 
     #[test]

@@ -39,10 +39,18 @@ fn login() -> Plan {
     Plan::new("login", vec![Policy::fixed_window("login", 5, 60).unwrap()]).unwrap()
 }
 
+/// A plan whose burst holds the batch route's cost of 50 (no key is on
+/// it): the route can be served, so the limits build, and a Free key is
+/// still refused it with 400.
+fn bulk() -> Plan {
+    Plan::new("bulk", vec![Policy::token_bucket("burst", 100, 2).unwrap()]).unwrap()
+}
+
 fn base_limits() -> LimitsBuilder {
     Limits::builder()
         .plan(free())
         .plan(login())
+        .plan(bulk())
         .key("sk_free", "free")
         .key("sk_other", "free")
         .route(
@@ -395,12 +403,21 @@ async fn usage_endpoint_reports_and_costs_nothing() {
         assert_eq!(
             u,
             serde_json::json!({"plan": "free", "limits": [
-                {"name": "burst", "q": 20, "w": 2, "r": 7},
+                {"name": "burst", "q": 20, "w": 2, "r": 7, "reset_at": "2026-09-30T18:40:02Z"},
                 {"name": "daily", "q": 10000, "w": 86400, "r": 9987, "reset_at": "2026-10-01T00:00:00Z"}
             ]})
         );
         assert_eq!(param(g.header("ratelimit").unwrap(), "daily", "r"), 9_987);
     }
+    // a fresh key: its bucket is full now, its day ends at midnight all the same
+    let fresh = c.send(get("/v1/usage", "sk_other")).await.json();
+    assert_eq!(
+        fresh,
+        serde_json::json!({"plan": "free", "limits": [
+            {"name": "burst", "q": 20, "w": 2, "r": 20, "reset_at": "2026-09-30T18:40:00Z"},
+            {"name": "daily", "q": 10000, "w": 86400, "r": 10000, "reset_at": "2026-10-01T00:00:00Z"}
+        ]})
+    );
     assert_eq!(
         srv.inner.calls(),
         13,

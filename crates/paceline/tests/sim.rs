@@ -142,3 +142,28 @@ fn bad_numbers_are_refused_with_the_flag_named() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--k"));
 }
+
+#[test]
+fn nonsense_numbers_are_refused_naming_the_flag() {
+    for (args, flag) in [
+        (
+            &["sim", "herd", "--retry-after-s", "0"][..],
+            "--retry-after-s",
+        ),
+        (&["sim", "race", "--workers", "0"][..], "--workers"),
+        (
+            &["sim", "race", "--latency-ms", "100000"][..],
+            "--latency-ms",
+        ),
+        (
+            &["sim", "export", "--records", "1", "--workers", "0"][..],
+            "--workers",
+        ),
+    ] {
+        let out = paceline(args);
+        assert!(!out.status.success(), "{args:?} ran");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?} printed a result");
+    }
+}

@@ -214,6 +214,32 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The table of the gateway's README and of `examples/shiplane.toml`.
+    #[test]
+    fn the_documented_shares_hold() {
+        use Criticality::*;
+        let table: [(u32, f64, [u32; 4]); 6] = [
+            (4, 0.5, [4, 3, 2, 1]),
+            (10, 0.2, [10, 9, 8, 6]),
+            (64, 0.2, [64, 60, 51, 38]),
+            (100, 0.2, [100, 95, 80, 60]),
+            (512, 0.2, [512, 486, 409, 307]),
+            (512, 0.1, [512, 499, 460, 409]),
+        ];
+        for (n, r, want) in table {
+            let s = SheddingSettings {
+                max_in_flight: n,
+                reserve: r,
+                ..Default::default()
+            };
+            let got =
+                [CriticalPlus, Critical, SheddablePlus, Sheddable].map(|c| limit(&s, c, false));
+            assert_eq!(got, want, "N = {n}, r = {r}");
+            assert_eq!(limit(&s, Sheddable, true), 1);
+            assert_eq!(limit(&s, SheddablePlus, true), want[3]);
+        }
+    }
+
     const LEVELS: [Criticality; 4] = [
         Criticality::CriticalPlus,
         Criticality::Critical,

@@ -44,6 +44,12 @@ pub trait CallClassified<ReqB>: Service<Request<ReqB>> {
         req.extensions_mut().insert(route);
         self.call(req)
     }
+
+    /// The rate-limit fields of the request's caller as they stand, for a
+    /// shed answer (none by default).
+    fn standing(&self, _req: &Request<ReqB>, _route: &RouteInfo) -> Option<http::HeaderMap> {
+        None
+    }
 }
 
 impl<I, S, C, ReqB, ResB> CallClassified<ReqB> for RateLimit<I, S, C>
@@ -58,6 +64,10 @@ where
 {
     fn call_classified(&mut self, req: Request<ReqB>, route: RouteInfo) -> Self::Future {
         RateLimit::call_classified(self, req, route)
+    }
+
+    fn standing(&self, req: &Request<ReqB>, route: &RouteInfo) -> Option<http::HeaderMap> {
+        RateLimit::standing(self, req, Some(route.clone()))
     }
 }
 
@@ -168,11 +178,23 @@ where
         let Some(guard) = layer.shedder.admit(&settings, c) else {
             metrics::counter!(crate::metrics::SHED, "criticality" => c.as_str()).increment(1);
             let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
+            // a known caller is told its counters on a 503 too (a read
+            // that charges nothing)
+            let standing = classified
+                .as_ref()
+                .and_then(|(_, info)| self.inner.standing(&req, info));
             let limits = match classified {
                 Some((limits, _)) => limits,
                 None => (layer.limits)(),
             };
-            let res = overloaded(limits.problem_base(), settings.retry_after_s, close);
+            let mut res = overloaded(limits.problem_base(), settings.retry_after_s, close);
+            if let Some(fields) = standing {
+                for (name, value) in &fields {
+                    if !res.headers().contains_key(name) {
+                        res.headers_mut().insert(name.clone(), value.clone());
+                    }
+                }
+            }
             return ShedFuture::Shed { res: Some(res) };
         };
         let started = guard.shedder.now();

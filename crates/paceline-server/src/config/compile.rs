@@ -19,7 +19,7 @@ use super::{
     DEFAULT_USAGE_PATH,
 };
 use crate::escalation::EscalationConfig;
-use crate::identity::{KeySource, TrustedProxies};
+use crate::identity::{KeySource, KeyTreatment, TrustedProxies};
 use crate::route::Route;
 
 /// A plan with everything the responses and the telemetry need of it,
@@ -66,6 +66,8 @@ pub struct LimitsBuilder {
     key_source: KeySource,
     default_plan: Option<String>,
     anonymous_plan: Option<String>,
+    missing_key: Option<KeyTreatment>,
+    unknown_key: Option<KeyTreatment>,
     trusted: TrustedProxies,
     dialects: Dialects,
     soft_limit: Option<f64>,
@@ -83,6 +85,8 @@ impl Default for LimitsBuilder {
             key_source: KeySource::ApiKey,
             default_plan: None,
             anonymous_plan: None,
+            missing_key: None,
+            unknown_key: None,
             trusted: TrustedProxies::none(),
             dialects: Dialects::default(),
             soft_limit: Some(DEFAULT_SOFT_LIMIT),
@@ -115,15 +119,29 @@ impl LimitsBuilder {
         self.key_source = source;
         self
     }
-    /// The plan for keys not listed.
+    /// The plan for keys not listed, counted per key with their counters
+    /// published. Without one, an unlisted key gets
+    /// [`unknown_key`](Self::unknown_key).
     pub fn default_plan(mut self, plan: &str) -> Self {
         self.default_plan = Some(plan.to_string());
         self
     }
-    /// The per-IP plan for requests without a known key (no counters are
-    /// published for it). Without one, such requests pass unlimited.
+    /// The per-IP plan of anonymous routes and of requests treated as
+    /// [`KeyTreatment::Anonymous`] (no counters are published for it).
     pub fn anonymous_plan(mut self, plan: &str) -> Self {
         self.anonymous_plan = Some(plan.to_string());
+        self
+    }
+    /// What a request that sends no key gets (default
+    /// [`KeyTreatment::Reject`]: 401).
+    pub fn missing_key(mut self, treatment: KeyTreatment) -> Self {
+        self.missing_key = Some(treatment);
+        self
+    }
+    /// What a key not listed gets when there is no default plan (default
+    /// [`KeyTreatment::Reject`]: 401).
+    pub fn unknown_key(mut self, treatment: KeyTreatment) -> Self {
+        self.unknown_key = Some(treatment);
         self
     }
     /// The proxies whose forwarding headers are believed.
@@ -201,6 +219,25 @@ impl LimitsBuilder {
             .as_deref()
             .map(|p| find("anonymous_plan", p))
             .transpose()?;
+        if self.default_plan.is_some() && self.unknown_key.is_some() {
+            return Err(ConfigError::new(
+                Kind::InvalidValue,
+                "unknown_key",
+                "default_plan already gives unknown keys a plan: set one of the two",
+            ));
+        }
+        for (field, t) in [
+            ("missing_key", self.missing_key),
+            ("unknown_key", self.unknown_key),
+        ] {
+            if t == Some(KeyTreatment::Anonymous) && anonymous_plan.is_none() {
+                return Err(ConfigError::new(
+                    Kind::Missing,
+                    field,
+                    "\"anonymous\" limits per client IP under anonymous_plan: set anonymous_plan",
+                ));
+            }
+        }
         let mut routes = Vec::with_capacity(self.routes.len());
         for (i, r) in self.routes.into_iter().enumerate() {
             let anon = match (r.is_anonymous(), r.plan()) {
@@ -214,6 +251,7 @@ impl LimitsBuilder {
                 }
                 _ => None,
             };
+            check_cost(i, &r, anon, &self.plans)?;
             routes.push((r, anon));
         }
         validate_soft(self.soft_limit)?;
@@ -248,6 +286,8 @@ impl LimitsBuilder {
                 key_source: self.key_source,
                 default_plan,
                 anonymous_plan,
+                missing_key: self.missing_key.unwrap_or_default(),
+                unknown_key: self.unknown_key.unwrap_or_default(),
                 trusted: self.trusted,
                 dialects: self.dialects,
                 soft_limit: self.soft_limit,
@@ -258,6 +298,49 @@ impl LimitsBuilder {
             }),
         })
     }
+}
+
+/// Refuses a route whose cost no plan it can meet could ever hold: every
+/// request to it would be answered 400 `cost_exceeds_burst`. An anonymous
+/// route meets its own plan, any other route every plan.
+fn check_cost(i: usize, r: &Route, anon: Option<usize>, plans: &[Plan]) -> Result<(), ConfigError> {
+    if r.is_unlimited() {
+        return Ok(());
+    }
+    let cost = paceline_core::Cost::requests(r.cost());
+    let holds = |p: &Plan| {
+        p.policies()
+            .iter()
+            .all(|q| q.is_shadow() || cost.of(q) <= q.quota())
+    };
+    let candidates: Vec<&Plan> = match anon {
+        Some(a) => vec![&plans[a]],
+        None => plans.iter().collect(),
+    };
+    if candidates.is_empty() || candidates.iter().any(|p| holds(p)) {
+        return Ok(());
+    }
+    let smallest = candidates
+        .iter()
+        .flat_map(|p| p.policies().iter().map(move |q| (p, q)))
+        .filter(|(_, q)| !q.is_shadow() && cost.of(q) > q.quota())
+        .min_by_key(|(_, q)| q.quota());
+    let what = smallest.map_or(String::new(), |(p, q)| {
+        format!(
+            " (policy {:?} of plan {:?} holds {})",
+            q.name(),
+            p.name(),
+            q.quota()
+        )
+    });
+    Err(ConfigError::new(
+        Kind::OutOfRange,
+        format!("routes[{i}].cost"),
+        format!(
+            "{} is more than any plan can hold{what}: every request would be refused; lower the cost or raise the policy",
+            r.cost()
+        ),
+    ))
 }
 
 fn names(plans: &[Plan]) -> Vec<&str> {

@@ -53,7 +53,7 @@ use paceline_core::Plan;
 use paceline_wire::emit::Dialects;
 
 use crate::escalation::EscalationConfig;
-use crate::identity::{KeyHash, KeySource, TrustedProxies};
+use crate::identity::{KeyHash, KeySource, KeyTreatment, TrustedProxies};
 use crate::route::{Route, RouteInfo};
 
 pub(crate) use compile::CompiledPlan;
@@ -86,6 +86,10 @@ pub(crate) struct LimitsInner {
     pub(crate) key_source: KeySource,
     pub(crate) default_plan: Option<usize>,
     pub(crate) anonymous_plan: Option<usize>,
+    /// What a request without a key gets.
+    pub(crate) missing_key: KeyTreatment,
+    /// What an unlisted key gets when there is no default plan.
+    pub(crate) unknown_key: KeyTreatment,
     pub(crate) trusted: TrustedProxies,
     pub(crate) dialects: Dialects,
     pub(crate) soft_limit: Option<f64>,
@@ -391,7 +395,9 @@ mod tests {
 
     #[test]
     fn a_file_leaving_everything_out_means_the_builders_defaults() {
-        let file = serde_json::from_str::<LimitsConfig>("{}")
+        // a plan is the one thing a file must give
+        let one = r#"{"plans": {"p": {"policies": [{"name": "b", "algorithm": "token_bucket", "q": 1, "w": 1}]}}}"#;
+        let file = serde_json::from_str::<LimitsConfig>(one)
             .unwrap()
             .build()
             .unwrap();

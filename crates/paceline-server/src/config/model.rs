@@ -17,7 +17,7 @@ use serde::Deserialize;
 use super::error::{ConfigError, ConfigErrorKind as Kind};
 use super::{Limits, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH};
 use crate::escalation::EscalationConfig;
-use crate::identity::{KeySource, TrustedProxies};
+use crate::identity::{KeySource, KeyTreatment, TrustedProxies};
 use crate::route::{Criticality, Route};
 
 /// The configuration as a file holds it (TOML, JSON, YAML: any serde
@@ -37,10 +37,19 @@ pub struct LimitsConfig {
     /// Where the key comes from: `api_key` (default), `ip`, `route`, or
     /// `header:<name>`.
     pub key: String,
-    /// The plan for keys not listed under `keys`.
+    /// The plan for keys not listed under `keys`, counted per key with
+    /// their counters published. Without it, an unknown key gets
+    /// `unknown_key`.
     pub default_plan: Option<String>,
-    /// The per-IP plan for requests without a known key.
+    /// The per-IP plan of anonymous routes and of requests whose treatment
+    /// is `anonymous`; no counters are published for it.
     pub anonymous_plan: Option<String>,
+    /// What a request that sends no key gets: `reject` (401, the default)
+    /// or `anonymous` (per client IP under `anonymous_plan`).
+    pub missing_key: Option<KeyTreatment>,
+    /// What a key not listed under `keys` gets when there is no
+    /// `default_plan`: `reject` (401, the default) or `anonymous`.
+    pub unknown_key: Option<KeyTreatment>,
     /// Networks whose `X-Forwarded-For`/`Forwarded` are believed.
     pub trusted_proxies: Vec<String>,
     /// Which header dialects to publish (`ietf`, `x_ratelimit`, `draft03`;
@@ -66,6 +75,8 @@ impl Default for LimitsConfig {
             key: "api_key".into(),
             default_plan: None,
             anonymous_plan: None,
+            missing_key: None,
+            unknown_key: None,
             trusted_proxies: Vec::new(),
             dialects: Dialects::default(),
             soft_limit: DEFAULT_SOFT_LIMIT,
@@ -136,6 +147,10 @@ pub struct RouteConfig {
     /// The per-IP plan of an anonymous route.
     #[serde(default)]
     pub plan: Option<String>,
+    /// No limit at all on this route, for anyone, and no fields published
+    /// (health checks). Nothing else passes unlimited.
+    #[serde(default)]
+    pub unlimited: bool,
 }
 
 fn any_method() -> String {
@@ -191,6 +206,19 @@ impl LimitsConfig {
         if let Some(p) = &self.anonymous_plan {
             b = b.anonymous_plan(p);
         }
+        if let Some(t) = self.missing_key {
+            b = b.missing_key(t);
+        }
+        if let Some(t) = self.unknown_key {
+            b = b.unknown_key(t);
+        }
+        if self.plans.is_empty() {
+            return Err(ConfigError::new(
+                Kind::Missing,
+                "plans",
+                "no plan is defined: give at least one, as [plans.free] with its policies",
+            ));
+        }
         let trusted = TrustedProxies::parse(&self.trusted_proxies)
             .map_err(|m| ConfigError::new(Kind::InvalidValue, "trusted_proxies", m))?;
         b.trusted_proxies(trusted)
@@ -236,7 +264,16 @@ fn build_route(i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
         ConfigError::new(Kind::InvalidValue, field(f), e.to_string())
     })?;
     let route = route.with_cost(r.cost).with_criticality(r.criticality);
-    if r.anonymous {
+    if r.unlimited && (r.anonymous || r.plan.is_some()) {
+        return Err(ConfigError::new(
+            Kind::InvalidValue,
+            field("unlimited"),
+            "an unlimited route is neither anonymous nor on a plan",
+        ));
+    }
+    if r.unlimited {
+        Ok(route.unlimited())
+    } else if r.anonymous {
         Ok(route.anonymous(r.plan.as_deref()))
     } else if r.plan.is_some() {
         Err(ConfigError::new(

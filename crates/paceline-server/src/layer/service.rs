@@ -139,6 +139,23 @@ where
     }
 }
 
+impl<I, S: Store, C: Clock> RateLimit<I, S, C> {
+    /// The rate-limit fields of `req`'s key as they stand, read without
+    /// charging anything: for an answer a layer before this one writes
+    /// itself (a load shedder's `503`), so that it too carries
+    /// `RateLimit-Policy` and `RateLimit`. `None` for a caller that is not
+    /// told its counters (anonymous, or without a known key), for the
+    /// usage endpoint, and for a store outside the process (the read
+    /// would wait on it).
+    pub fn standing<B>(
+        &self,
+        req: &Request<B>,
+        route: Option<crate::RouteInfo>,
+    ) -> Option<http::HeaderMap> {
+        self.limiter.standing(req, self.peer, route)
+    }
+}
+
 impl<I, S, C> RateLimit<I, S, C> {
     /// Calls with `req` classified as `route` by a layer before this one
     /// (with [`RateLimiter::classify`] or

@@ -41,7 +41,7 @@ mod dialects;
 mod prepared;
 
 pub use dialects::{binding_policy, Dialects};
-pub use prepared::{seconds_value, PreparedPlan};
+pub use prepared::{seconds_value, Hold, PreparedPlan};
 
 /// The IETF draft's header names.
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";

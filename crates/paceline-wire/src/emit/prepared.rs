@@ -24,6 +24,28 @@ use crate::problem::{self, Problem, ProblemKind, ANONYMOUS_DETAIL};
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static(super::RATELIMIT_POLICY);
 const RATELIMIT: HeaderName = HeaderName::from_static(super::RATELIMIT);
 
+/// An escalation hold on a denial: the key kept sending inside its own
+/// `Retry-After` window, so its wait is longer than its policies alone
+/// would give. The answer's `detail` names the hold and when it ends (in
+/// the seconds `Retry-After` gives).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Hold {
+    /// The wait is extended beyond the policy's own.
+    Extended,
+    /// The key is blocked until the hold ends.
+    Blocked,
+}
+
+impl Hold {
+    fn index(self) -> usize {
+        match self {
+            Hold::Extended => 0,
+            Hold::Blocked => 1,
+        }
+    }
+}
+
 /// What never changes for a plan, prepared once so that a response only
 /// splices its numbers into ready parts: the `RateLimit-Policy` value, the
 /// head of a 429 and, per policy, the problem body around its numbers.
@@ -64,6 +86,10 @@ pub struct PreparedPlan {
 struct ProblemParts {
     /// [published, anonymous]: the JSON up to the value of `retry_after_s`.
     open: [String; 2],
+    /// Per [`Hold`], [published, anonymous]: the JSON up to the number of
+    /// seconds in the hold's `detail`, and from after it up to the value
+    /// of `retry_after_s`.
+    held: [[(String, String); 2]; 2],
     /// `,"violated-policies":["<policy>"`: the deciding policy first.
     violated: String,
 }
@@ -179,7 +205,7 @@ impl PreparedPlan {
         problem_base: &str,
     ) -> Response<Bytes> {
         if let Outcome::Denied(den) = &d.outcome {
-            return self.denial_response(plan, d, den, dialects, publish);
+            return self.denial_response(plan, d, den, dialects, publish, None);
         }
         let mut p = Problem::from_decision(plan, d, problem_base).unwrap_or_else(|| {
             Problem::new(ProblemKind::RateLimited, problem_base, "Too many requests.")
@@ -190,6 +216,29 @@ impl PreparedPlan {
         let mut r = problem::answer(&p);
         self.write_fields(plan, d, dialects, publish, r.headers_mut());
         r
+    }
+
+    /// The 429 of a denial whose wait an escalation hold lengthened: as
+    /// [`rejection`](Self::rejection), with a `detail` naming the hold and
+    /// the seconds until it ends (the `Retry-After` of the answer, which
+    /// is `d`'s wait). A decision that is not a denial is answered as
+    /// [`rejection`](Self::rejection) answers it.
+    #[inline]
+    pub fn held_rejection(
+        &self,
+        plan: &Plan,
+        d: &Decision,
+        dialects: &Dialects,
+        publish: bool,
+        problem_base: &str,
+        hold: Hold,
+    ) -> Response<Bytes> {
+        match &d.outcome {
+            Outcome::Denied(den) => {
+                self.denial_response(plan, d, den, dialects, publish, Some(hold))
+            }
+            _ => self.rejection(plan, d, dialects, publish, problem_base),
+        }
     }
 
     /// The IETF `RateLimit` field of `d`, from the prepared items and
@@ -214,6 +263,7 @@ impl PreparedPlan {
         den: &Denial,
         dialects: &Dialects,
         publish: bool,
+        hold: Option<Hold>,
     ) -> Response<Bytes> {
         let older = publish && (dialects.x_ratelimit || dialects.draft03);
         let inputs = Inputs {
@@ -221,6 +271,7 @@ impl PreparedPlan {
             den,
             secs: den.retry_after_secs(),
             publish,
+            hold,
             older,
             binding: older.then(|| super::binding_policy(plan, d)).flatten(),
         };
@@ -276,17 +327,34 @@ impl PreparedPlan {
             // the head has `Retry-After` and `Cache-Control` already
             dialects::write_older(plan, d, dialects, &mut fields);
         }
-        (fields, self.denial_body(plan, d, inputs.den, publish))
+        (
+            fields,
+            self.denial_body(plan, d, inputs.den, publish, inputs.hold),
+        )
     }
 
     /// The problem body of a denial: the prepared parts with the numbers
     /// and any further violated policies spliced in, in one exact
     /// allocation.
-    fn denial_body(&self, plan: &Plan, d: &Decision, den: &Denial, publish: bool) -> Bytes {
+    fn denial_body(
+        &self,
+        plan: &Plan,
+        d: &Decision,
+        den: &Denial,
+        publish: bool,
+        hold: Option<Hold>,
+    ) -> Bytes {
         let parts = &self.problems[den.policy];
-        let open = &parts.open[usize::from(!publish)];
         let mut secs = itoa::Buffer::new();
         let secs = secs.format(den.retry_after_secs());
+        // a hold's detail carries the seconds too: its text before them
+        let (head, open) = match hold {
+            Some(h) => {
+                let (pre, post) = &parts.held[h.index()][usize::from(!publish)];
+                (Some(pre.as_str()), post.as_str())
+            }
+            None => (None, parts.open[usize::from(!publish)].as_str()),
+        };
         let also = |(i, s): (usize, &PolicyStatus)| {
             let p = plan.policy(i);
             (i != den.policy && s.would_deny && !p.is_shadow()).then(|| p.name())
@@ -298,8 +366,13 @@ impl PreparedPlan {
             .filter_map(also)
             .map(|n| n.len() + 3)
             .sum();
-        let len = open.len() + secs.len() + parts.violated.len() + extra + 2;
+        let held = head.map_or(0, |h| h.len() + secs.len());
+        let len = held + open.len() + secs.len() + parts.violated.len() + extra + 2;
         let mut body = Vec::with_capacity(len);
+        if let Some(h) = head {
+            body.extend_from_slice(h.as_bytes());
+            body.extend_from_slice(secs.as_bytes());
+        }
         body.extend_from_slice(open.as_bytes());
         body.extend_from_slice(secs.as_bytes());
         body.extend_from_slice(parts.violated.as_bytes());
@@ -336,14 +409,40 @@ impl ProblemParts {
         p.retry_after_s = None;
         p.violated_policies.clear();
         let published = open_json(&p);
+        let (policy, plan_name) = (plan.policy(i).name(), plan.name());
+        let held = [Hold::Extended, Hold::Blocked].map(|h| {
+            let ends = match h {
+                Hold::Extended => "its wait is extended to",
+                Hold::Blocked => "it is blocked for",
+            };
+            let published = format!(
+                "This key kept sending inside its Retry-After window, so {ends} {HOLD_MARK} seconds: no request is served before then (policy \"{policy}\", {plan_name} plan)."
+            );
+            let anonymous = format!(
+                "This client kept sending inside its Retry-After window, so {ends} {HOLD_MARK} seconds; retry later."
+            );
+            [published, anonymous].map(|detail| {
+                let mut q = p.clone();
+                q.detail = detail;
+                let json = open_json(&q);
+                match json.split_once(HOLD_MARK) {
+                    Some((pre, post)) => (pre.to_string(), post.to_string()),
+                    None => (String::new(), json),
+                }
+            })
+        });
         p.detail = ANONYMOUS_DETAIL.to_string();
         // policy names are token-safe (core validates them): no escaping
         ProblemParts {
             open: [published, open_json(&p)],
+            held,
             violated: format!(",\"violated-policies\":[\"{}\"", plan.policy(i).name()),
         }
     }
 }
+
+/// Where the seconds go in a hold's `detail`: text JSON writes as it is.
+const HOLD_MARK: &str = "{seconds}";
 
 /// The problem's JSON object without the members a denial splices in
 /// (`violated-policies`, written after the number) and without its closing
@@ -510,6 +609,7 @@ pub fn seconds_value(n: u64) -> HeaderValue {
 struct LastDenial {
     prepared: u64,
     publish: bool,
+    hold: Option<Hold>,
     policy: usize,
     retry_after_s: u64,
     /// Per policy: remaining, seconds to reset, would deny.
@@ -526,6 +626,7 @@ struct Inputs<'a> {
     den: &'a Denial,
     secs: u64,
     publish: bool,
+    hold: Option<Hold>,
     /// The older dialects are written too.
     older: bool,
     binding: Option<usize>,
@@ -539,6 +640,7 @@ impl LastDenial {
         let (d, den) = (i.d, i.den);
         self.prepared == prepared.id
             && self.publish == i.publish
+            && self.hold == i.hold
             && self.policy == den.policy
             && self.retry_after_s == i.secs
             && self.binding == i.binding
@@ -554,6 +656,7 @@ impl LastDenial {
         let d = i.d;
         self.prepared = prepared.id;
         self.publish = i.publish;
+        self.hold = i.hold;
         self.policy = i.den.policy;
         self.retry_after_s = i.secs;
         self.binding = i.binding;

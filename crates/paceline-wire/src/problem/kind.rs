@@ -26,8 +26,12 @@ pub enum ProblemKind {
     IdempotencyKeyMissing,
     /// 409: a request with the same `Idempotency-Key` is still in flight.
     IdempotencyInFlight,
-    /// 401: the request carries no known API key.
+    /// 401: the request carries no key, where the configuration gives a
+    /// request without one no plan.
     Unauthorized,
+    /// 401: the request carries a key the configuration does not know, and
+    /// gives unknown keys no plan.
+    UnknownKey,
     /// 400: the request carries more than one credential (two
     /// `Authorization` fields, or the key header twice): which one counts
     /// is not guessed.
@@ -58,7 +62,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ProblemKind; 19] = [
+    pub const ALL: [ProblemKind; 20] = [
         ProblemKind::RateLimited,
         ProblemKind::QuotaExhausted,
         ProblemKind::Overloaded,
@@ -67,6 +71,7 @@ impl ProblemKind {
         ProblemKind::IdempotencyKeyMissing,
         ProblemKind::IdempotencyInFlight,
         ProblemKind::Unauthorized,
+        ProblemKind::UnknownKey,
         ProblemKind::DuplicateCredentials,
         ProblemKind::NotFound,
         ProblemKind::MethodNotAllowed,
@@ -90,7 +95,7 @@ impl ProblemKind {
             | ProblemKind::BadRequest
             | ProblemKind::DuplicateCredentials => 400,
             ProblemKind::IdempotencyConflict | ProblemKind::IdempotencyInFlight => 409,
-            ProblemKind::Unauthorized => 401,
+            ProblemKind::Unauthorized | ProblemKind::UnknownKey => 401,
             ProblemKind::NotFound => 404,
             ProblemKind::MethodNotAllowed => 405,
             ProblemKind::RequestTimeout => 408,
@@ -114,6 +119,7 @@ impl ProblemKind {
             ProblemKind::IdempotencyKeyMissing => "idempotency_key_missing",
             ProblemKind::IdempotencyInFlight => "idempotency_in_flight",
             ProblemKind::Unauthorized => "unauthorized",
+            ProblemKind::UnknownKey => "unknown_key",
             ProblemKind::DuplicateCredentials => "duplicate_credentials",
             ProblemKind::NotFound => "not_found",
             ProblemKind::MethodNotAllowed => "method_not_allowed",
@@ -144,6 +150,7 @@ impl ProblemKind {
             ProblemKind::IdempotencyKeyMissing => "Idempotency key required",
             ProblemKind::IdempotencyInFlight => "Request with this idempotency key in progress",
             ProblemKind::Unauthorized => "API key required",
+            ProblemKind::UnknownKey => "Unknown API key",
             ProblemKind::DuplicateCredentials => "More than one credential",
             ProblemKind::NotFound => "Not Found",
             ProblemKind::MethodNotAllowed => "Method Not Allowed",
@@ -202,6 +209,7 @@ mod tests {
             if !matches!(
                 k,
                 ProblemKind::Unauthorized
+                    | ProblemKind::UnknownKey
                     | ProblemKind::LengthRequired
                     | ProblemKind::DuplicateCredentials
             ) {
@@ -209,6 +217,7 @@ mod tests {
             }
         }
         assert_eq!(ProblemKind::Unauthorized.status(), 401);
+        assert_eq!(ProblemKind::UnknownKey.status(), 401);
         assert_eq!(ProblemKind::LengthRequired.status(), 411);
         assert_eq!(ProblemKind::PayloadTooLarge.status(), 413);
         assert_eq!(ProblemKind::DuplicateCredentials.status(), 400);

@@ -87,11 +87,11 @@ fn check(path: &std::path::Path) -> i32 {
 
 async fn serve(config: GatewayConfig) -> anyhow::Result<()> {
     let upstream = config.settings.upstream.clone();
-    let listen = config.settings.listen;
     let shutdown = paceline_gateway::shutdown_signal();
+    // the error names the address that failed (there may be two)
     let gateway = Gateway::bind(config)
         .await
-        .with_context(|| format!("binding {listen}"))?
+        .context("starting the gateway")?
         .on_reload(report_reload);
     if let Some(m) = gateway.metrics_addr() {
         println!("paceline gateway: metrics on http://{m}/metrics");

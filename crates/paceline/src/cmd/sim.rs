@@ -48,10 +48,10 @@ struct RaceArgs {
     #[command(flatten)]
     out: Output,
     /// Workers per fleet.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     workers: u32,
     /// Jobs per fleet (one request each).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     jobs: u64,
     /// Bucket depth: the burst each key may send at once.
     #[arg(long, default_value_t = 8)]
@@ -66,7 +66,7 @@ struct RaceArgs {
     #[arg(long = "naive-retry-ms", default_value_t = 100)]
     naive_retry_ms: u64,
     /// One-way latency between a worker and the gateway, in milliseconds.
-    #[arg(long = "latency-ms", default_value_t = 10)]
+    #[arg(long = "latency-ms", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     latency_ms: u64,
 }
 
@@ -75,19 +75,19 @@ struct HerdArgs {
     #[command(flatten)]
     out: Output,
     /// Clients rejected in the blip.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     clients: u64,
     /// Length of the blip, in seconds.
     #[arg(long = "blip-s", default_value_t = 5)]
     blip_s: u64,
     /// The Retry-After every rejection carries, in seconds.
-    #[arg(long = "retry-after-s", default_value_t = 5)]
+    #[arg(long = "retry-after-s", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     retry_after_s: u64,
     /// Status of the blip's rejections.
     #[arg(long, default_value_t = 503, value_parser = parse_status)]
     status: u16,
     /// One-way latency, in milliseconds.
-    #[arg(long = "latency-ms", default_value_t = 10)]
+    #[arg(long = "latency-ms", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     latency_ms: u64,
 }
 
@@ -96,10 +96,10 @@ struct ExportArgs {
     #[command(flatten)]
     out: Output,
     /// Records to fetch, one request each.
-    #[arg(long, default_value_t = 12_000)]
+    #[arg(long, default_value_t = 12_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     records: u64,
     /// Workers per fleet.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     workers: u32,
     /// Bucket depth (the burst).
     #[arg(long, default_value_t = 50)]
@@ -114,7 +114,7 @@ struct ExportArgs {
     #[arg(long = "naive-retry-ms", default_value_t = 0)]
     naive_retry_ms: u64,
     /// One-way latency, in milliseconds.
-    #[arg(long = "latency-ms", default_value_t = 100)]
+    #[arg(long = "latency-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     latency_ms: u64,
 }
 
@@ -162,7 +162,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
     match args.scenario {
         Scenario::Race(a) => {
             let p = race::RaceParams {
-                workers: a.workers.max(1),
+                workers: a.workers,
                 jobs: a.jobs,
                 quota: a.quota,
                 window_s: a.window_s,
@@ -190,7 +190,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
             check_bucket(a.quota, a.window_s)?;
             let p = export::ExportParams {
                 records: a.records,
-                workers: a.workers.max(1),
+                workers: a.workers,
                 quota: a.quota,
                 window_s: a.window_s,
                 capacity: a.capacity,

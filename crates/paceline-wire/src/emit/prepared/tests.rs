@@ -94,7 +94,7 @@ fn prepared_problem_matches_the_wire_problem() {
     for _ in 0..20 {
         let d = store.check_sync(&plan, "k", 1, now).unwrap();
         let den = d.denial().unwrap();
-        let ours = meta.denial_body(&plan, &d, den, true);
+        let ours = meta.denial_body(&plan, &d, den, true, None);
         let theirs = Problem::from_decision(&plan, &d, "https://errors.invalid/")
             .unwrap()
             .to_json();
@@ -130,7 +130,7 @@ fn a_denial_names_every_policy_it_broke_deciding_one_first() {
     };
     d.outcome = Outcome::Denied(den);
     for publish in [true, false] {
-        let body = meta.denial_body(&plan, &d, &den, publish);
+        let body = meta.denial_body(&plan, &d, &den, publish, None);
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             v["violated-policies"],
@@ -153,6 +153,27 @@ fn a_denial_names_every_policy_it_broke_deciding_one_first() {
     let anon = meta.rejection(&plan, &d, &Dialects::default(), false, "x:");
     let names: Vec<_> = anon.headers().keys().map(|k| k.as_str()).collect();
     assert_eq!(names, ["content-type", "cache-control", "retry-after"]);
+    // a hold names itself and its end, and is no other answer's memo
+    for (hold, words) in [
+        (Hold::Blocked, "blocked for 7 seconds"),
+        (Hold::Extended, "extended to 7 seconds"),
+    ] {
+        for publish in [true, false] {
+            let r = meta.held_rejection(&plan, &d, &Dialects::default(), publish, "x:", hold);
+            assert_eq!(r.headers()["retry-after"], "7");
+            let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+            let detail = v["detail"].as_str().unwrap();
+            assert!(detail.contains(words), "{detail}");
+            assert_eq!(detail.contains("daily"), publish, "{detail}");
+            assert_eq!(
+                (v["retry_after_s"].as_u64(), v["limit"].as_str()),
+                (Some(7), Some("daily"))
+            );
+        }
+    }
+    let plain = meta.rejection(&plan, &d, &Dialects::default(), true, "x:");
+    let v: serde_json::Value = serde_json::from_slice(plain.body()).unwrap();
+    assert!(!v["detail"].as_str().unwrap().contains("blocked"));
 }
 
 #[test]
