@@ -596,10 +596,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             "request rejected"
         );
         let (meta, dialects, base) = (&compiled.meta, &lim.dialects, &lim.problem_base);
-        Verdict::Reject(match held {
-            Some(h) => meta.held_rejection(plan, &d, dialects, who.publish, base, h),
-            None => meta.rejection(plan, &d, dialects, who.publish, base),
-        })
+        Verdict::Reject(meta.held_rejection(plan, &d, dialects, who.publish, base, held))
     }
 
     /// The warning field for quotas past the soft limit; fires the hook the

@@ -204,8 +204,28 @@ impl PreparedPlan {
         publish: bool,
         problem_base: &str,
     ) -> Response<Bytes> {
+        self.held_rejection(plan, d, dialects, publish, problem_base, None)
+    }
+
+    /// The response for a rejected decision whose wait an escalation
+    /// `hold` may have lengthened: with a hold, as
+    /// [`rejection`](Self::rejection) but with a `detail` naming the hold
+    /// and the seconds until it ends (the `Retry-After` of the answer,
+    /// which is `d`'s wait); without one, exactly
+    /// [`rejection`](Self::rejection). A decision that is not a denial is
+    /// answered as its problem, hold or not.
+    #[inline]
+    pub fn held_rejection(
+        &self,
+        plan: &Plan,
+        d: &Decision,
+        dialects: &Dialects,
+        publish: bool,
+        problem_base: &str,
+        hold: Option<Hold>,
+    ) -> Response<Bytes> {
         if let Outcome::Denied(den) = &d.outcome {
-            return self.denial_response(plan, d, den, dialects, publish, None);
+            return self.denial_response(plan, d, den, dialects, publish, hold);
         }
         let mut p = Problem::from_decision(plan, d, problem_base).unwrap_or_else(|| {
             Problem::new(ProblemKind::RateLimited, problem_base, "Too many requests.")
@@ -216,29 +236,6 @@ impl PreparedPlan {
         let mut r = problem::answer(&p);
         self.write_fields(plan, d, dialects, publish, r.headers_mut());
         r
-    }
-
-    /// The 429 of a denial whose wait an escalation hold lengthened: as
-    /// [`rejection`](Self::rejection), with a `detail` naming the hold and
-    /// the seconds until it ends (the `Retry-After` of the answer, which
-    /// is `d`'s wait). A decision that is not a denial is answered as
-    /// [`rejection`](Self::rejection) answers it.
-    #[inline]
-    pub fn held_rejection(
-        &self,
-        plan: &Plan,
-        d: &Decision,
-        dialects: &Dialects,
-        publish: bool,
-        problem_base: &str,
-        hold: Hold,
-    ) -> Response<Bytes> {
-        match &d.outcome {
-            Outcome::Denied(den) => {
-                self.denial_response(plan, d, den, dialects, publish, Some(hold))
-            }
-            _ => self.rejection(plan, d, dialects, publish, problem_base),
-        }
     }
 
     /// The IETF `RateLimit` field of `d`, from the prepared items and

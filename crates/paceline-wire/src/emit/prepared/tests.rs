@@ -159,7 +159,7 @@ fn a_denial_names_every_policy_it_broke_deciding_one_first() {
         (Hold::Extended, "extended to 7 seconds"),
     ] {
         for publish in [true, false] {
-            let r = meta.held_rejection(&plan, &d, &Dialects::default(), publish, "x:", hold);
+            let r = meta.held_rejection(&plan, &d, &Dialects::default(), publish, "x:", Some(hold));
             assert_eq!(r.headers()["retry-after"], "7");
             let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
             let detail = v["detail"].as_str().unwrap();
