@@ -111,12 +111,27 @@ pub struct GatewayStats {
     pub dropped: u64,
 }
 
+/// How the instances of a gateway with several count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Counting {
+    /// Each instance keeps its own counters (the in-memory store of every
+    /// process): a key's budget is granted once per instance.
+    PerInstance,
+    /// The instances share one count (a shared store such as Redis).
+    Shared,
+}
+
 /// The simulated gateway for keys `0..keys`, all on one plan.
 #[derive(Clone, Debug)]
 pub struct Gateway {
     plan: Plan,
     stride: usize,
+    keys: usize,
     words: Vec<u64>,
+    instances: usize,
+    counting: Counting,
+    next: usize,
     edge: Option<Edge>,
     faults: Vec<Fault>,
     silent: bool,
@@ -131,7 +146,11 @@ impl Gateway {
         Gateway {
             plan,
             stride,
+            keys,
             words: vec![0; stride * keys],
+            instances: 1,
+            counting: Counting::Shared,
+            next: 0,
             edge: None,
             faults: Vec::new(),
             silent: false,
@@ -141,8 +160,52 @@ impl Gateway {
 
     /// Limits the edge to `per_s` requests per second, shed per key.
     pub fn with_capacity(mut self, per_s: u64) -> Self {
-        self.edge = Some(Edge::new(per_s, self.words.len() / self.stride.max(1)));
+        self.edge = Some(Edge::new(per_s, self.keys));
         self
+    }
+
+    /// Runs `instances` gateway instances behind a round-robin balancer
+    /// (each request goes to the next instance), counting as `counting`
+    /// says. With [`Counting::PerInstance`] every instance holds its own
+    /// state for every key, as processes with in-memory stores do.
+    ///
+    /// ```
+    /// use paceline_core::{Nanos, Plan, Policy};
+    /// use paceline_sim::gateway::{Counting, Gateway, Verdict};
+    ///
+    /// let plan = Plan::new("p", vec![Policy::token_bucket("burst", 8, 2).unwrap()]).unwrap();
+    /// let t = Nanos::from_secs(1);
+    /// let mut alone = Gateway::new(plan.clone(), 1).with_instances(3, Counting::PerInstance);
+    /// let mut shared = Gateway::new(plan, 1).with_instances(3, Counting::Shared);
+    /// let served = |gw: &mut Gateway| (0..100).filter(|_| gw.handle(0, 1, t).verdict == Verdict::Served).count();
+    /// assert_eq!(served(&mut alone), 24);
+    /// assert_eq!(served(&mut shared), 8);
+    /// ```
+    pub fn with_instances(mut self, instances: usize, counting: Counting) -> Self {
+        self.instances = instances.max(1);
+        self.counting = counting;
+        let copies = match counting {
+            Counting::PerInstance => self.instances,
+            Counting::Shared => 1,
+        };
+        self.words = vec![0; self.stride * self.keys * copies];
+        self
+    }
+
+    /// The number of instances behind the balancer.
+    pub fn instances(&self) -> usize {
+        self.instances
+    }
+
+    /// Where `key`'s state sits in the instance that takes the next
+    /// request.
+    fn state_range(&self, key: usize) -> std::ops::Range<usize> {
+        let copy = match self.counting {
+            Counting::PerInstance => self.next % self.instances,
+            Counting::Shared => 0,
+        };
+        let at = (copy * self.keys + key) * self.stride;
+        at..at + self.stride
     }
 
     /// Adds an injected fault.
@@ -191,8 +254,9 @@ impl Gateway {
                 decision: None,
             };
         }
-        let state = &mut self.words[key * self.stride..(key + 1) * self.stride];
-        let (d, _) = check_words(&self.plan, state, now, cost);
+        let range = self.state_range(key);
+        self.next = self.next.wrapping_add(1);
+        let (d, _) = check_words(&self.plan, &mut self.words[range], now, cost);
         if self.silent && !d.is_allowed() {
             self.stats.faulted += 1;
             return Answer {
@@ -223,9 +287,10 @@ impl Gateway {
     }
 
     /// The key's standing without charging anything (what `GET /v1/usage`
-    /// reports).
+    /// reports; with several instances, as the instance next in line
+    /// counts it).
     pub fn usage(&self, key: usize, now: Nanos) -> Decision {
-        let mut state = self.words[key * self.stride..(key + 1) * self.stride].to_vec();
+        let mut state = self.words[self.state_range(key)].to_vec();
         check_words(&self.plan, &mut state, now, 0).0
     }
 

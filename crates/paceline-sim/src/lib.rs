@@ -23,7 +23,7 @@
 //! ## The parts
 //!
 //! ```text
-//!  scenario/{race,herd,export,throttle,incident,load}.rs  (parameters → report.rs)
+//!  scenario/{race,herd,export,throttle,incident,servers,load}.rs (parameters → report.rs)
 //!        │ schedules
 //!        ▼
 //!  engine.rs  events on virtual nanoseconds ◄── rng.rs (seeded streams)

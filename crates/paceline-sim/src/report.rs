@@ -189,6 +189,43 @@ pub struct ThrottlePoint {
     pub requests: u64,
 }
 
+/// `paceline sim servers`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ServersReport {
+    /// Gateway instances behind the round-robin balancer.
+    pub instances: u32,
+    /// Seconds the fleet sent for.
+    pub seconds: u64,
+    /// What one count admits in that time: the published limit.
+    pub limit: u64,
+    /// `per_instance` first, then `shared`.
+    pub runs: Vec<ServersRun>,
+    /// The seed of the run.
+    pub seed: u64,
+}
+
+/// One way of counting, and what the key got through it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ServersRun {
+    /// `per_instance` (a store per process) or `shared` (one store).
+    pub store: String,
+    /// Requests that reached an instance.
+    pub requests: u64,
+    /// Requests admitted (200).
+    pub admitted: u64,
+    /// 429s answered.
+    pub rejected_429: u64,
+    /// `admitted / limit`: 1.0 when the published limit holds.
+    pub admitted_per_limit: f64,
+    /// Jobs the fleet saw done: `admitted`, less answers still on their way
+    /// when the run ended.
+    pub jobs_done: u64,
+    /// Admissions in each second of the run.
+    pub admitted_per_s: Vec<u64>,
+}
+
 /// Rounds to milliseconds' worth of decimals, so JSON stays short.
 pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0

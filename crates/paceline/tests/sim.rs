@@ -79,6 +79,28 @@ fn export_json_has_the_floor() {
 }
 
 #[test]
+fn servers_json_shows_the_limit_multiplied_by_per_instance_counting() {
+    let v = json(&[
+        "sim",
+        "servers",
+        "--json",
+        "--instances",
+        "4",
+        "--seconds",
+        "30",
+    ]);
+    assert_eq!(v["instances"], 4);
+    assert_eq!(v["limit"], 320);
+    let runs = v["runs"].as_array().expect("runs");
+    assert_eq!(runs[0]["store"], "per_instance");
+    assert_eq!(runs[1]["store"], "shared");
+    let alone = runs[0]["admitted"].as_u64().unwrap();
+    let shared = runs[1]["admitted"].as_u64().unwrap();
+    assert!((1_276..=1_280).contains(&alone), "{alone}");
+    assert!((319..=320).contains(&shared), "{shared}");
+}
+
+#[test]
 fn throttle_json_has_two_curves() {
     let v = json(&["sim", "throttle", "--json", "--measure-s", "60"]);
     let curves = v["curves"].as_array().unwrap();
@@ -115,6 +137,7 @@ fn every_scenario_draws_a_plot() {
         ("export", vec!["--records", "300"]),
         ("throttle", vec!["--k", "2", "--measure-s", "10"]),
         ("incident", vec!["--incident-s", "60"]),
+        ("servers", vec!["--seconds", "10"]),
     ] {
         let svg = temp_svg(name);
         let mut args = vec!["sim", name, "--svg", svg.to_str().unwrap()];
@@ -159,6 +182,8 @@ fn nonsense_numbers_are_refused_naming_the_flag() {
             &["sim", "export", "--records", "1", "--workers", "0"][..],
             "--workers",
         ),
+        (&["sim", "servers", "--instances", "0"][..], "--instances"),
+        (&["sim", "servers", "--burst", "0"][..], "--burst"),
     ] {
         let out = paceline(args);
         assert!(!out.status.success(), "{args:?} ran");

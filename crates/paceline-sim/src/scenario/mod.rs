@@ -8,6 +8,7 @@
 //! | [`herd`] | ten thousand clients rejected together: when do they come back? |
 //! | [`throttle`] | how much does adaptive throttling drop as accepts fall? |
 //! | [`incident`] | during an outage, how much extra load do the SDK's retries add? |
+//! | [`servers`] | one key through several gateway instances: counted per instance, or once? |
 //! | [`load`] | how fast does the simulator run? (its benchmark workload) |
 
 pub mod export;
@@ -15,6 +16,7 @@ pub mod herd;
 pub mod incident;
 pub mod load;
 pub mod race;
+pub mod servers;
 pub mod throttle;
 
 use paceline_core::Nanos;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Subcommand;
 use paceline_core::Nanos;
-use paceline_sim::scenario::{export, herd, incident, race, throttle};
+use paceline_sim::scenario::{export, herd, incident, race, servers, throttle};
 use serde::Serialize;
 
 /// Arguments of `paceline sim`.
@@ -27,6 +27,8 @@ enum Scenario {
     Throttle(ThrottleArgs),
     /// An outage: how much extra load do the SDK's retries add?
     Incident(IncidentArgs),
+    /// One key through several gateway instances: counted per instance, or once?
+    Servers(ServersArgs),
 }
 
 /// Options every scenario takes.
@@ -157,6 +159,36 @@ struct IncidentArgs {
     retry_after_s: u64,
 }
 
+#[derive(clap::Args, Debug)]
+struct ServersArgs {
+    #[command(flatten)]
+    out: Output,
+    /// Gateway instances behind the round-robin balancer.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    instances: u32,
+    /// Seconds the naive fleet keeps sending.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    seconds: u64,
+    /// Workers of the naive fleet.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    workers: u32,
+    /// Bucket depth: the burst the key may send at once.
+    #[arg(long, default_value_t = 20)]
+    burst: u64,
+    /// Seconds to refill the whole bucket (rate = burst / window).
+    #[arg(long = "window-s", default_value_t = 2)]
+    window_s: u64,
+    /// Requests per UTC day.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
+    daily: u64,
+    /// The naive fleet's pause before sending a refused request again, in milliseconds.
+    #[arg(long = "retry-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    retry_ms: u64,
+    /// One-way latency, in milliseconds.
+    #[arg(long = "latency-ms", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    latency_ms: u64,
+}
+
 /// Runs `paceline sim`.
 pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
     match args.scenario {
@@ -229,6 +261,21 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
             let r = incident::run(&p, a.out.seed);
             emit(&a.out, &r, || incident::table(&r), || incident::svg(&r))
         }
+        Scenario::Servers(a) => {
+            check_named_bucket("--burst", a.burst, a.window_s)?;
+            let p = servers::ServersParams {
+                instances: a.instances,
+                seconds: a.seconds,
+                workers: a.workers,
+                burst: a.burst,
+                window_s: a.window_s,
+                daily: a.daily,
+                retry: Nanos::from_millis(a.retry_ms),
+                latency: Nanos::from_millis(a.latency_ms),
+            };
+            let r = servers::run(&p, a.out.seed);
+            emit(&a.out, &r, || servers::table(&r), || servers::svg(&r))
+        }
     }
 }
 
@@ -241,9 +288,13 @@ fn parse_status(s: &str) -> Result<u16, String> {
 }
 
 fn check_bucket(quota: u64, window_s: u64) -> anyhow::Result<()> {
-    paceline_core::Policy::token_bucket("burst", quota, window_s)
+    check_named_bucket("--quota", quota, window_s)
+}
+
+fn check_named_bucket(flag: &str, depth: u64, window_s: u64) -> anyhow::Result<()> {
+    paceline_core::Policy::token_bucket("burst", depth, window_s)
         .map(|_| ())
-        .map_err(|e| anyhow::anyhow!("--quota {quota} --window-s {window_s}: {e}"))
+        .map_err(|e| anyhow::anyhow!("{flag} {depth} --window-s {window_s}: {e}"))
 }
 
 fn emit<R: Serialize>(
