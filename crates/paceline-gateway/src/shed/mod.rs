@@ -218,15 +218,21 @@ mod tests {
     #[test]
     fn the_documented_shares_hold() {
         use Criticality::*;
-        let table: [(u32, f64, [u32; 4]); 6] = [
-            (4, 0.5, [4, 3, 2, 1]),
-            (10, 0.2, [10, 9, 8, 6]),
-            (64, 0.2, [64, 60, 51, 38]),
-            (100, 0.2, [100, 95, 80, 60]),
-            (512, 0.2, [512, 486, 409, 307]),
-            (512, 0.1, [512, 499, 460, 409]),
-        ];
-        for (n, r, want) in table {
+        // The table in the crate's README, row by row: N, r, then the share
+        // of each criticality from CRITICAL_PLUS down.
+        let readme = include_str!("../../README.md");
+        let rows: Vec<Vec<String>> = readme
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("| ") && l.split('|').count() == 8)
+            .map(|l| l.split('|').map(|c| c.trim().to_string()).collect())
+            .filter(|c: &Vec<String>| c[1].parse::<u32>().is_ok())
+            .collect();
+        assert!(rows.len() >= 4, "the README's shares table: {rows:?}");
+        for c in rows {
+            let n: u32 = c[1].parse().unwrap();
+            let r: f64 = c[2].parse().unwrap();
+            let want: [u32; 4] = std::array::from_fn(|i| c[3 + i].parse().unwrap());
             let s = SheddingSettings {
                 max_in_flight: n,
                 reserve: r,
