@@ -14,7 +14,10 @@
 //! than chunked) gives `502`. A request that a reused connection lost
 //! before any answer came (the upstream closed it while it sat idle) is
 //! sent again on another connection when that is safe: its body is not
-//! streaming, and it is idempotent or none of it was written.
+//! streaming, and it is idempotent or none of it was written. The `502`s
+//! and `504`s written because the upstream's answer never came are marked
+//! [`paceline_server::UpstreamFailed`]: by default their charge is given
+//! back.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -151,11 +154,11 @@ impl Proxy {
                     true => "The upstream could not be reached.",
                     false => "The upstream failed before answering.",
                 };
-                gateway_error(
+                upstream_failed(gateway_error(
                     (this.limits)().problem_base(),
                     ProblemKind::BadGateway,
                     detail,
-                )
+                ))
             }
             Err(_) => {
                 m::upstream_error("timeout");
@@ -163,14 +166,22 @@ impl Proxy {
                     timeout_ms = this.timeouts.upstream_header.as_millis() as u64,
                     "upstream timed out"
                 );
-                gateway_error(
+                upstream_failed(gateway_error(
                     (this.limits)().problem_base(),
                     ProblemKind::GatewayTimeout,
                     "The upstream did not answer in time.",
-                )
+                ))
             }
         }
     }
+}
+
+/// Marks a `502`/`504` written because the upstream's answer never came:
+/// the limit layer gives the request's charge back unless its plan
+/// charges upstream failures.
+fn upstream_failed(mut res: Response<ProxyBody>) -> Response<ProxyBody> {
+    res.extensions_mut().insert(paceline_server::UpstreamFailed);
+    res
 }
 
 /// The answer when the client's own body failed: the connection is

@@ -104,7 +104,9 @@ pub use identity::{
     bearer_token, client_ip, peer_ip, IpNet, KeyHash, KeySource, KeyTreatment, PeerAddr,
     TrustedProxies,
 };
-pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture};
+pub use layer::{
+    RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture, UpstreamFailed,
+};
 pub use limiter::RateLimiter;
 pub use paceline_wire::emit::Dialects;
 pub use route::{Criticality, Route, RouteInfo};

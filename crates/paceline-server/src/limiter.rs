@@ -219,6 +219,10 @@ pub(crate) struct Admitted {
     publish: bool,
     warning: Option<HeaderValue>,
     release: Option<(String, u64)>,
+    /// What to give back if the upstream's answer never comes: the key,
+    /// the cost and when it was charged (none when the plan charges
+    /// upstream failures, or nothing was charged).
+    refund: Option<(String, Cost, Nanos)>,
 }
 
 impl<S: Store, C: Clock> RateLimiter<S, C> {
@@ -577,6 +581,10 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             let release = plan
                 .has_concurrency()
                 .then(|| (who.key(lim).to_string(), p.cost));
+            let cost = Cost::requests(p.cost).with_bytes(p.bytes);
+            let refund =
+                (!compiled.charge_upstream_failures && ask.hold.is_none() && ask.cost == cost)
+                    .then(|| (who.key(lim).to_string(), cost, now));
             return Verdict::Admit(Admitted {
                 limits: p.limits.clone(),
                 plan: who.plan,
@@ -584,6 +592,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 publish: who.publish,
                 warning,
                 release,
+                refund,
             });
         }
         // the fields are evaluated only when a subscriber listens
@@ -654,6 +663,27 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 tracing::warn!(error = %e, "releasing concurrency units failed");
             }
         }))
+    }
+}
+
+impl<S: Store, C: Clock> RateLimiter<S, C> {
+    /// Gives back an admitted request's charge, its upstream's answer
+    /// having never come (unless its plan charges upstream failures).
+    pub(crate) async fn refund(&self, a: &Admitted) {
+        let Some((key, cost, charged)) = &a.refund else {
+            return;
+        };
+        let compiled = &a.limits.inner.plans[a.plan];
+        let sh = &*self.shared;
+        let now = sh.clock.now();
+        match sh
+            .store
+            .refund(&compiled.plan, key, *cost, *charged, now)
+            .await
+        {
+            Ok(()) => telemetry::refunded(&compiled.name),
+            Err(e) => tracing::warn!(error = %e, "giving back an upstream failure's charge failed"),
+        }
     }
 }
 

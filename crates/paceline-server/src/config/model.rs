@@ -93,6 +93,11 @@ impl Default for LimitsConfig {
 pub struct PlanConfig {
     /// The plan's policies, in the order the headers list them.
     pub policies: Vec<PolicyConfig>,
+    /// Whether a request whose upstream answer never came (a `502` or
+    /// `504` the gateway wrote itself) stays charged; by default (`false`)
+    /// its cost is given back.
+    #[serde(default)]
+    pub charge_upstream_failures: bool,
 }
 
 /// A policy as a file holds it.
@@ -191,7 +196,9 @@ impl LimitsConfig {
     pub fn build(self) -> Result<Limits, ConfigError> {
         let mut b = Limits::builder();
         for (name, plan) in &self.plans {
-            b = b.plan(build_plan(name, plan)?);
+            b = b
+                .plan(build_plan(name, plan)?)
+                .charge_upstream_failures(name, plan.charge_upstream_failures);
         }
         for (k, p) in &self.keys {
             b = b.key(k, p);
