@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use http::Uri;
-use paceline_server::{ConfigErrorKind as Kind, Limits, LimitsConfig};
+use paceline_server::{ConfigErrorKind as Kind, KeyHasher, Limits, LimitsConfig};
 use serde::{Deserialize, Deserializer};
 
 use crate::locate::Doc;
@@ -329,6 +329,8 @@ struct GatewayModel {
     soft_limit_webhook: Option<String>,
     #[serde(default)]
     keys_file: Option<String>,
+    #[serde(default)]
+    key_hash_secret_file: Option<String>,
     #[serde(default = "yes")]
     watch: bool,
     #[serde(default)]
@@ -497,12 +499,30 @@ impl GatewayConfig {
         Ok(cfg)
     }
 
-    /// Validates a configuration text named `name`; a keys file is looked
-    /// up relative to `dir` (or the working directory).
+    /// Validates a configuration text named `name`; a keys file and a
+    /// key-hash secret file are looked up relative to `dir` (or the
+    /// working directory), and the environment is read for
+    /// [`KEY_HASH_SECRET_ENV`].
     pub fn parse(
         text: &str,
         name: &str,
         dir: Option<&Path>,
+    ) -> Result<GatewayConfig, ConfigFileError> {
+        GatewayConfig::parse_with_env(text, name, dir, &|var| std::env::var(var).ok())
+    }
+
+    /// [`GatewayConfig::parse`] with the environment read through `env`.
+    ///
+    /// The secret keys are hashed under, for logs, soft-limit events and
+    /// store key names: the file `gateway.key_hash_secret_file` names if
+    /// set, else [`KEY_HASH_SECRET_ENV`] if set, else a random secret made
+    /// once per process (stated when the gateway starts). A secret shorter
+    /// than [`paceline_server::MIN_KEY_HASH_SECRET_BYTES`] is refused.
+    pub fn parse_with_env(
+        text: &str,
+        name: &str,
+        dir: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<GatewayConfig, ConfigFileError> {
         let src = Source::new(name, text);
         let FileModel {
@@ -539,7 +559,8 @@ impl GatewayConfig {
             sources.push(path);
             keys_src = Some(ks);
         }
-        let limits = model.build().map_err(|e| {
+        let hasher = key_hasher(&src, gateway.key_hash_secret_file.as_deref(), dir, env)?;
+        let limits = model.build_with_hasher(hasher).map_err(|e| {
             let field = e.field();
             // a key that came from the keys file is reported there
             if let (Some(ks), Some(k)) = (&keys_src, field.strip_prefix("keys.")) {
@@ -557,6 +578,51 @@ impl GatewayConfig {
             sources,
         })
     }
+}
+
+/// The environment variable a key-hash secret may come from.
+pub const KEY_HASH_SECRET_ENV: &str = "PACELINE_KEY_HASH_SECRET";
+
+fn key_hasher(
+    src: &Source<'_>,
+    file: Option<&str>,
+    dir: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<KeyHasher, ConfigFileError> {
+    const FIELD: &str = "gateway.key_hash_secret_file";
+    if let Some(file) = file {
+        let path = dir.unwrap_or(Path::new("")).join(file);
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(&path).map_err(|e| {
+            src.at_field(
+                Kind::Unreadable,
+                FIELD,
+                format!("cannot read {shown}: {e}; expected a file holding the secret"),
+            )
+        })?;
+        // a line ending is not part of the secret
+        let end = bytes
+            .iter()
+            .rposition(|b| !matches!(b, b'\n' | b'\r'))
+            .map_or(0, |i| i + 1);
+        return KeyHasher::from_secret(&bytes[..end], &format!("{FIELD} ({shown})"))
+            .map_err(|e| src.at_field(Kind::OutOfRange, FIELD, format!("{shown}: {e}")));
+    }
+    if let Some(v) = env(KEY_HASH_SECRET_ENV) {
+        return KeyHasher::from_secret(
+            v.as_bytes(),
+            &format!("the environment ({KEY_HASH_SECRET_ENV})"),
+        )
+        .map_err(|e| ConfigFileError {
+            kind: Kind::OutOfRange,
+            file: src.name.to_string(),
+            line: 0,
+            column: 0,
+            field: KEY_HASH_SECRET_ENV.to_string(),
+            message: e.to_string(),
+        });
+    }
+    Ok(KeyHasher::per_process().clone())
 }
 
 fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileError> {
@@ -963,6 +1029,64 @@ criticality = "SHEDDABLE"
         }
         let e = err(&with("[gateway.limits]\nmax_bufered_bytes = 1"));
         assert_eq!(e.kind(), Kind::UnknownField, "{e}");
+    }
+
+    #[test]
+    fn the_key_hash_secret_comes_from_the_file_then_the_environment() {
+        let dir = std::env::temp_dir().join(format!("pl-gw-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file_secret = "file-secret-0123456789";
+        let env_secret = "env-secret-0123456789";
+        std::fs::write(dir.join("secret"), format!("{file_secret}\n")).unwrap();
+        let with_file = GOOD.replacen(
+            "[gateway]\n",
+            "[gateway]\nkey_hash_secret_file = \"secret\"\n",
+            1,
+        );
+        let env = |v: &str| (v == KEY_HASH_SECRET_ENV).then(|| env_secret.to_string());
+        let none = |_: &str| None;
+        let hash = |text: &str, env: &dyn Fn(&str) -> Option<String>| {
+            let c = GatewayConfig::parse_with_env(text, "t.toml", Some(&dir), env).unwrap();
+            c.limits.key_hasher().hash("sk_1")
+        };
+        let by = |s: &str| {
+            KeyHasher::from_secret(s.as_bytes(), "x")
+                .unwrap()
+                .hash("sk_1")
+        };
+        // the file beats the environment, which beats the random default
+        assert_eq!(hash(&with_file, &env), by(file_secret));
+        assert_eq!(hash(&with_file, &none), by(file_secret));
+        assert_eq!(hash(GOOD, &env), by(env_secret));
+        assert_eq!(hash(GOOD, &none), KeyHasher::per_process().hash("sk_1"));
+        assert_ne!(by(file_secret), by(env_secret));
+        // the configured keys are hashed with it too: the same on a reload
+        assert_eq!(hash(GOOD, &env), hash(GOOD, &env));
+        // too short, from either place: refused (as --check does)
+        std::fs::write(dir.join("secret"), "short\n").unwrap();
+        let e = GatewayConfig::parse_with_env(&with_file, "t.toml", Some(&dir), &none).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::OutOfRange, "gateway.key_hash_secret_file"),
+            "{e}"
+        );
+        assert!(e.message().contains("at least 16"), "{e}");
+        assert!(!e.to_string().contains("short\n"), "{e}");
+        let short = |_: &str| Some("tiny".to_string());
+        let e = GatewayConfig::parse_with_env(GOOD, "t.toml", Some(&dir), &short).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::OutOfRange, KEY_HASH_SECRET_ENV),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("tiny"), "{e}");
+        std::fs::remove_file(dir.join("secret")).unwrap();
+        let e = GatewayConfig::parse_with_env(&with_file, "t.toml", Some(&dir), &none).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::Unreadable, "gateway.key_hash_secret_file")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -87,8 +87,8 @@ mod webhook;
 
 pub use config::{
     ConfigFileError, GatewayConfig, GatewayLimits, Settings, SheddingSettings, StoreKind, Timeouts,
-    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HEAD_BYTES, MAX_MAX_HEAD_BYTES, MIN_MAX_BUFFERED_BYTES,
-    MIN_MAX_HEAD_BYTES,
+    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HEAD_BYTES, KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES,
+    MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
 };
 pub use server::{
     shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback, ReloadEvent,

@@ -157,6 +157,11 @@ impl Gateway {
             }
             None => None,
         };
+        let hasher = config.limits.key_hasher();
+        match hasher.origin() {
+            paceline_server::SecretOrigin::Random => tracing::warn!("{}", hasher.statement()),
+            _ => tracing::info!("{}", hasher.statement()),
+        }
         let shedder = Shedder::with_clock(s.shedding, clock.clone());
         let intake = Intake::new(s.limits, s.timeouts, clock.clone());
         let limiter = RateLimiter::new(config.limits.clone(), MemoryStore::new(), clock);

@@ -98,9 +98,9 @@ impl Who {
             publish: true,
         }
     }
-    fn owned(key: String, plan: usize, publish: bool) -> Who {
+    fn owned(key: String, plan: usize, publish: bool, hasher: &crate::KeyHasher) -> Who {
         Who {
-            hash: KeyHash::of(&key),
+            hash: hasher.hash(&key),
             key: StoreKey::Owned(key),
             plan,
             publish,
@@ -792,7 +792,7 @@ fn who<B>(
         client_ip(headers, peer, &lim.trusted)
     };
     let anon_key = || ip().map_or_else(|| "ip:unknown".to_string(), ip_key);
-    let anonymous = |plan: usize| Who::owned(anon_key(), plan, false);
+    let anonymous = |plan: usize| Who::owned(anon_key(), plan, false, &lim.hasher);
     if route.anonymous {
         // the build makes sure an anonymous route has a plan
         return (
@@ -823,7 +823,7 @@ fn who<B>(
                 return (Some(Who::configured(lim, i)), None);
             }
             return match lim.default_plan {
-                Some(plan) => (Some(Who::owned(k, plan, true)), None),
+                Some(plan) => (Some(Who::owned(k, plan, true, &lim.hasher)), None),
                 None => stranger(Stranger::Unknown),
             };
         }
@@ -843,7 +843,7 @@ fn who<B>(
             let mut k = String::with_capacity(prefix.len() + l.len());
             k.push_str(prefix);
             k.push_str(l);
-            (Some(Who::owned(k, plan, true)), None)
+            (Some(Who::owned(k, plan, true, &lim.hasher)), None)
         }
         None => stranger(Stranger::Unknown),
     }

@@ -80,6 +80,7 @@ pub struct LimitsBuilder {
     escalation: EscalationConfig,
     /// Plans whose upstream failures stay charged.
     charged_failures: Vec<String>,
+    hasher: crate::KeyHasher,
 }
 
 impl Default for LimitsBuilder {
@@ -100,11 +101,19 @@ impl Default for LimitsBuilder {
             problem_base: DEFAULT_PROBLEM_BASE.to_string(),
             escalation: EscalationConfig::default(),
             charged_failures: Vec::new(),
+            hasher: crate::KeyHasher::per_process().clone(),
         }
     }
 }
 
 impl LimitsBuilder {
+    /// The hash keys get in logs, soft-limit events and the names a shared
+    /// store gives them (default: [`KeyHasher::per_process`](crate::KeyHasher::per_process)).
+    pub fn key_hasher(mut self, hasher: crate::KeyHasher) -> Self {
+        self.hasher = hasher;
+        self
+    }
+
     /// Whether requests of the plan named `plan` whose upstream answer
     /// never came (the gateway answered `502`/`504` itself: refused,
     /// malformed, timed out) stay charged. By default they are not: the
@@ -218,7 +227,7 @@ impl LimitsBuilder {
                     "a key may not be empty",
                 ));
             }
-            let entry = KeyEntry::new(prefix, k, find(&format!("keys.{k}"), p)?);
+            let entry = KeyEntry::new(prefix, k, find(&format!("keys.{k}"), p)?, &self.hasher);
             match keys.get(k.as_str()) {
                 // a key given twice: the later plan wins
                 Some(&i) => key_entries[i] = entry,
@@ -333,6 +342,7 @@ impl LimitsBuilder {
                 usage_path: self.usage_path,
                 problem_base: self.problem_base,
                 escalation: self.escalation,
+                hasher: self.hasher,
                 generation: super::next_generation(),
             }),
         })

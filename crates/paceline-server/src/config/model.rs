@@ -192,9 +192,16 @@ impl Default for DialectsModel {
 }
 
 impl LimitsConfig {
-    /// Validates into [`Limits`].
+    /// Validates into [`Limits`], keys hashed under this process's random
+    /// secret.
     pub fn build(self) -> Result<Limits, ConfigError> {
-        let mut b = Limits::builder();
+        self.build_with_hasher(crate::KeyHasher::per_process().clone())
+    }
+
+    /// Validates into [`Limits`] whose keys are hashed by `hasher` (a
+    /// deployment's secret).
+    pub fn build_with_hasher(self, hasher: crate::KeyHasher) -> Result<Limits, ConfigError> {
+        let mut b = Limits::builder().key_hasher(hasher);
         for (name, plan) in &self.plans {
             b = b
                 .plan(build_plan(name, plan)?)
