@@ -7,7 +7,9 @@
 //! `paceline gateway --check FILE` reports it without serving.
 //!
 //! The file has a `[gateway]` table (listen address, upstream, store,
-//! timeouts, shedding, webhook, metrics) and, at the top level, the limits
+//! timeouts, shedding, the bounds on what clients may make it hold
+//! (`[gateway.limits]`), webhook, metrics, the key-hash secret's file) and,
+//! at the top level, the limits
 //! model of `paceline-server` (`plans`, `keys`, `routes`, `trusted_proxies`,
 //! `dialects`, ...): this module reads the `[gateway]` table and hands the
 //! rest of the file to [`LimitsConfig`] as it is, so the limits' fields and
