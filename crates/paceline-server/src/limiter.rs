@@ -669,20 +669,27 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
 impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// Gives back an admitted request's charge, its upstream's answer
     /// having never come (unless its plan charges upstream failures).
-    pub(crate) async fn refund(&self, a: &Admitted) {
-        let Some((key, cost, charged)) = &a.refund else {
+    /// The fields of the answer then tell the budget as it stands after.
+    pub(crate) async fn refund(&self, a: &mut Admitted) {
+        let Some((key, cost, charged)) = a.refund.clone() else {
             return;
         };
-        let compiled = &a.limits.inner.plans[a.plan];
+        let limits = a.limits.clone();
+        let compiled = &limits.inner.plans[a.plan];
         let sh = &*self.shared;
         let now = sh.clock.now();
-        match sh
+        let given = sh.store.refund(&compiled.plan, &key, cost, charged, now);
+        if let Err(e) = given.await {
+            tracing::warn!(error = %e, "giving back an upstream failure's charge failed");
+            return;
+        }
+        telemetry::refunded(&compiled.name);
+        // read without charging, for the answer's fields
+        let standing = sh
             .store
-            .refund(&compiled.plan, key, *cost, *charged, now)
-            .await
-        {
-            Ok(()) => telemetry::refunded(&compiled.name),
-            Err(e) => tracing::warn!(error = %e, "giving back an upstream failure's charge failed"),
+            .check_cost(&compiled.plan, &key, Cost::requests(0), now);
+        if let Ok(d) = standing.await {
+            a.decision = d;
         }
     }
 }

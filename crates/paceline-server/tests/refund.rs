@@ -49,6 +49,8 @@ async fn through(limiter: &RateLimiter<MemoryStore, ManualClock>, failed: bool) 
         .unwrap();
     let res = svc.ready().await.unwrap().call(req).await.unwrap();
     assert_eq!(res.status(), 502);
+    // the answer's own fields tell the budget after the refund
+    let field = res.headers()["ratelimit"].to_str().unwrap().to_string();
     drop(res);
     let probe = Request::get("/v1/usage")
         .header("authorization", "Bearer sk_1")
@@ -60,12 +62,17 @@ async fn through(limiter: &RateLimiter<MemoryStore, ManualClock>, failed: bool) 
         .unwrap()
         .to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    v["limits"]
+    let left: Vec<u64> = v["limits"]
         .as_array()
         .unwrap()
         .iter()
         .map(|l| l["r"].as_u64().unwrap())
-        .collect()
+        .collect();
+    assert!(
+        field.contains(&format!("\"burst\";r={};", left[0])),
+        "{field} {left:?}"
+    );
+    left
 }
 
 #[tokio::test]
