@@ -792,6 +792,38 @@ mod tests {
         assert!(p.next_look(at) <= Duration::from_secs(5));
     }
 
+    proptest::proptest! {
+        /// A body that keeps the least rate (each piece at least as large
+        /// as the time since the last one asks for) is never judged slow,
+        /// however its pieces are spaced; one that stops is, within a
+        /// window and a quarter of its last piece.
+        #[test]
+        fn a_body_at_the_rate_is_never_slow_and_a_stopped_one_is(
+            gaps in proptest::collection::vec(1u64..3_000, 1..200),
+            rate in 1u64..100_000,
+        ) {
+            let t = timeouts(100_000, 4, 2);
+            let start = Nanos::new(1_000 * S);
+            let mut p = Pace::new(start, &t, rate);
+            let mut now = start;
+            for gap_ms in gaps {
+                // waited on the client for the gap, judged along the way
+                for k in 1..=4 {
+                    let at = now.saturating_add(Nanos::from_millis(gap_ms * k / 4));
+                    proptest::prop_assert_eq!(p.check(at), Ok(()));
+                }
+                now = now.saturating_add(Nanos::from_millis(gap_ms));
+                // the piece pays for its gap, and for a whole window when
+                // the gap was longer
+                let ms = gap_ms.max(4_000);
+                p.on_data(now, (rate * ms).div_ceil(1_000));
+                proptest::prop_assert_eq!(p.check(now), Ok(()));
+            }
+            let stopped = now.saturating_add(Nanos::from_millis(5_001));
+            proptest::prop_assert_eq!(p.check(stopped), Err(Breach::Slow));
+        }
+    }
+
     #[test]
     fn samples_stay_bounded() {
         let t = timeouts(300, 8, 0);
