@@ -84,6 +84,73 @@ pub(crate) fn release(policy: &Policy, words: &mut [u64], amount: u64) {
     }
 }
 
+/// Gives back `cost` units charged at `charged`, at `now` (a request whose
+/// answer never came): a token bucket is credited, never past full; a
+/// fixed window only while it is still the window of the charge; a
+/// sliding counter in the sub-window the charge went to (the current or
+/// the previous one); a sliding log loses up to `cost` entries stamped
+/// with the charge's instant. A concurrency cap is untouched: its lease
+/// gives its units back.
+pub(crate) fn refund(policy: &Policy, words: &mut [u64], charged: u64, now: u64, cost: u64) {
+    if cost == 0 {
+        return;
+    }
+    match policy.algorithm() {
+        Algorithm::TokenBucket => {
+            if words[0] > now {
+                let t = policy.emission_ns();
+                words[0] = words[0].saturating_sub(cost.saturating_mul(t)).max(now);
+            }
+        }
+        Algorithm::FixedWindow { offset_s } => {
+            let offset = offset_s * 1_000_000_000;
+            let idx = window_index(policy, charged, offset);
+            if idx != window_index(policy, now, offset) {
+                return;
+            }
+            let count = window_count(words[0], idx);
+            if count > 0 {
+                words[0] = pack_window(idx, count.saturating_sub(cost));
+            }
+        }
+        Algorithm::SlidingCounter => {
+            let idx = policy.per_window(charged);
+            if words[0] == idx {
+                words[1] = words[1].saturating_sub(cost);
+            } else if words[0] == idx + 1 {
+                words[2] = words[2].saturating_sub(cost);
+            }
+        }
+        Algorithm::SlidingLog => {
+            let stamp = charged + 1;
+            let mut left = cost;
+            for w in words[1..].iter_mut() {
+                if left == 0 {
+                    break;
+                }
+                if *w == stamp {
+                    *w = 0;
+                    left -= 1;
+                }
+            }
+            if left == cost {
+                return;
+            }
+            // packed again oldest first, so the next charge takes an empty
+            // slot before overwriting the oldest entry
+            let mut live: smallvec::SmallVec<[u64; 64]> =
+                words[1..].iter().copied().filter(|&t| t != 0).collect();
+            live.sort_unstable();
+            let q = words.len() - 1;
+            for (i, w) in words[1..].iter_mut().enumerate() {
+                *w = live.get(i).copied().unwrap_or(0);
+            }
+            words[0] = (live.len() % q) as u64;
+        }
+        Algorithm::Concurrency => {}
+    }
+}
+
 /// True when the state says nothing a fresh (all-zero) state would not:
 /// the key can be forgotten without changing any future decision.
 pub(crate) fn at_rest(policy: &Policy, words: &[u64], now: u64) -> bool {

@@ -109,6 +109,36 @@ pub fn check_words(
     (Decision { outcome, statuses }, Nanos::new(rest_at))
 }
 
+/// Gives back `cost`, charged at `charged`, to every policy of `plan` in
+/// `words` at `now` (see [`Store::refund`](crate::Store::refund) for what
+/// each algorithm gives back). Shadow policies are left as they are: they
+/// may not have been charged, and they never refuse anyone.
+///
+/// ```
+/// use paceline_core::{check_words, refund_words, Cost, Plan, Policy, Nanos};
+///
+/// let plan = Plan::new("free", vec![Policy::daily("daily", 10).unwrap()]).unwrap();
+/// let mut state = vec![0u64; plan.state_words()];
+/// let now = Nanos::from_secs(1_700_000_000);
+/// check_words(&plan, &mut state, now, 3);
+/// refund_words(&plan, &mut state, Cost::requests(3), now, now);
+/// let (d, _) = check_words(&plan, &mut state, now, 0);
+/// assert_eq!(d.statuses[0].remaining, 10);
+/// ```
+pub fn refund_words(plan: &Plan, words: &mut [u64], cost: Cost, charged: Nanos, now: Nanos) {
+    for (p, &(a, b)) in plan.policies().iter().zip(plan.spans()) {
+        if !p.is_shadow() {
+            algorithm::refund(
+                p,
+                &mut words[a..b],
+                charged.as_u64(),
+                now.as_u64(),
+                cost.of(p),
+            );
+        }
+    }
+}
+
 /// What a request costs, per unit a policy may count in.
 ///
 /// Policies counting requests (and concurrency caps) are charged

@@ -82,6 +82,34 @@ pub trait Store: Send + Sync + 'static {
         amount: u64,
         now: Nanos,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Gives back, at `now`, a `cost` that [`Store::check_cost`] charged
+    /// `key` at `charged` (a request admitted whose answer never came, say
+    /// the upstream failed). Each policy gives back what it can without
+    /// inventing room it never had:
+    ///
+    /// - token bucket (GCRA): the cost is credited, never past a full
+    ///   bucket;
+    /// - fixed and calendar windows: only while the window of the charge
+    ///   is still the current one;
+    /// - sliding counter: in the sub-window the charge went to;
+    /// - sliding log: the entries stamped with the charge's instant;
+    /// - concurrency: nothing (the request's lease gives its units back);
+    /// - shadow policies: nothing.
+    ///
+    /// The default gives nothing back, so a store that cannot refund
+    /// still compiles and charges as before.
+    fn refund(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        charged: Nanos,
+        now: Nanos,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (plan, key, cost, charged, now);
+        std::future::ready(Ok(()))
+    }
 }
 
 /// Settings of a [`MemoryStore`].
@@ -452,6 +480,62 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// The synchronous refund (see [`Store::refund`]).
+    pub fn refund_sync(&self, plan: &Plan, key: &str, cost: Cost, charged: Nanos, now: Nanos) {
+        let h = self.hash(plan, key);
+        let shard = self.shard(h);
+        if plan.state_words() == 1 {
+            let one = read(&shard.one);
+            let Some(slot) = one.t2.get(&h) else {
+                return;
+            };
+            loop {
+                let old = slot[1].load(Ordering::Acquire);
+                // at rest: nothing is charged any more
+                if slot[0].load(Ordering::Acquire) <= now.as_u64() {
+                    return;
+                }
+                let mut w = [old];
+                crate::check::refund_words(plan, &mut w, cost, charged, now);
+                if w[0] == old
+                    || slot[1]
+                        .compare_exchange_weak(old, w[0], Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    return;
+                }
+            }
+        }
+        let mut g = shard.rows.write();
+        let g = &mut *g;
+        match plan.state_words() + 1 {
+            3 => refund_in(&mut g.t3, h, plan, cost, charged, now),
+            4 => refund_in(&mut g.t4, h, plan, cost, charged, now),
+            _ => refund_in(&mut g.tn, h, plan, cost, charged, now),
+        }
+    }
+}
+
+fn refund_in<S: Slot>(
+    table: &mut Table<S>,
+    h: u128,
+    plan: &Plan,
+    cost: Cost,
+    charged: Nanos,
+    now: Nanos,
+) {
+    let Some(slot) = table.get_mut(&h) else {
+        return;
+    };
+    let w = slot.words_mut();
+    // another layout, or at rest: nothing is charged any more
+    if w.len() != plan.state_words() + 1 || w[0] <= now.as_u64() {
+        return;
+    }
+    crate::check::refund_words(plan, &mut w[1..], cost, charged, now);
+}
+
 /// Checks in one table; also says whether the key was inserted.
 /// `Err(StoreError::Full)`: a new key whose state matters found no `room`
 /// (the caller sweeps the whole shard and tries once more).
@@ -661,6 +745,18 @@ impl Store for MemoryStore {
         now: Nanos,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.release_sync(plan, key, amount, now);
+        std::future::ready(Ok(()))
+    }
+
+    fn refund(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        charged: Nanos,
+        now: Nanos,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.refund_sync(plan, key, cost, charged, now);
         std::future::ready(Ok(()))
     }
 }

@@ -7,7 +7,9 @@
 //! `paceline gateway --check FILE` reports it without serving.
 //!
 //! The file has a `[gateway]` table (listen address, upstream, store,
-//! timeouts, shedding, webhook, metrics) and, at the top level, the limits
+//! timeouts, shedding, the bounds on what clients may make it hold
+//! (`[gateway.limits]`), webhook, metrics, the key-hash secret's file) and,
+//! at the top level, the limits
 //! model of `paceline-server` (`plans`, `keys`, `routes`, `trusted_proxies`,
 //! `dialects`, ...): this module reads the `[gateway]` table and hands the
 //! rest of the file to [`LimitsConfig`] as it is, so the limits' fields and
@@ -45,7 +47,7 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use http::Uri;
-use paceline_server::{ConfigErrorKind as Kind, Limits, LimitsConfig};
+use paceline_server::{ConfigErrorKind as Kind, KeyHasher, Limits, LimitsConfig};
 use serde::{Deserialize, Deserializer};
 
 use crate::locate::Doc;
@@ -141,6 +143,17 @@ pub struct Timeouts {
     pub pool_idle: Duration,
     /// Waiting for in-flight requests on shutdown.
     pub shutdown: Duration,
+    /// The longest a whole request body may take to arrive, counted from
+    /// its head (`request_body_ms`): past it the request is answered `408`
+    /// (or, once an answer has started, cut off) and the connection closed.
+    pub request_body: Duration,
+    /// The window a request body's rate is measured over
+    /// (`body_rate_window_ms`; see [`GatewayLimits::min_body_rate`]).
+    pub body_rate_window: Duration,
+    /// How long a request body may take before its rate is first measured
+    /// (`body_rate_grace_ms`): a client's first bytes are not held to the
+    /// minimum rate.
+    pub body_rate_grace: Duration,
 }
 
 impl Default for Timeouts {
@@ -152,9 +165,63 @@ impl Default for Timeouts {
             body_idle: Duration::from_secs(30),
             pool_idle: Duration::from_secs(60),
             shutdown: Duration::from_secs(30),
+            request_body: Duration::from_secs(300),
+            body_rate_window: Duration::from_secs(10),
+            body_rate_grace: Duration::from_secs(10),
         }
     }
 }
+
+/// Bounds on what clients may make the gateway hold (the
+/// `[gateway.limits]` table): memory in unfinished heads and request
+/// bodies, and how many requests may still be receiving their bodies.
+///
+/// A request whose body has not all arrived with its head first goes
+/// through an intake: it takes a *receiving* place (at most
+/// [`max_receiving`](Self::max_receiving) overall and
+/// [`max_receiving_per_ip`](Self::max_receiving_per_ip) per client
+/// address) and only once [`intake_bytes`](Self::intake_bytes) of its body
+/// (or all of it) have arrived is it handed to the shedder, which counts
+/// it in flight, and on to the upstream. A sender too slow to fill its
+/// intake in time never holds an in-flight place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatewayLimits {
+    /// The most bytes held at once across all connections in unfinished
+    /// request heads and request bodies waiting in their intake
+    /// (`max_buffered_bytes`). Past it a connection with no request in
+    /// flight is closed before more is read, and a new body intake is
+    /// answered `503 overloaded`.
+    pub max_buffered_bytes: usize,
+    /// The most requests receiving their bodies at once (`max_receiving`);
+    /// past it a request whose body has still to arrive is answered `503`.
+    pub max_receiving: u32,
+    /// The most requests from one client address receiving their bodies
+    /// at once (`max_receiving_per_ip`).
+    pub max_receiving_per_ip: u32,
+    /// How much of a body must arrive before its request is handed on
+    /// (`intake_bytes`; a shorter body: all of it).
+    pub intake_bytes: usize,
+    /// The least rate a request body must keep, in bytes per second,
+    /// measured over [`Timeouts::body_rate_window`] once
+    /// [`Timeouts::body_rate_grace`] has passed (`min_body_rate`); 0 turns
+    /// the rule off. A body slower than this is answered `408`.
+    pub min_body_rate: u64,
+}
+
+impl Default for GatewayLimits {
+    fn default() -> Self {
+        GatewayLimits {
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            max_receiving: 1024,
+            max_receiving_per_ip: 64,
+            intake_bytes: 16 * 1024,
+            min_body_rate: 1024,
+        }
+    }
+}
+
+/// The default of `gateway.limits.max_buffered_bytes`: 64 MiB.
+pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 64 * 1024 * 1024;
 
 /// When to shed load, and what to keep for critical work.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -216,6 +283,8 @@ pub struct Settings {
     /// `431` and the connection closed. `gateway.max_head_bytes`, by
     /// default [`DEFAULT_MAX_HEAD_BYTES`].
     pub max_head_bytes: usize,
+    /// Bounds on buffered bytes and bodies still arriving.
+    pub limits: GatewayLimits,
 }
 
 /// A loaded, validated configuration.
@@ -262,6 +331,8 @@ struct GatewayModel {
     soft_limit_webhook: Option<String>,
     #[serde(default)]
     keys_file: Option<String>,
+    #[serde(default)]
+    key_hash_secret_file: Option<String>,
     #[serde(default = "yes")]
     watch: bool,
     #[serde(default)]
@@ -270,6 +341,18 @@ struct GatewayModel {
     timeouts: TimeoutsModel,
     #[serde(default)]
     shedding: SheddingModel,
+    #[serde(default)]
+    limits: LimitsModel,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct LimitsModel {
+    max_buffered_bytes: Option<u64>,
+    max_receiving: Option<u32>,
+    max_receiving_per_ip: Option<u32>,
+    intake_bytes: Option<u64>,
+    min_body_rate: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -285,6 +368,9 @@ struct TimeoutsModel {
     body_idle_ms: Option<u64>,
     pool_idle_ms: Option<u64>,
     shutdown_ms: Option<u64>,
+    request_body_ms: Option<u64>,
+    body_rate_window_ms: Option<u64>,
+    body_rate_grace_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -415,12 +501,30 @@ impl GatewayConfig {
         Ok(cfg)
     }
 
-    /// Validates a configuration text named `name`; a keys file is looked
-    /// up relative to `dir` (or the working directory).
+    /// Validates a configuration text named `name`; a keys file and a
+    /// key-hash secret file are looked up relative to `dir` (or the
+    /// working directory), and the environment is read for
+    /// [`KEY_HASH_SECRET_ENV`].
     pub fn parse(
         text: &str,
         name: &str,
         dir: Option<&Path>,
+    ) -> Result<GatewayConfig, ConfigFileError> {
+        GatewayConfig::parse_with_env(text, name, dir, &|var| std::env::var(var).ok())
+    }
+
+    /// [`GatewayConfig::parse`] with the environment read through `env`.
+    ///
+    /// The secret keys are hashed under, for logs, soft-limit events and
+    /// store key names: the file `gateway.key_hash_secret_file` names if
+    /// set, else [`KEY_HASH_SECRET_ENV`] if set, else a random secret made
+    /// once per process (stated when the gateway starts). A secret shorter
+    /// than [`paceline_server::MIN_KEY_HASH_SECRET_BYTES`] is refused.
+    pub fn parse_with_env(
+        text: &str,
+        name: &str,
+        dir: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<GatewayConfig, ConfigFileError> {
         let src = Source::new(name, text);
         let FileModel {
@@ -457,7 +561,8 @@ impl GatewayConfig {
             sources.push(path);
             keys_src = Some(ks);
         }
-        let limits = model.build().map_err(|e| {
+        let hasher = key_hasher(&src, gateway.key_hash_secret_file.as_deref(), dir, env)?;
+        let limits = model.build_with_hasher(hasher).map_err(|e| {
             let field = e.field();
             // a key that came from the keys file is reported there
             if let (Some(ks), Some(k)) = (&keys_src, field.strip_prefix("keys.")) {
@@ -475,6 +580,51 @@ impl GatewayConfig {
             sources,
         })
     }
+}
+
+/// The environment variable a key-hash secret may come from.
+pub const KEY_HASH_SECRET_ENV: &str = "PACELINE_KEY_HASH_SECRET";
+
+fn key_hasher(
+    src: &Source<'_>,
+    file: Option<&str>,
+    dir: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<KeyHasher, ConfigFileError> {
+    const FIELD: &str = "gateway.key_hash_secret_file";
+    if let Some(file) = file {
+        let path = dir.unwrap_or(Path::new("")).join(file);
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(&path).map_err(|e| {
+            src.at_field(
+                Kind::Unreadable,
+                FIELD,
+                format!("cannot read {shown}: {e}; expected a file holding the secret"),
+            )
+        })?;
+        // a line ending is not part of the secret
+        let end = bytes
+            .iter()
+            .rposition(|b| !matches!(b, b'\n' | b'\r'))
+            .map_or(0, |i| i + 1);
+        return KeyHasher::from_secret(&bytes[..end], &format!("{FIELD} ({shown})"))
+            .map_err(|e| src.at_field(Kind::OutOfRange, FIELD, format!("{shown}: {e}")));
+    }
+    if let Some(v) = env(KEY_HASH_SECRET_ENV) {
+        return KeyHasher::from_secret(
+            v.as_bytes(),
+            &format!("the environment ({KEY_HASH_SECRET_ENV})"),
+        )
+        .map_err(|e| ConfigFileError {
+            kind: Kind::OutOfRange,
+            file: src.name.to_string(),
+            line: 0,
+            column: 0,
+            field: KEY_HASH_SECRET_ENV.to_string(),
+            message: e.to_string(),
+        });
+    }
+    Ok(KeyHasher::per_process().clone())
 }
 
 fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileError> {
@@ -535,6 +685,66 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
         shedding: shedding(src, &g.shedding)?,
         watch: g.watch,
         max_head_bytes: max_head_bytes(src, g.max_head_bytes)?,
+        limits: limits(src, &g.limits)?,
+    })
+}
+
+/// The smallest `gateway.limits.max_buffered_bytes`: one largest head.
+pub const MIN_MAX_BUFFERED_BYTES: usize = MAX_MAX_HEAD_BYTES;
+
+fn limits(src: &Source<'_>, l: &LimitsModel) -> Result<GatewayLimits, ConfigFileError> {
+    let d = GatewayLimits::default();
+    let field = |f: &str| format!("gateway.limits.{f}");
+    let max_buffered_bytes = match l.max_buffered_bytes {
+        None => d.max_buffered_bytes,
+        Some(n) if n >= MIN_MAX_BUFFERED_BYTES as u64 && n <= usize::MAX as u64 => n as usize,
+        Some(n) => {
+            return Err(src.at_field(
+                Kind::OutOfRange,
+                &field("max_buffered_bytes"),
+                format!(
+                    "{n} bytes is below {MIN_MAX_BUFFERED_BYTES} (one largest request head); the default is {DEFAULT_MAX_BUFFERED_BYTES} (64 MiB)"
+                ),
+            ))
+        }
+    };
+    let count = |f: &str, v: Option<u32>, default: u32| match v {
+        None => Ok(default),
+        Some(0) => Err(src.at_field(
+            Kind::OutOfRange,
+            &field(f),
+            format!(
+                "0 would refuse every request with a body; expected at least 1 (default {default})"
+            ),
+        )),
+        Some(n) => Ok(n),
+    };
+    let max_receiving = count("max_receiving", l.max_receiving, d.max_receiving)?;
+    let max_receiving_per_ip = count(
+        "max_receiving_per_ip",
+        l.max_receiving_per_ip,
+        d.max_receiving_per_ip,
+    )?;
+    let intake_bytes = match l.intake_bytes {
+        None => d.intake_bytes,
+        Some(n) if (1..=max_buffered_bytes as u64).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(src.at_field(
+                Kind::OutOfRange,
+                &field("intake_bytes"),
+                format!(
+                "{n} is outside 1..={max_buffered_bytes} (max_buffered_bytes); the default is {}",
+                d.intake_bytes
+            ),
+            ))
+        }
+    };
+    Ok(GatewayLimits {
+        max_buffered_bytes,
+        max_receiving,
+        max_receiving_per_ip,
+        intake_bytes,
+        min_body_rate: l.min_body_rate.unwrap_or(d.min_body_rate),
     })
 }
 
@@ -577,6 +787,17 @@ fn timeouts(src: &Source<'_>, t: &TimeoutsModel) -> Result<Timeouts, ConfigFileE
         body_idle: ms("body_idle_ms", t.body_idle_ms, d.body_idle)?,
         pool_idle: ms("pool_idle_ms", t.pool_idle_ms, d.pool_idle)?,
         shutdown: ms("shutdown_ms", t.shutdown_ms, d.shutdown)?,
+        request_body: ms("request_body_ms", t.request_body_ms, d.request_body)?,
+        body_rate_window: ms(
+            "body_rate_window_ms",
+            t.body_rate_window_ms,
+            d.body_rate_window,
+        )?,
+        body_rate_grace: ms(
+            "body_rate_grace_ms",
+            t.body_rate_grace_ms,
+            d.body_rate_grace,
+        )?,
     })
 }
 
@@ -748,6 +969,126 @@ criticality = "SHEDDABLE"
         let text = GOOD.replacen("[gateway]\n", "[gateway]\nmax_head_bytes = 16384\n", 1);
         let c = GatewayConfig::parse(&text, "t.toml", None).unwrap();
         assert_eq!(c.settings.max_head_bytes, 16384);
+    }
+
+    #[test]
+    fn the_body_and_memory_bounds_have_defaults_and_are_checked() {
+        let c = GatewayConfig::parse(GOOD, "t.toml", None).unwrap();
+        let (t, l) = (c.settings.timeouts, c.settings.limits);
+        assert_eq!(t.request_body, Duration::from_secs(300));
+        assert_eq!(t.body_rate_window, Duration::from_secs(10));
+        assert_eq!(t.body_rate_grace, Duration::from_secs(10));
+        assert_eq!(l, GatewayLimits::default());
+        assert_eq!(l.max_buffered_bytes, 64 * 1024 * 1024);
+        assert_eq!(
+            (
+                l.max_receiving,
+                l.max_receiving_per_ip,
+                l.intake_bytes,
+                l.min_body_rate
+            ),
+            (1024, 64, 16 * 1024, 1024)
+        );
+        let with =
+            |table: &str| GOOD.replacen("[plans.free]", &format!("{table}\n[plans.free]"), 1);
+        let text = with("[gateway.limits]\nmax_buffered_bytes = 2097152\nmin_body_rate = 0\nintake_bytes = 100\n[gateway.timeouts]\nrequest_body_ms = 1500");
+        let c = GatewayConfig::parse(&text, "t.toml", None).unwrap();
+        assert_eq!(c.settings.limits.max_buffered_bytes, 2 * 1024 * 1024);
+        assert_eq!(c.settings.limits.min_body_rate, 0);
+        assert_eq!(c.settings.limits.intake_bytes, 100);
+        assert_eq!(
+            c.settings.timeouts.request_body,
+            Duration::from_millis(1500)
+        );
+        for (table, field) in [
+            (
+                "[gateway.limits]\nmax_buffered_bytes = 1000",
+                "gateway.limits.max_buffered_bytes",
+            ),
+            (
+                "[gateway.limits]\nmax_receiving = 0",
+                "gateway.limits.max_receiving",
+            ),
+            (
+                "[gateway.limits]\nmax_receiving_per_ip = 0",
+                "gateway.limits.max_receiving_per_ip",
+            ),
+            (
+                "[gateway.limits]\nintake_bytes = 0",
+                "gateway.limits.intake_bytes",
+            ),
+            (
+                "[gateway.timeouts]\nrequest_body_ms = 0",
+                "gateway.timeouts.request_body_ms",
+            ),
+            (
+                "[gateway.timeouts]\nbody_rate_window_ms = 0",
+                "gateway.timeouts.body_rate_window_ms",
+            ),
+        ] {
+            let e = err(&with(table));
+            assert_eq!((e.kind(), e.field()), (Kind::OutOfRange, field), "{e}");
+        }
+        let e = err(&with("[gateway.limits]\nmax_bufered_bytes = 1"));
+        assert_eq!(e.kind(), Kind::UnknownField, "{e}");
+    }
+
+    #[test]
+    fn the_key_hash_secret_comes_from_the_file_then_the_environment() {
+        let dir = std::env::temp_dir().join(format!("pl-gw-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file_secret = "file-secret-0123456789";
+        let env_secret = "env-secret-0123456789";
+        std::fs::write(dir.join("secret"), format!("{file_secret}\n")).unwrap();
+        let with_file = GOOD.replacen(
+            "[gateway]\n",
+            "[gateway]\nkey_hash_secret_file = \"secret\"\n",
+            1,
+        );
+        let env = |v: &str| (v == KEY_HASH_SECRET_ENV).then(|| env_secret.to_string());
+        let none = |_: &str| None;
+        let hash = |text: &str, env: &dyn Fn(&str) -> Option<String>| {
+            let c = GatewayConfig::parse_with_env(text, "t.toml", Some(&dir), env).unwrap();
+            c.limits.key_hasher().hash("sk_1")
+        };
+        let by = |s: &str| {
+            KeyHasher::from_secret(s.as_bytes(), "x")
+                .unwrap()
+                .hash("sk_1")
+        };
+        // the file beats the environment, which beats the random default
+        assert_eq!(hash(&with_file, &env), by(file_secret));
+        assert_eq!(hash(&with_file, &none), by(file_secret));
+        assert_eq!(hash(GOOD, &env), by(env_secret));
+        assert_eq!(hash(GOOD, &none), KeyHasher::per_process().hash("sk_1"));
+        assert_ne!(by(file_secret), by(env_secret));
+        // the configured keys are hashed with it too: the same on a reload
+        assert_eq!(hash(GOOD, &env), hash(GOOD, &env));
+        // too short, from either place: refused (as --check does)
+        std::fs::write(dir.join("secret"), "short\n").unwrap();
+        let e = GatewayConfig::parse_with_env(&with_file, "t.toml", Some(&dir), &none).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::OutOfRange, "gateway.key_hash_secret_file"),
+            "{e}"
+        );
+        assert!(e.message().contains("at least 16"), "{e}");
+        assert!(!e.to_string().contains("short\n"), "{e}");
+        let short = |_: &str| Some("tiny".to_string());
+        let e = GatewayConfig::parse_with_env(GOOD, "t.toml", Some(&dir), &short).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::OutOfRange, KEY_HASH_SECRET_ENV),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("tiny"), "{e}");
+        std::fs::remove_file(dir.join("secret")).unwrap();
+        let e = GatewayConfig::parse_with_env(&with_file, "t.toml", Some(&dir), &none).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::Unreadable, "gateway.key_hash_secret_file")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

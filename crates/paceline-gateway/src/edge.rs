@@ -15,9 +15,18 @@
 //! gateway's problem answer goes out in place of hyper's, or, for any
 //! other ending, the held bytes as they were. Every other write passes
 //! straight through after a ten-byte comparison.
+//!
+//! The wrapper also counts the bytes of unfinished request heads in the
+//! gateway's memory gauge ([`Buffered`]): what it reads while no request
+//! is in flight on its connection is a head in the making, held until the
+//! head is handed to the service ([`HeadBytes::dispatched`]). When the
+//! gauge is at its bound, such a read is refused and the connection closed
+//! before anything more is read.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,6 +36,38 @@ use paceline_wire::problem::{self, Problem, ProblemKind};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
+
+use crate::idle::Activity;
+use crate::intake::Buffered;
+
+/// The bytes of a connection's unfinished head counted in the gauge.
+#[derive(Debug)]
+pub(crate) struct HeadBytes {
+    pending: AtomicUsize,
+    gauge: Arc<Buffered>,
+}
+
+impl HeadBytes {
+    pub(crate) fn new(gauge: Arc<Buffered>) -> Arc<HeadBytes> {
+        Arc::new(HeadBytes {
+            pending: AtomicUsize::new(0),
+            gauge,
+        })
+    }
+
+    /// The head read so far went to the service: its bytes are no longer
+    /// held for an unfinished head.
+    pub(crate) fn dispatched(&self) {
+        let n = self.pending.swap(0, Ordering::AcqRel);
+        self.gauge.give_back(n);
+    }
+}
+
+/// The gauge's part of a connection's socket.
+pub(crate) struct Metered {
+    pub(crate) head: Arc<HeadBytes>,
+    pub(crate) activity: Arc<Activity>,
+}
 
 /// The longest write taken for one of hyper's own answers.
 const MAX_OWN_ANSWER: usize = 256;
@@ -48,6 +89,7 @@ pub(crate) struct EdgeIo {
     /// the read buffer, a bad length has not.
     read_since_write: usize,
     left: Option<oneshot::Sender<Left>>,
+    metered: Option<Metered>,
 }
 
 impl EdgeIo {
@@ -60,8 +102,51 @@ impl EdgeIo {
             held: Vec::new(),
             read_since_write: 0,
             left: Some(tx),
+            metered: None,
         };
         (io, rx)
+    }
+
+    /// Counts what is read for unfinished heads in the gauge of `m`.
+    pub(crate) fn metered(mut self, m: Metered) -> Self {
+        self.metered = Some(m);
+        self
+    }
+
+    /// A read while a head is in the making: within the gauge's bound, or
+    /// refused (the end of the stream: hyper closes the connection).
+    #[cold]
+    fn poll_read_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let (gauge, head) = {
+            let m = self.metered.as_ref().expect("metered");
+            (m.head.gauge.clone(), m.head.clone())
+        };
+        let want = buf.remaining();
+        let got = gauge.reserve_up_to(want);
+        if got == 0 {
+            tracing::debug!("buffered bytes at their bound: connection closed");
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let r = if got == want {
+            self.io().poll_read(cx, buf)
+        } else {
+            // near the bound: read no more than the room there is
+            let mut room = vec![0u8; got];
+            let mut small = ReadBuf::new(&mut room);
+            let r = self.io().poll_read(cx, &mut small);
+            buf.put_slice(small.filled());
+            r
+        };
+        let n = buf.filled().len() - before;
+        head.pending.fetch_add(n, Ordering::AcqRel);
+        gauge.give_back(got - n);
+        self.read_since_write += n;
+        r
     }
 
     fn io(&mut self) -> Pin<&mut TcpStream> {
@@ -120,6 +205,13 @@ impl AsyncRead for EdgeIo {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         std::task::ready!(this.release(cx))?;
+        if this
+            .metered
+            .as_ref()
+            .is_some_and(|m| m.activity.in_flight() == 0)
+        {
+            return this.poll_read_head(cx, buf);
+        }
         let before = buf.filled().len();
         let r = this.io().poll_read(cx, buf);
         this.read_since_write += buf.filled().len() - before;
@@ -164,6 +256,9 @@ impl AsyncWrite for EdgeIo {
 
 impl Drop for EdgeIo {
     fn drop(&mut self) {
+        if let Some(m) = &self.metered {
+            m.head.dispatched();
+        }
         if self.held.is_empty() {
             return;
         }

@@ -46,6 +46,11 @@ impl Activity {
         Busy(self.clone())
     }
 
+    /// Requests in flight now.
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
     /// Completes once no request has been in flight for `bound`.
     pub(crate) async fn idle_for(&self, bound: Duration) {
         let sleep = tokio::time::sleep_until(self.base + bound);

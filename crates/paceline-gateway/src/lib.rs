@@ -26,6 +26,10 @@
 //!     ▼
 //!  server.rs   bind, accept, one stack per connection, reload, shutdown
 //!     │  idle.rs (a connection with nothing in flight too long is closed)
+//!     │  edge.rs (the socket: hyper's own refusals, unfinished heads counted)
+//!     ▼
+//!  intake.rs   a body still to come: a receiving place, its first bytes
+//!     │        in, its deadlines (least rate, whole body), the memory bound
 //!     ▼
 //!  shed/ service.rs (LoadShed: classify once, admit or 503, time the inner call)
 //!        mod.rs     (Shedder: in-flight units by criticality, latency rule)
@@ -71,6 +75,7 @@
 mod config;
 mod edge;
 mod idle;
+mod intake;
 mod locate;
 pub mod metrics;
 mod proxy;
@@ -81,8 +86,9 @@ mod upstream;
 mod webhook;
 
 pub use config::{
-    ConfigFileError, GatewayConfig, Settings, SheddingSettings, StoreKind, Timeouts,
-    DEFAULT_MAX_HEAD_BYTES, MAX_MAX_HEAD_BYTES, MIN_MAX_HEAD_BYTES,
+    ConfigFileError, GatewayConfig, GatewayLimits, Settings, SheddingSettings, StoreKind, Timeouts,
+    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HEAD_BYTES, KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES,
+    MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
 };
 pub use server::{
     shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback, ReloadEvent,

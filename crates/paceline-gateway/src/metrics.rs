@@ -7,6 +7,8 @@
 //! | `paceline_gateway_upstream_seconds` | histogram | — |
 //! | `paceline_gateway_upstream_errors_total` | counter | `kind` (`connect`, `request`, `timeout`, `body_idle`) |
 //! | `paceline_gateway_reloads_total` | counter | `result` (`applied`, `refused`) |
+//! | `paceline_gateway_request_body_deadlines_total` | counter | `deadline` (`total`, `rate`) |
+//! | `paceline_gateway_intake_refused_total` | counter | `reason` (`receiving`, `memory`, `idle`) |
 //!
 //! plus every series of [`paceline_server::telemetry`].
 
@@ -23,6 +25,22 @@ pub const UPSTREAM_SECONDS: &str = "paceline_gateway_upstream_seconds";
 pub const UPSTREAM_ERRORS: &str = "paceline_gateway_upstream_errors_total";
 /// Configuration reloads, by result.
 pub const RELOADS: &str = "paceline_gateway_reloads_total";
+/// Request bodies cut off by a deadline, by deadline.
+pub const BODY_DEADLINES: &str = "paceline_gateway_request_body_deadlines_total";
+/// Requests refused by the body intake, by reason.
+pub const INTAKE_REFUSED: &str = "paceline_gateway_intake_refused_total";
+
+pub(crate) fn request_body_deadline(b: crate::intake::Breach) {
+    let which = match b {
+        crate::intake::Breach::Total => "total",
+        crate::intake::Breach::Slow => "rate",
+    };
+    metrics::counter!(BODY_DEADLINES, "deadline" => which).increment(1);
+}
+
+pub(crate) fn intake_refused(reason: &'static str) {
+    metrics::counter!(INTAKE_REFUSED, "reason" => reason).increment(1);
+}
 
 pub(crate) fn upstream_latency(d: Duration) {
     metrics::histogram!(UPSTREAM_SECONDS).record(d.as_secs_f64());

@@ -14,7 +14,10 @@
 //! than chunked) gives `502`. A request that a reused connection lost
 //! before any answer came (the upstream closed it while it sat idle) is
 //! sent again on another connection when that is safe: its body is not
-//! streaming, and it is idempotent or none of it was written.
+//! streaming, and it is idempotent or none of it was written. The `502`s
+//! and `504`s written because the upstream's answer never came are marked
+//! [`paceline_server::UpstreamFailed`]: by default their charge is given
+//! back.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,13 +30,13 @@ use bytes::Bytes;
 use http::{Method, Request, Response, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use paceline_core::Clock;
 use paceline_server::PeerAddr;
 use paceline_wire::problem::{self, Problem, ProblemKind};
 use tower_service::Service;
 
 use crate::config::Timeouts;
+use crate::intake::RequestBody;
 use crate::metrics as m;
 use crate::shed::CurrentLimits;
 use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError, Via};
@@ -100,7 +103,7 @@ impl Proxy {
     }
 
     /// Forwards one request.
-    pub(crate) async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+    pub(crate) async fn forward(&self, req: Request<RequestBody>) -> Response<ProxyBody> {
         let this = &*self.inner;
         if req.method() == Method::CONNECT {
             // a tunnel is not a request this proxy forwards
@@ -151,11 +154,11 @@ impl Proxy {
                     true => "The upstream could not be reached.",
                     false => "The upstream failed before answering.",
                 };
-                gateway_error(
+                upstream_failed(gateway_error(
                     (this.limits)().problem_base(),
                     ProblemKind::BadGateway,
                     detail,
-                )
+                ))
             }
             Err(_) => {
                 m::upstream_error("timeout");
@@ -163,34 +166,56 @@ impl Proxy {
                     timeout_ms = this.timeouts.upstream_header.as_millis() as u64,
                     "upstream timed out"
                 );
-                gateway_error(
+                upstream_failed(gateway_error(
                     (this.limits)().problem_base(),
                     ProblemKind::GatewayTimeout,
                     "The upstream did not answer in time.",
-                )
+                ))
             }
         }
     }
 }
 
-/// The answer when the client's own body failed.
+/// Marks a `502`/`504` written because the upstream's answer never came:
+/// the limit layer gives the request's charge back unless its plan
+/// charges upstream failures.
+fn upstream_failed(mut res: Response<ProxyBody>) -> Response<ProxyBody> {
+    res.extensions_mut().insert(paceline_server::UpstreamFailed);
+    res
+}
+
+/// The answer when the client's own body failed: the connection is
+/// closed (what is left of the body is not read), and the upstream
+/// connection it was going to was dropped.
 fn request_body_error(base: &str, e: &BoxError) -> Response<ProxyBody> {
     m::upstream_error("request_body");
-    match e.is::<BodyIdle>() {
-        true => gateway_error(
+    let mut res = if e.is::<BodyIdle>() {
+        gateway_error(
             base,
             ProblemKind::RequestTimeout,
             "The request body stalled longer than allowed.",
-        ),
-        false => gateway_error(
+        )
+    } else if crate::intake::is_deadline(e) {
+        gateway_error(
+            base,
+            ProblemKind::RequestTimeout,
+            "The request body came too slowly or took too long.",
+        )
+    } else {
+        gateway_error(
             base,
             ProblemKind::BadRequest,
             "The request body could not be read.",
-        ),
-    }
+        )
+    };
+    res.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    res
 }
 
-impl Service<Request<Incoming>> for Proxy {
+impl Service<Request<RequestBody>> for Proxy {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
@@ -199,7 +224,7 @@ impl Service<Request<Incoming>> for Proxy {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.forward(req).await) })
     }

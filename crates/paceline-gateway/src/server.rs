@@ -37,11 +37,12 @@ use paceline_server::{Limits, RateLimit, RateLimiter};
 use parking_lot::RwLock;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tower::ServiceExt;
 use tower_layer::Layer;
 
 use crate::config::{ConfigFileError, GatewayConfig, Settings};
+use crate::edge::{HeadBytes, Metered};
 use crate::idle::{Activity, Tracked, TrackedCall};
+use crate::intake::Intake;
 use crate::metrics as m;
 use crate::proxy::{full, Proxy};
 use crate::shed::{CurrentLimits, LoadShedLayer, Shedder};
@@ -111,6 +112,7 @@ impl std::fmt::Debug for GatewayHandle {
 struct HandleInner {
     limiter: GatewayLimiter,
     shedder: Shedder,
+    intake: Intake,
     settings: RwLock<Settings>,
     sources: RwLock<Vec<PathBuf>>,
     stop: watch::Sender<bool>,
@@ -155,7 +157,13 @@ impl Gateway {
             }
             None => None,
         };
+        let hasher = config.limits.key_hasher();
+        match hasher.origin() {
+            paceline_server::SecretOrigin::Random => tracing::warn!("{}", hasher.statement()),
+            _ => tracing::info!("{}", hasher.statement()),
+        }
         let shedder = Shedder::with_clock(s.shedding, clock.clone());
+        let intake = Intake::new(s.limits, s.timeouts, clock.clone());
         let limiter = RateLimiter::new(config.limits.clone(), MemoryStore::new(), clock);
         if let Some(uri) = &s.soft_limit_webhook {
             limiter.set_soft_limit_hook(crate::webhook::webhook(uri.clone()));
@@ -165,6 +173,7 @@ impl Gateway {
             inner: Arc::new(HandleInner {
                 limiter,
                 shedder,
+                intake,
                 settings: RwLock::new(s),
                 sources: RwLock::new(config.sources.clone()),
                 stop,
@@ -283,13 +292,27 @@ impl Gateway {
             let stack = shed.layer(limited.with_peer(peer));
             let activity = Activity::new();
             let watched = activity.clone();
+            let head = HeadBytes::new(h.inner.intake.buffered.clone());
+            let metered = Metered {
+                head: head.clone(),
+                activity: activity.clone(),
+            };
+            let (intake, limits) = (h.inner.intake.clone(), current_limits(&h));
+            let shedder = h.inner.shedder.clone();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let busy = activity.start();
-                let call = stack.clone().oneshot(req);
+                head.dispatched();
+                // a body still to come is taken in before anything counts it
+                let retry = shedder.settings().retry_after_s;
+                let call =
+                    intake
+                        .clone()
+                        .serve(stack.clone(), req, peer.ip(), limits.clone(), retry);
                 let fut: ServeFuture = Box::pin(TrackedCall::new(call, busy));
                 fut
             });
             let (io, left) = crate::edge::EdgeIo::new(stream);
+            let io = io.metered(metered);
             let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
             let conn = graceful.watch(conn);
             let bound = t.client_header;
@@ -343,6 +366,19 @@ impl GatewayHandle {
     /// The shedder.
     pub fn shedder(&self) -> &Shedder {
         &self.inner.shedder
+    }
+
+    /// The bytes held now for clients in unfinished request heads and in
+    /// request bodies waiting in their intake (bounded by
+    /// `gateway.limits.max_buffered_bytes`).
+    pub fn buffered_bytes(&self) -> usize {
+        self.inner.intake.buffered.held()
+    }
+
+    /// The requests receiving their bodies in an intake now (bounded by
+    /// `gateway.limits.max_receiving`).
+    pub fn receiving(&self) -> u32 {
+        self.inner.intake.receiving.taken()
     }
 
     /// Stops accepting and starts the graceful shutdown.
@@ -432,6 +468,7 @@ fn restart_notes(
         // applied: read at every tick of the watcher
         watch: _,
         max_head_bytes,
+        limits: gateway_limits,
     } = new;
     let mut notes = Vec::new();
     let mut note = |name: &str, changed: bool| {
@@ -452,6 +489,7 @@ fn restart_notes(
         "gateway.max_head_bytes",
         old.max_head_bytes != *max_head_bytes,
     );
+    note("gateway.limits", old.limits != *gateway_limits);
     // the limiter keeps these from its construction
     note("escalation", old_limits.escalation() != limits.escalation());
     note("soft_limit", old_limits.soft_limit() != limits.soft_limit());

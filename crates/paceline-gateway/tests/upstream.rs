@@ -187,6 +187,11 @@ listen = "127.0.0.1:0"
 upstream = "http://{}"
 watch = false
 
+# a request goes on once its first bytes are in: an upstream may answer
+# before the rest of its body comes
+[gateway.limits]
+intake_bytes = 1
+
 [plans.open]
 policies = [{{ name = "burst", algorithm = "token_bucket", q = 1000000, w = 1 }}]
 "#,

@@ -291,20 +291,144 @@ pub(crate) fn bearer(v: &HeaderValue) -> Option<&str> {
 }
 
 /// A stable, non-reversible fingerprint of a key for logs and hooks: the
-/// key itself is never logged.
+/// key itself is never logged. Made by a [`KeyHasher`], under a secret.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KeyHash(pub u64);
 
 impl KeyHash {
-    /// Hashes `key` with SipHash-1-3 under a fixed salt.
+    /// Hashes `key` under this process's random secret
+    /// ([`KeyHasher::per_process`]); limits built with a configured secret
+    /// hash with theirs ([`crate::Limits::key_hasher`]).
     pub fn of(key: &str) -> KeyHash {
+        KeyHasher::per_process().hash(key)
+    }
+}
+
+/// The fewest bytes a key-hash secret may have.
+pub const MIN_KEY_HASH_SECRET_BYTES: usize = 16;
+
+/// Where a [`KeyHasher`]'s secret came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SecretOrigin {
+    /// Made at random when the process started: hashes match within this
+    /// process only, not across restarts or instances.
+    Random,
+    /// Given by the deployment (a file or the environment), named here.
+    Configured(String),
+}
+
+/// The keyed hash (SipHash-1-3) that turns keys into [`KeyHash`]es for
+/// logs, soft-limit events and the names a shared store gives keys: with
+/// a secret per deployment, someone holding the logs can neither confirm
+/// a guessed key nor recover a client address from its hash. Its `Debug`
+/// never shows the secret.
+#[derive(Clone)]
+pub struct KeyHasher {
+    keys: (u64, u64),
+    origin: SecretOrigin,
+}
+
+/// A key-hash secret too short to keep hashes unguessable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShortSecret {
+    /// How many bytes it had.
+    pub len: usize,
+}
+
+impl fmt::Display for ShortSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the key-hash secret has {} bytes; it needs at least {MIN_KEY_HASH_SECRET_BYTES} (say, 32 random bytes as hex)",
+            self.len
+        )
+    }
+}
+
+impl std::error::Error for ShortSecret {}
+
+impl KeyHasher {
+    /// A hasher under `secret` (at least [`MIN_KEY_HASH_SECRET_BYTES`]),
+    /// its origin named by `origin` (a file name, an environment
+    /// variable; never the secret).
+    pub fn from_secret(secret: &[u8], origin: &str) -> Result<KeyHasher, ShortSecret> {
+        if secret.len() < MIN_KEY_HASH_SECRET_BYTES {
+            return Err(ShortSecret { len: secret.len() });
+        }
+        // the secret, of any length, stretched into SipHash's 128-bit key
+        let derive = |tweak: u8| {
+            use std::hash::Hasher;
+            let mut h = siphasher::sip::SipHasher13::new_with_keys(
+                0x7061_6365_6c69_6e65,
+                0x6b64_6572_6976_6521,
+            );
+            h.write(secret);
+            h.write_u8(tweak);
+            h.finish()
+        };
+        Ok(KeyHasher {
+            keys: (derive(0), derive(1)),
+            origin: SecretOrigin::Configured(origin.to_string()),
+        })
+    }
+
+    /// A hasher under a fresh random secret.
+    pub fn random() -> KeyHasher {
+        use std::hash::{BuildHasher, Hasher};
+        // the standard library's per-process random keys, drawn twice
+        let draw = |n: u64| {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(n);
+            h.finish()
+        };
+        KeyHasher {
+            keys: (draw(0), draw(1)),
+            origin: SecretOrigin::Random,
+        }
+    }
+
+    /// The hasher of this process when no secret is given: random, made
+    /// once, the same for every configuration the process loads.
+    pub fn per_process() -> &'static KeyHasher {
+        static ONE: std::sync::OnceLock<KeyHasher> = std::sync::OnceLock::new();
+        ONE.get_or_init(KeyHasher::random)
+    }
+
+    /// The hash of `key`.
+    pub fn hash(&self, key: &str) -> KeyHash {
         use std::hash::Hasher;
-        let mut h = siphasher::sip::SipHasher13::new_with_keys(
-            0x7061_6365_6c69_6e65,
-            0x6b65_7968_6173_6821,
-        );
+        let mut h = siphasher::sip::SipHasher13::new_with_keys(self.keys.0, self.keys.1);
         h.write(key.as_bytes());
         KeyHash(h.finish())
+    }
+
+    /// Where its secret came from.
+    pub fn origin(&self) -> &SecretOrigin {
+        &self.origin
+    }
+
+    /// What to say about the secret when a server starts (never the
+    /// secret itself).
+    pub fn statement(&self) -> String {
+        match &self.origin {
+            SecretOrigin::Random => "key hashes in logs and events use a random per-process secret: they will not match across restarts or instances (set a key-hash secret to keep them stable)".to_string(),
+            SecretOrigin::Configured(from) => format!("key hashes in logs and events use the secret from {from}"),
+        }
+    }
+}
+
+impl PartialEq for KeyHasher {
+    fn eq(&self, other: &Self) -> bool {
+        self.keys == other.keys
+    }
+}
+
+impl fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyHasher")
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
     }
 }
 
@@ -324,6 +448,36 @@ impl fmt::Debug for KeyHash {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn two_secrets_give_two_hashes_and_one_the_same() {
+        let a = KeyHasher::from_secret(b"0123456789abcdef-one", "a").unwrap();
+        let a2 = KeyHasher::from_secret(b"0123456789abcdef-one", "again").unwrap();
+        let b = KeyHasher::from_secret(b"0123456789abcdef-two", "b").unwrap();
+        assert_eq!(a.hash("sk_demo_alice"), a2.hash("sk_demo_alice"));
+        assert_ne!(a.hash("sk_demo_alice"), b.hash("sk_demo_alice"));
+        assert_ne!(a.hash("sk_demo_alice"), a.hash("sk_demo_bob"));
+        // two random secrets differ; the process's own stays one
+        assert_ne!(KeyHasher::random(), KeyHasher::random());
+        assert_eq!(KeyHasher::per_process(), KeyHasher::per_process());
+        assert_eq!(KeyHash::of("k"), KeyHasher::per_process().hash("k"));
+    }
+
+    #[test]
+    fn a_short_secret_is_refused_and_none_is_shown() {
+        let e = KeyHasher::from_secret(b"short", "f").unwrap_err();
+        assert_eq!(e.len, 5);
+        assert!(e.to_string().contains("16"), "{e}");
+        let secret = "a-secret-nobody-may-read";
+        let h = KeyHasher::from_secret(secret.as_bytes(), "the file s.txt").unwrap();
+        for shown in [format!("{h:?}"), h.statement()] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(h.statement().contains("s.txt"));
+        assert!(KeyHasher::random()
+            .statement()
+            .contains("random per-process"));
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -101,10 +101,12 @@ pub use config::{
 };
 pub use escalation::{EscalationConfig, Level};
 pub use identity::{
-    bearer_token, client_ip, peer_ip, IpNet, KeyHash, KeySource, KeyTreatment, PeerAddr,
-    TrustedProxies,
+    bearer_token, client_ip, peer_ip, IpNet, KeyHash, KeyHasher, KeySource, KeyTreatment, PeerAddr,
+    SecretOrigin, ShortSecret, TrustedProxies, MIN_KEY_HASH_SECRET_BYTES,
 };
-pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture};
+pub use layer::{
+    RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture, UpstreamFailed,
+};
 pub use limiter::RateLimiter;
 pub use paceline_wire::emit::Dialects;
 pub use route::{Criticality, Route, RouteInfo};

@@ -98,9 +98,9 @@ impl Who {
             publish: true,
         }
     }
-    fn owned(key: String, plan: usize, publish: bool) -> Who {
+    fn owned(key: String, plan: usize, publish: bool, hasher: &crate::KeyHasher) -> Who {
         Who {
-            hash: KeyHash::of(&key),
+            hash: hasher.hash(&key),
             key: StoreKey::Owned(key),
             plan,
             publish,
@@ -219,6 +219,10 @@ pub(crate) struct Admitted {
     publish: bool,
     warning: Option<HeaderValue>,
     release: Option<(String, u64)>,
+    /// What to give back if the upstream's answer never comes: the key,
+    /// the cost and when it was charged (none when the plan charges
+    /// upstream failures, or nothing was charged).
+    refund: Option<(String, Cost, Nanos)>,
 }
 
 impl<S: Store, C: Clock> RateLimiter<S, C> {
@@ -577,6 +581,10 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             let release = plan
                 .has_concurrency()
                 .then(|| (who.key(lim).to_string(), p.cost));
+            let cost = Cost::requests(p.cost).with_bytes(p.bytes);
+            let refund =
+                (!compiled.charge_upstream_failures && ask.hold.is_none() && ask.cost == cost)
+                    .then(|| (who.key(lim).to_string(), cost, now));
             return Verdict::Admit(Admitted {
                 limits: p.limits.clone(),
                 plan: who.plan,
@@ -584,6 +592,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 publish: who.publish,
                 warning,
                 release,
+                refund,
             });
         }
         // the fields are evaluated only when a subscriber listens
@@ -654,6 +663,34 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 tracing::warn!(error = %e, "releasing concurrency units failed");
             }
         }))
+    }
+}
+
+impl<S: Store, C: Clock> RateLimiter<S, C> {
+    /// Gives back an admitted request's charge, its upstream's answer
+    /// having never come (unless its plan charges upstream failures).
+    /// The fields of the answer then tell the budget as it stands after.
+    pub(crate) async fn refund(&self, a: &mut Admitted) {
+        let Some((key, cost, charged)) = a.refund.clone() else {
+            return;
+        };
+        let limits = a.limits.clone();
+        let compiled = &limits.inner.plans[a.plan];
+        let sh = &*self.shared;
+        let now = sh.clock.now();
+        let given = sh.store.refund(&compiled.plan, &key, cost, charged, now);
+        if let Err(e) = given.await {
+            tracing::warn!(error = %e, "giving back an upstream failure's charge failed");
+            return;
+        }
+        telemetry::refunded(&compiled.name);
+        // read without charging, for the answer's fields
+        let standing = sh
+            .store
+            .check_cost(&compiled.plan, &key, Cost::requests(0), now);
+        if let Ok(d) = standing.await {
+            a.decision = d;
+        }
     }
 }
 
@@ -762,7 +799,7 @@ fn who<B>(
         client_ip(headers, peer, &lim.trusted)
     };
     let anon_key = || ip().map_or_else(|| "ip:unknown".to_string(), ip_key);
-    let anonymous = |plan: usize| Who::owned(anon_key(), plan, false);
+    let anonymous = |plan: usize| Who::owned(anon_key(), plan, false, &lim.hasher);
     if route.anonymous {
         // the build makes sure an anonymous route has a plan
         return (
@@ -793,7 +830,7 @@ fn who<B>(
                 return (Some(Who::configured(lim, i)), None);
             }
             return match lim.default_plan {
-                Some(plan) => (Some(Who::owned(k, plan, true)), None),
+                Some(plan) => (Some(Who::owned(k, plan, true, &lim.hasher)), None),
                 None => stranger(Stranger::Unknown),
             };
         }
@@ -813,7 +850,7 @@ fn who<B>(
             let mut k = String::with_capacity(prefix.len() + l.len());
             k.push_str(prefix);
             k.push_str(l);
-            (Some(Who::owned(k, plan, true)), None)
+            (Some(Who::owned(k, plan, true, &lim.hasher)), None)
         }
         None => stranger(Stranger::Unknown),
     }

@@ -11,6 +11,7 @@
 //! | `paceline_store_errors_total` | counter | `plan` |
 //! | `paceline_escalations_total` | counter | `plan`, `level` (`extended`, `blocked`) |
 //! | `paceline_soft_limit_total` | counter | `plan`, `policy`: soft-limit hooks fired |
+//! | `paceline_refunds_total` | counter | `plan`: charges given back because the upstream's answer never came |
 //!
 //! `outcome` is one of `allowed`, `rate_limited`, `quota_exhausted`,
 //! `cost_exceeds_burst`, `store_error`.
@@ -31,6 +32,13 @@ pub const STORE_ERRORS: &str = "paceline_store_errors_total";
 pub const ESCALATIONS: &str = "paceline_escalations_total";
 /// Soft-limit hooks fired.
 pub const SOFT_LIMITS: &str = "paceline_soft_limit_total";
+/// Charges given back because the upstream's answer never came.
+pub const REFUNDS: &str = "paceline_refunds_total";
+
+/// One charge given back (the failure path: a label made on the spot).
+pub(crate) fn refunded(plan: &Arc<str>) {
+    metrics::counter!(REFUNDS, "plan" => plan.to_string()).increment(1);
+}
 
 /// How a request ended, as a metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -268,6 +268,46 @@ fn a_broken_config_is_reported_with_file_line_and_field() {
     }
 }
 
+#[test]
+fn check_refuses_a_short_key_hash_secret_from_the_file_or_the_environment() {
+    let dir = TempDir::new("secret");
+    let good = config("127.0.0.1:9", 7, false, 0);
+    let with_file = good.replacen(
+        "[gateway]\n",
+        "[gateway]\nkey_hash_secret_file = \"secret.txt\"\n",
+        1,
+    );
+    let file = dir.file("gw.toml", &with_file);
+    let check = |env: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_paceline"));
+        cmd.args(["gateway", "--check"]).arg(&file);
+        cmd.env_remove("PACELINE_KEY_HASH_SECRET");
+        if let Some(v) = env {
+            cmd.env("PACELINE_KEY_HASH_SECRET", v);
+        }
+        cmd.output().unwrap()
+    };
+    dir.file("secret.txt", "too-short\n");
+    let out = check(None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gateway.key_hash_secret_file"), "{err}");
+    assert!(!err.contains("too-short"), "the secret is not shown: {err}");
+    dir.file("secret.txt", "a-secret-long-enough-0123456789\n");
+    assert_eq!(check(None).status.code(), Some(0));
+    // the environment, when the file names none
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_paceline"));
+    let out = cmd
+        .args(["gateway", "--check"])
+        .arg(dir.file("gw2.toml", &good))
+        .env("PACELINE_KEY_HASH_SECRET", "short")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("PACELINE_KEY_HASH_SECRET"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_changes_a_quota_without_resetting_counters() {
     let api = upstream(Duration::ZERO).await;

@@ -27,6 +27,13 @@
 //! measures itself, by the shedder's clock: from the call of the service
 //! it guards to the head of the upstream's answer.
 //!
+//! A request counts in flight from the moment the shed layer admits it,
+//! and the gateway hands a request to the shed layer only once its body
+//! can flow: one whose body has still to come first waits in the intake
+//! (`intake.rs`: a receiving place per client address and overall, its
+//! first bytes in, the least rate held to), so clients sending bodies
+//! slowly cannot hold the in-flight places critical work needs.
+//!
 //! ```
 //! use paceline_gateway::shed::Shedder;
 //! use paceline_gateway::SheddingSettings;

@@ -35,6 +35,9 @@ pub(crate) struct CompiledPlan {
     pub(crate) meta: paceline_wire::emit::PreparedPlan,
     /// Its metric keys.
     pub(crate) metric_keys: crate::telemetry::PlanKeys,
+    /// Whether a request whose upstream answer never came (see
+    /// [`UpstreamFailed`](crate::UpstreamFailed)) stays charged.
+    pub(crate) charge_upstream_failures: bool,
 }
 
 impl CompiledPlan {
@@ -53,6 +56,7 @@ impl CompiledPlan {
             policy_names,
             meta,
             metric_keys,
+            charge_upstream_failures: false,
         }
     }
 }
@@ -74,6 +78,9 @@ pub struct LimitsBuilder {
     usage_path: Option<String>,
     problem_base: String,
     escalation: EscalationConfig,
+    /// Plans whose upstream failures stay charged.
+    charged_failures: Vec<String>,
+    hasher: crate::KeyHasher,
 }
 
 impl Default for LimitsBuilder {
@@ -93,11 +100,32 @@ impl Default for LimitsBuilder {
             usage_path: Some(DEFAULT_USAGE_PATH.to_string()),
             problem_base: DEFAULT_PROBLEM_BASE.to_string(),
             escalation: EscalationConfig::default(),
+            charged_failures: Vec::new(),
+            hasher: crate::KeyHasher::per_process().clone(),
         }
     }
 }
 
 impl LimitsBuilder {
+    /// The hash keys get in logs, soft-limit events and the names a shared
+    /// store gives them (default: [`KeyHasher::per_process`](crate::KeyHasher::per_process)).
+    pub fn key_hasher(mut self, hasher: crate::KeyHasher) -> Self {
+        self.hasher = hasher;
+        self
+    }
+
+    /// Whether requests of the plan named `plan` whose upstream answer
+    /// never came (the gateway answered `502`/`504` itself: refused,
+    /// malformed, timed out) stay charged. By default they are not: the
+    /// charge is given back ([`paceline_core::Store::refund`]), so a client
+    /// retrying through an outage does not spend its quota on it.
+    pub fn charge_upstream_failures(mut self, plan: &str, charge: bool) -> Self {
+        self.charged_failures.retain(|p| p != plan);
+        if charge {
+            self.charged_failures.push(plan.to_string());
+        }
+        self
+    }
     /// Adds a plan.
     pub fn plan(mut self, plan: Plan) -> Self {
         self.plans.push(plan);
@@ -177,7 +205,7 @@ impl LimitsBuilder {
     }
 
     /// Validates and builds.
-    pub fn build(self) -> Result<Limits, ConfigError> {
+    pub fn build(mut self) -> Result<Limits, ConfigError> {
         let index = plan_index(&self.plans)?;
         let find = |field: &str, name: &str| {
             index.get(name).copied().ok_or_else(|| {
@@ -199,7 +227,7 @@ impl LimitsBuilder {
                     "a key may not be empty",
                 ));
             }
-            let entry = KeyEntry::new(prefix, k, find(&format!("keys.{k}"), p)?);
+            let entry = KeyEntry::new(prefix, k, find(&format!("keys.{k}"), p)?, &self.hasher);
             match keys.get(k.as_str()) {
                 // a key given twice: the later plan wins
                 Some(&i) => key_entries[i] = entry,
@@ -272,10 +300,30 @@ impl LimitsBuilder {
             ));
         }
         self.escalation.validate()?;
+        if let Some(p) = self
+            .charged_failures
+            .iter()
+            .find(|p| !index.contains_key(p.as_str()))
+        {
+            return Err(ConfigError::new(
+                Kind::UnknownPlan,
+                "plans",
+                format!(
+                    "no plan named {p:?} to charge upstream failures to; plans are {:?}",
+                    names(&self.plans)
+                ),
+            ));
+        }
+        let charged = std::mem::take(&mut self.charged_failures);
         let plans = self
             .plans
             .into_iter()
-            .map(|p| CompiledPlan::new(p, &self.problem_base, &self.dialects))
+            .map(|p| {
+                let charge = charged.iter().any(|c| c == p.name());
+                let mut c = CompiledPlan::new(p, &self.problem_base, &self.dialects);
+                c.charge_upstream_failures = charge;
+                c
+            })
             .collect();
         Ok(Limits {
             inner: Arc::new(LimitsInner {
@@ -294,6 +342,7 @@ impl LimitsBuilder {
                 usage_path: self.usage_path,
                 problem_base: self.problem_base,
                 escalation: self.escalation,
+                hasher: self.hasher,
                 generation: super::next_generation(),
             }),
         })

@@ -53,7 +53,7 @@ use paceline_core::Plan;
 use paceline_wire::emit::Dialects;
 
 use crate::escalation::EscalationConfig;
-use crate::identity::{KeyHash, KeySource, KeyTreatment, TrustedProxies};
+use crate::identity::{KeyHash, KeyHasher, KeySource, KeyTreatment, TrustedProxies};
 use crate::route::{Route, RouteInfo};
 
 pub(crate) use compile::CompiledPlan;
@@ -96,6 +96,8 @@ pub(crate) struct LimitsInner {
     pub(crate) usage_path: Option<String>,
     pub(crate) problem_base: String,
     pub(crate) escalation: EscalationConfig,
+    /// The hash of keys in logs and events.
+    pub(crate) hasher: KeyHasher,
     /// Unique to this build of the limits: a [`RouteInfo`] made from them
     /// carries it, so a layer can tell whether a classification it finds
     /// was made by the limits it decides with.
@@ -128,11 +130,11 @@ pub(crate) struct KeyEntry {
 }
 
 impl KeyEntry {
-    fn new(prefix: &str, key: &str, plan: usize) -> KeyEntry {
+    fn new(prefix: &str, key: &str, plan: usize, hasher: &KeyHasher) -> KeyEntry {
         let stored: Box<str> = format!("{prefix}{key}").into();
         KeyEntry {
             plan,
-            hash: KeyHash::of(&stored),
+            hash: hasher.hash(&stored),
             stored,
         }
     }
@@ -216,6 +218,11 @@ impl Limits {
     /// The prefix of problem `type` URIs.
     pub fn problem_base(&self) -> &str {
         &self.inner.problem_base
+    }
+    /// The hash keys get in logs, soft-limit events and the names a
+    /// shared store gives them: one secret for all of them.
+    pub fn key_hasher(&self) -> &KeyHasher {
+        &self.inner.hasher
     }
     /// The escalation settings.
     pub fn escalation(&self) -> &EscalationConfig {

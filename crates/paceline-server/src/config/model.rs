@@ -93,6 +93,11 @@ impl Default for LimitsConfig {
 pub struct PlanConfig {
     /// The plan's policies, in the order the headers list them.
     pub policies: Vec<PolicyConfig>,
+    /// Whether a request whose upstream answer never came (a `502` or
+    /// `504` the gateway wrote itself) stays charged; by default (`false`)
+    /// its cost is given back.
+    #[serde(default)]
+    pub charge_upstream_failures: bool,
 }
 
 /// A policy as a file holds it.
@@ -187,11 +192,20 @@ impl Default for DialectsModel {
 }
 
 impl LimitsConfig {
-    /// Validates into [`Limits`].
+    /// Validates into [`Limits`], keys hashed under this process's random
+    /// secret.
     pub fn build(self) -> Result<Limits, ConfigError> {
-        let mut b = Limits::builder();
+        self.build_with_hasher(crate::KeyHasher::per_process().clone())
+    }
+
+    /// Validates into [`Limits`] whose keys are hashed by `hasher` (a
+    /// deployment's secret).
+    pub fn build_with_hasher(self, hasher: crate::KeyHasher) -> Result<Limits, ConfigError> {
+        let mut b = Limits::builder().key_hasher(hasher);
         for (name, plan) in &self.plans {
-            b = b.plan(build_plan(name, plan)?);
+            b = b
+                .plan(build_plan(name, plan)?)
+                .charge_upstream_failures(name, plan.charge_upstream_failures);
         }
         for (k, p) in &self.keys {
             b = b.key(k, p);

@@ -22,6 +22,12 @@
 //! matching the routes again; without one, this layer classifies by
 //! itself. A request it lets through carries the classification its
 //! decision was made with, for the handlers after it.
+//!
+//! An inner service that answers for an upstream whose answer never came
+//! (a proxy's own `502` or `504`) marks its response with
+//! [`UpstreamFailed`]; the request's charge is then given back
+//! ([`paceline_core::Store::refund`]) unless its plan says
+//! `charge_upstream_failures = true`.
 
 mod body;
 #[allow(clippy::module_inception)]
@@ -31,3 +37,10 @@ mod service;
 pub use body::{RateLimitBody, ReleaseGuard};
 pub use layer::RateLimitLayer;
 pub use service::{RateLimit, ResponseFuture};
+
+/// Marks, in a response's extensions, an answer an inner service wrote
+/// itself because the upstream's answer never came (refused, malformed,
+/// timed out): the limit layer gives the request's charge back unless its
+/// plan charges upstream failures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpstreamFailed;

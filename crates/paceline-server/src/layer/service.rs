@@ -236,7 +236,7 @@ impl<I, S, C> RateLimit<I, S, C> {
                     }
                     Ok(r.map(RateLimitBody::full))
                 }
-                Verdict::Admit(admitted) => {
+                Verdict::Admit(mut admitted) => {
                     // held units go back when the response body is done,
                     // or here if the call fails or is cancelled
                     let guard = limiter.release_guard(&admitted);
@@ -246,6 +246,10 @@ impl<I, S, C> RateLimit<I, S, C> {
                         req.extensions_mut().insert(route);
                     }
                     let mut res = inner.call(req).await?;
+                    if res.extensions().get::<super::UpstreamFailed>().is_some() {
+                        // the answer never came: the charge goes back
+                        limiter.refund(&mut admitted).await;
+                    }
                     admitted.decorate(res.headers_mut());
                     Ok(res.map(|b| RateLimitBody::guarded(b, guard)))
                 }
