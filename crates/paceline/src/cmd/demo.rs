@@ -2,7 +2,8 @@
 //! two-fleet race over real HTTP with its live dashboard.
 //!
 //! By default it starts the demo API behind the gateway, starts the race's
-//! edge and dashboard, runs the race with the real SDK, prints the result
+//! dashboard, runs the race through a gateway of its own (the race's keys,
+//! an edge capacity) with the real SDK, prints the result
 //! table and keeps serving (the dashboard can run the race again) until
 //! interrupted. `--json` prints the race's result as JSON and exits.
 //! With `--no-race` it only serves: the gateway's URL and the demo keys go
@@ -39,7 +40,7 @@ pub(crate) struct Args {
     /// Where the gateway (or, with --upstream-only, the API) listens.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Where the race's edge and its dashboard listen.
+    /// Where the race's dashboard listens.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
     race_listen: SocketAddr,
     /// Print the race's result as JSON and exit.
@@ -82,8 +83,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
     })
 }
 
-/// Runs the race against its own edge (the server layer and a fair-share
-/// capacity limit), prints the result, and serves the dashboard on.
+/// Runs the race through the real gateway (its own instance, with the
+/// race's keys and an edge capacity), prints the result, and serves the
+/// dashboard on.
 async fn race_demo(
     args: &Args,
     stack: &DemoStack,
@@ -105,14 +107,13 @@ async fn race_demo(
             "paceline demo: racing two fleets of {workers} workers, {jobs} jobs each (floor {floor_s:.1} s)…"
         );
     }
-    let results = race::run(race.clone(), &url).await?;
+    let report = race::run(race.clone()).await?;
     if args.json {
-        let out = serde_json::json!({ "floor_s": floor_s, "fleets": results });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(0);
     }
     println!();
-    print!("{}", scenario::table(&results));
+    print!("{}", scenario::table(&report.fleets));
     println!("floor for the jobs: {floor_s:.1} s");
     if args.exit {
         return Ok(0);
