@@ -93,6 +93,16 @@ impl DemoUpstream {
     pub fn hits_by_key(&self, key: &str) -> u64 {
         self.state.by_key.lock().get(key).copied().unwrap_or(0)
     }
+    /// When each race job (`/v1/jobs/…`) with the API key `key` arrived,
+    /// in order (at most [`MAX_ARRIVALS`] kept per key).
+    pub fn job_arrivals(&self, key: &str) -> Vec<std::time::Instant> {
+        self.state
+            .arrivals
+            .lock()
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+    }
     /// Labels created (replays excluded).
     pub fn labels_created(&self) -> u64 {
         self.state.next_label.load(Ordering::Relaxed)
@@ -120,6 +130,8 @@ struct Demo {
     by_path: Mutex<HashMap<String, u64>>,
     /// Requests per bearer key (at most [`MAX_COUNTED_KEYS`] keys apart).
     by_key: Mutex<HashMap<String, u64>>,
+    /// Arrival instants of race jobs per bearer key.
+    arrivals: Mutex<HashMap<String, Vec<std::time::Instant>>>,
     next_label: AtomicU64,
     /// Idempotency key → (request body, stored answer).
     idempotent: Mutex<HashMap<String, (Bytes, Value)>>,
@@ -131,6 +143,9 @@ struct Demo {
 /// The most API keys the demo API counts apart (the rest are not counted
 /// by key).
 pub const MAX_COUNTED_KEYS: usize = 1_000;
+
+/// The most race-job arrivals kept per key.
+pub const MAX_ARRIVALS: usize = 100_000;
 
 /// Binds `addr` and serves the demo API in the background.
 pub async fn serve(addr: SocketAddr, options: DemoOptions) -> io::Result<DemoUpstream> {
@@ -180,6 +195,16 @@ async fn count(
             *n += 1;
         } else if by_key.len() < MAX_COUNTED_KEYS {
             by_key.insert(key.to_string(), 1);
+        }
+        drop(by_key);
+        if req.uri().path().starts_with("/v1/jobs/") {
+            let mut arrivals = s.arrivals.lock();
+            if arrivals.len() < MAX_COUNTED_KEYS || arrivals.contains_key(key) {
+                let seen = arrivals.entry(key.to_string()).or_default();
+                if seen.len() < MAX_ARRIVALS {
+                    seen.push(std::time::Instant::now());
+                }
+            }
         }
     }
     *s.last_headers.lock() = Some(req.headers().clone());

@@ -202,6 +202,12 @@ impl RaceStack {
         self.api.hits_by_key(key)
     }
 
+    /// The time by the gateway's clock.
+    pub fn clock_now(&self) -> paceline_core::Nanos {
+        use paceline_core::Clock;
+        self.instances[0].handle.limiter().clock().now()
+    }
+
     /// Stops every gateway, letting requests in flight finish.
     pub async fn stop(self) -> anyhow::Result<()> {
         for i in self.instances {
@@ -386,7 +392,7 @@ impl Run {
             return None;
         }
         v.sort_unstable();
-        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).floor() as usize] as f64 / 1000.0;
         Some([at(0.5), at(0.99), at(1.0)])
     }
 }
@@ -399,6 +405,9 @@ pub struct Race {
     runs: AtomicU64,
     /// The pages listening.
     feed: Mutex<Vec<mpsc::Sender<Arc<str>>>>,
+    /// The cooperative fleet's SDK pace margin (the SDK's default unless
+    /// set, to measure what it must be).
+    margin: Mutex<paceline_core::Nanos>,
 }
 
 impl Race {
@@ -411,6 +420,7 @@ impl Race {
             running: AtomicBool::new(false),
             runs: AtomicU64::new(0),
             feed: Mutex::new(Vec::new()),
+            margin: Mutex::new(paceline_client::DEFAULT_PACE_MARGIN),
         })
     }
 
@@ -427,6 +437,16 @@ impl Race {
         let p = c.apply(&self.params())?;
         *self.params.lock() = p.clone();
         Ok(p)
+    }
+
+    /// Sets the cooperative fleet's SDK pace margin (to measure what it
+    /// must be; the SDK's default otherwise).
+    pub fn set_pace_margin(&self, margin: paceline_core::Nanos) {
+        *self.margin.lock() = margin;
+    }
+
+    fn pace_margin(&self) -> paceline_core::Nanos {
+        *self.margin.lock()
     }
 
     /// Whether a run is under way.
@@ -496,17 +516,56 @@ impl Drop for Running<'_> {
     }
 }
 
-/// The outcome of one run: the fleets, and what the SDK's margin had to
-/// cover.
+/// The outcome of one run: the fleets, and how close the cooperative
+/// fleet's pacing came to a 429.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
     /// The race's floor, in seconds.
     pub floor_s: f64,
     /// Cooperative, then naive.
     pub fleets: Vec<FleetReport>,
-    /// The cooperative fleet's round trips to the gateway (p50, p99, max),
-    /// in milliseconds.
-    pub cooperative_round_trip_ms: Option<[f64; 3]>,
+    /// What the cooperative fleet's pacing had to cover.
+    pub pacing: Pacing,
+}
+
+/// What the cooperative fleet's pacing had to cover, measured in one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Pacing {
+    /// The SDK's pace margin in force, in milliseconds.
+    pub margin_ms: f64,
+    /// Round trips to the gateway (p50, p99, max), in milliseconds.
+    pub round_trip_ms: Option<[f64; 3]>,
+    /// The least headroom any request had: how long before it arrived
+    /// (at the API, behind the gateway) a bucket on those arrivals would
+    /// have held its token, in milliseconds; below 0, that request would
+    /// have been refused.
+    pub min_headroom_ms: Option<f64>,
+    /// How far the gateway's clock moved from the client's over the run,
+    /// in milliseconds (positive: the gateway's ran ahead).
+    pub clock_drift_ms: f64,
+}
+
+/// The least headroom of the paced requests among `arrivals` (in order;
+/// those after the first `quota`, the burst) under a bucket of `quota`
+/// units refilling over `window_s`, full at the first: how long before
+/// each arrived its token was there; in milliseconds.
+pub fn min_headroom_ms(arrivals: &[Instant], quota: u64, window_s: u64) -> Option<f64> {
+    let first = *arrivals.first()?;
+    let span = window_s as f64;
+    let emission = span / quota.max(1) as f64;
+    let mut tat = 0.0f64;
+    let mut least = None::<f64>;
+    for (i, a) in arrivals.iter().enumerate() {
+        let at = a.duration_since(first).as_secs_f64();
+        let after = tat.max(at) + emission;
+        // the burst spends what is there; the paced ones are measured
+        if i as u64 >= quota {
+            let h = span - (after - at);
+            least = Some(least.map_or(h, |l| l.min(h)));
+        }
+        tat = after;
+    }
+    least.map(|l| (l * 1e6).round() / 1e3)
 }
 
 /// Runs one race on the race's current numbers, against a stack of its
@@ -535,7 +594,9 @@ pub async fn run(race: Arc<Race>) -> anyhow::Result<RunReport> {
     }));
     let sampler = tokio::spawn(sample(race.clone(), run.clone(), stack.clone()));
     let entry = stack.entry().to_string();
-    let coop = tokio::spawn(cooperative(run.clone(), entry.clone()));
+    let (gateway_t0, client_t0) = (stack.clock_now(), Instant::now());
+    let margin = race.pace_margin();
+    let coop = tokio::spawn(cooperative(run.clone(), entry.clone(), margin));
     let naive = tokio::spawn(naive(run.clone(), entry));
     let (a, b) = (coop.await, naive.await);
     sampler.abort();
@@ -545,10 +606,20 @@ pub async fn run(race: Arc<Race>) -> anyhow::Result<RunReport> {
     push_tick(&race, &run, &stack);
     let fleets = run.reports();
     *run.results.lock() = Some(fleets.clone());
+    let (gateway_moved, client_moved) = (
+        stack.clock_now().saturating_sub(gateway_t0).as_secs_f64(),
+        client_t0.elapsed().as_secs_f64(),
+    );
+    let arrivals = stack.api.job_arrivals(FLEETS[0].1);
     let report = RunReport {
         floor_s: params.floor_s(),
         fleets,
-        cooperative_round_trip_ms: run.round_trips_ms(),
+        pacing: Pacing {
+            margin_ms: margin.as_secs_f64() * 1000.0,
+            round_trip_ms: run.round_trips_ms(),
+            min_headroom_ms: min_headroom_ms(&arrivals, params.quota, params.window_s),
+            clock_drift_ms: ((gateway_moved - client_moved) * 1e6).round() / 1e3,
+        },
     };
     race.send(serde_json::json!({
         "type": "done",
@@ -709,10 +780,19 @@ async fn workers(
 
 /// The cooperative fleet: the SDK over reqwest, seeded from the usage
 /// endpoint, as any user would set it up.
-async fn cooperative(run: Arc<Run>, base: String) -> anyhow::Result<()> {
+async fn cooperative(
+    run: Arc<Run>,
+    base: String,
+    margin: paceline_core::Nanos,
+) -> anyhow::Result<()> {
     use paceline_client::adapter::reqwest::PacelineMiddleware;
+    let config = paceline_client::Config {
+        pace_margin: margin,
+        ..Default::default()
+    };
     let sdk = paceline_client::Client::builder()
         .clock(paceline_client::adapter::TokioClock::new())
+        .config(config)
         .build();
     *run.sdk.lock() = Some(sdk.clone());
     let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
@@ -791,6 +871,21 @@ mod tests {
         assert!(bad(4, 201, 10).contains("depth = 201"));
         assert!(bad(4, 8, 0).contains("workers = 0"));
         assert!(bad(4, 6, 10).contains("multiple of the refill rate"));
+    }
+
+    #[test]
+    fn headroom_is_how_long_before_its_arrival_a_token_was_there() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // 8 at once from full, then one every 250 ms, 10 ms late
+        let mut arrivals: Vec<Instant> = (0..8).map(|_| at(0)).collect();
+        arrivals.extend((1..=4).map(|k| at(250 * k + 10)));
+        assert_eq!(min_headroom_ms(&arrivals, 8, 2), Some(10.0));
+        assert_eq!(min_headroom_ms(&arrivals[..8], 8, 2), None, "no paced one");
+        // one early: refused by a bucket on those arrivals
+        arrivals.push(at(250 * 5 - 5));
+        assert_eq!(min_headroom_ms(&arrivals, 8, 2), Some(-5.0));
+        assert_eq!(min_headroom_ms(&[], 8, 2), None);
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub(crate) struct Args {
     /// Print the race's result as JSON and exit.
     #[arg(long, conflicts_with_all = ["no_race", "upstream_only"])]
     json: bool,
+    /// The cooperative fleet's SDK pace margin, in milliseconds (to
+    /// measure what it must be; the SDK's default otherwise).
+    #[arg(long, value_name = "MS", hide = true, conflicts_with_all = ["no_race", "upstream_only"])]
+    pace_margin_ms: Option<u64>,
     /// Exit after the race instead of serving on.
     #[arg(long, conflicts_with_all = ["no_race", "upstream_only"])]
     exit: bool,
@@ -95,6 +99,9 @@ async fn race_demo(
     let floor_s = params.floor_s();
     let (workers, jobs) = (params.workers, params.jobs);
     let race = race::Race::new(params);
+    if let Some(ms) = args.pace_margin_ms {
+        race.set_pace_margin(paceline_core::Nanos::from_millis(ms));
+    }
     let (listener, url) = match race::bind(&args.race_listen.to_string()).await {
         Ok(bound) => bound,
         Err(_) => race::bind(&SocketAddr::new(args.race_listen.ip(), 0).to_string()).await?,
