@@ -225,7 +225,10 @@ function counters(c, last) {
 
 const EXPLAIN = {
   "ratelimit-policy": v => `the published budget: a bucket of ${(v.match(/q=(\d+)/) || [])[1]} tokens refilled over ${(v.match(/w=(\d+)/) || [])[1]} s`,
-  "ratelimit": v => `right now: ${(v.match(/r=(\d+)/) || [])[1]} whole tokens left, full again in ${(v.match(/t=(\d+)/) || [])[1]} s (rounded up)`,
+  "ratelimit": v => {
+    const r = (v.match(/r=(\d+)/) || [])[1], t = (v.match(/t=(\d+)/) || [])[1];
+    return `right now: ${r} whole token${r === "1" ? "" : "s"} left, full again in ${t} s (rounded up)`;
+  },
   "retry-after": v => `come back in ${v} s at the earliest: the emergency brake, not the speedometer`,
 };
 
