@@ -7,6 +7,7 @@
 #
 #   scripts/demo-busy.sh            # RUNS=5 by default
 #   RUNS=3 scripts/demo-busy.sh
+#   PACE_MARGIN_MS=0 scripts/demo-busy.sh   # the SDK without its pace margin
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +34,7 @@ printf '%-4s %-6s %-5s %-9s %-7s %-9s %-9s %-12s %-9s %s\n' \
     run jobs 429 finish_s vs_floor naive_s margin_ms headroom_ms drift_ms load
 ok=0
 for i in $(seq 1 "$RUNS"); do
-    out=$("$BIN" demo --json --listen 127.0.0.1:0 --race-listen 127.0.0.1:0)
+    out=$("$BIN" demo --json --listen 127.0.0.1:0 --race-listen 127.0.0.1:0 ${PACE_MARGIN_MS:+--pace-margin-ms "$PACE_MARGIN_MS"})
     load=$(cut -d' ' -f1 /proc/loadavg)
     building=$(kill -0 "$BUILD" 2>/dev/null && echo building || echo "build done")
     row=$(printf '%s' "$out" | python3 -c '
@@ -43,7 +44,7 @@ c, n = v["fleets"]
 p = v["pacing"]
 fin = c["finished_at_s"] or float("nan")
 good = c["jobs_done"] == c["jobs"] and c["rejected_429"] == 0 and abs(fin - v["floor_s"]) <= 0.03 * v["floor_s"]
-print("%-6s %-5d %-9.3f %-+7.1f%% %-9.3f %-9.1f %-12.1f %-9.1f %s" % (
+print("%-6s %-5d %-9.3f %+5.1f%%   %-9.3f %-9.1f %-12.1f %-9.1f %s" % (
     "%d/%d" % (c["jobs_done"], c["jobs"]), c["rejected_429"], fin,
     (fin / v["floor_s"] - 1) * 100, n["finished_at_s"] or float("nan"),
     p["margin_ms"], p["min_headroom_ms"] or float("nan"), p["clock_drift_ms"],
