@@ -65,3 +65,43 @@ fn demo_json_reports_the_race() {
     assert_eq!(coop["dropped"], 0, "{coop}");
     assert!(naive["dropped"].as_u64().unwrap() > 0, "{naive}");
 }
+
+#[test]
+fn no_race_serves_the_demo_api_behind_the_gateway() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["demo", "--no-race", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("paceline runs");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("paceline demo: gateway on http://")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /v1/rates HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer sk_demo_alice\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let lower = answer.to_ascii_lowercase();
+    assert!(
+        lower.contains("ratelimit: \"burst\";r=19"),
+        "the gateway's fields: {answer}"
+    );
+    assert!(
+        answer.contains("rate_ups_ground"),
+        "the API's body: {answer}"
+    );
+}
