@@ -339,8 +339,11 @@ impl Mirror {
             .or_else(|| self.window.map(|w| w.as_secs_floor()))
     }
 
-    /// The earliest instant one unit may be spent.
-    pub(crate) fn earliest(&self, now: Nanos) -> Nanos {
+    /// The earliest instant one unit may be spent; a bucket mirror in
+    /// debt waits `margin` past its slot (see [`Config::pace_margin`]).
+    ///
+    /// [`Config::pace_margin`]: crate::Config::pace_margin
+    pub(crate) fn earliest(&self, now: Nanos, margin: Nanos) -> Nanos {
         let now = now.as_u64();
         if let Some(at) = self.awaiting {
             if now < at.saturating_add(PROBE_HOLD) {
@@ -353,7 +356,11 @@ impl Mirror {
                 span,
                 tat,
                 ..
-            } => (tat + emission).saturating_sub(span),
+            } => match (tat + emission).saturating_sub(span) {
+                // a unit is there: no margin for what needs no wait
+                at if at <= now => at,
+                at => at.saturating_add(margin.as_u64()),
+            },
             Model::Window {
                 remaining,
                 reset_at,
@@ -674,10 +681,34 @@ mod tests {
         let mut m = Mirror::new(&pol(8, 2, 7, 1), None);
         m.observe(t0, &pol(8, 2, 7, 1), &Seen::unsent(true), Mark::default());
         for _ in 0..7 {
-            assert_eq!(m.earliest(t0), t0);
+            assert_eq!(m.earliest(t0, Nanos::ZERO), t0);
             m.spend(t0);
         }
-        assert_eq!(m.earliest(t0), t0.saturating_add(Nanos::from_millis(250)));
+        assert_eq!(
+            m.earliest(t0, Nanos::ZERO),
+            t0.saturating_add(Nanos::from_millis(250))
+        );
+    }
+
+    #[test]
+    fn the_pace_margin_is_a_constant_lag_not_a_slower_rate() {
+        let t0 = Nanos::from_secs(1_000);
+        let margin = Nanos::from_millis(20);
+        let ms = |n: u64| t0.saturating_add(Nanos::from_millis(n));
+        let mut m = Mirror::new(&pol(8, 2, 8, 0), None);
+        m.observe(t0, &pol(8, 2, 8, 0), &Seen::unsent(true), Mark::default());
+        // what is in the bucket goes at once: no margin without a wait
+        for _ in 0..8 {
+            assert_eq!(m.earliest(t0, margin), t0);
+            m.spend(t0);
+        }
+        // in debt, each request goes 20 ms after its slot; 40 slots on,
+        // still 20 ms: nothing accumulates
+        for k in 1..=40u64 {
+            let at = m.earliest(ms(250 * (k - 1) + 20), margin);
+            assert_eq!(at, ms(250 * k + 20), "slot {k}");
+            m.spend(at);
+        }
     }
 
     #[test]
@@ -697,7 +728,7 @@ mod tests {
         assert!(m.is_quota());
         m.spend(t0);
         // 49 left over 5,000 s: about one every 102 s
-        let next = m.earliest(t0).saturating_sub(t0);
+        let next = m.earliest(t0, Nanos::ZERO).saturating_sub(t0);
         assert_eq!(next.as_secs_floor(), 102);
     }
 
@@ -710,7 +741,7 @@ mod tests {
         let mut m = Mirror::new(&p, None);
         m.observe(t0, &p, &Seen::unsent(true), Mark::default());
         assert_eq!(
-            m.earliest(t0),
+            m.earliest(t0, Nanos::ZERO),
             t0.saturating_add(Nanos::from_secs(30))
                 .saturating_add(FIXED_MARGIN)
         );
@@ -798,13 +829,13 @@ mod tests {
         let mark = m.spend(t0);
         // the server changes its policy: a new model, the mark is stale
         m.observe(t0, &pol(10, 2, 10, 0), &Seen::unsent(true), Mark::default());
-        let before = m.earliest(t0);
+        let before = m.earliest(t0, Nanos::ZERO);
         let seen = Seen {
             sent_at: Some(t0),
             ..Seen::default()
         };
         m.observe(t0, &pol(10, 2, 10, 0), &seen, mark);
-        assert_eq!(m.earliest(t0), before);
+        assert_eq!(m.earliest(t0, Nanos::ZERO), before);
     }
 
     proptest::proptest! {

@@ -286,7 +286,7 @@ impl Client {
         let mut guard = self.inner.state.lock();
         let st = &mut *guard;
         let scope = st.scopes.get_or_make(call, cfg);
-        let (until, hold) = scope.earliest(now, &call.info.path);
+        let (until, hold) = scope.earliest(now, &call.info.path, cfg.pace_margin);
         if until > now {
             let wait = until.saturating_sub(now);
             if wait > cfg.max_wait {

@@ -4,6 +4,11 @@ use paceline_core::Nanos;
 
 use crate::backoff::{Backoff, ABSENT};
 
+/// The default [`Config::pace_margin`]: what `paceline demo`'s race
+/// measured it needs on a busy machine, with room to spare (see the
+/// crate's README).
+pub const DEFAULT_PACE_MARGIN: Nanos = Nanos::from_millis(20);
+
 /// Settings of a [`Client`](crate::Client). Every field has the documented
 /// default; change what you need with struct update syntax.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,6 +42,12 @@ pub struct Config {
     /// Waits longer than this are never slept: the call fails with the
     /// instant to come back instead (300 s).
     pub max_wait: Nanos,
+    /// How long after a bucket mirror's slot a request in debt goes
+    /// (20 ms): room for the server's clock, its scheduling and the
+    /// network, which set the server's refill phase a little later than
+    /// the mirror can know. A constant lag, not a slower rate: a fleet
+    /// finishes this much after the floor, once.
+    pub pace_margin: Nanos,
     /// How often a request waiting for a scope's first answer looks again
     /// (5 ms).
     pub probe_poll: Nanos,
@@ -74,6 +85,7 @@ impl Default for Config {
             throttle_k: 2.0,
             throttle_min_requests: 20,
             max_wait: Nanos::from_secs(300),
+            pace_margin: DEFAULT_PACE_MARGIN,
             probe_poll: Nanos::from_millis(5),
             probe_timeout: Nanos::from_secs(2),
             absent_gap: Nanos::from_millis(250),

@@ -99,7 +99,7 @@ pub mod window;
 
 pub use bucket::QUOTA_WINDOW;
 pub use client::{After, Before, Client, ClientBuilder};
-pub use config::Config;
+pub use config::{Config, DEFAULT_PACE_MARGIN};
 pub use diag::{PolicySnapshot, ScopeSnapshot, Snapshot};
 pub use error::ClientError;
 pub use event::{Event, Hook, Mode};

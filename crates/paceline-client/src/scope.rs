@@ -154,7 +154,7 @@ impl Scope {
     }
 
     /// The earliest instant a request to `path` may go, and what holds it.
-    pub(crate) fn earliest(&self, now: Nanos, path: &str) -> (Nanos, Option<Hold>) {
+    pub(crate) fn earliest(&self, now: Nanos, path: &str, margin: Nanos) -> (Nanos, Option<Hold>) {
         let mut until = now;
         let mut hold = None;
         if self.pause_until > until {
@@ -162,7 +162,7 @@ impl Scope {
             hold = Some(Hold::Pause);
         }
         for (i, m) in self.mirrors.iter().enumerate() {
-            let e = m.earliest(now);
+            let e = m.earliest(now, margin);
             if e > until {
                 until = e;
                 hold = Some(Hold::Mirror(i));
@@ -170,7 +170,7 @@ impl Scope {
         }
         if let Some(ep) = self.endpoints.get(path) {
             for (i, m) in ep.mirrors.iter().enumerate() {
-                let e = m.earliest(now);
+                let e = m.earliest(now, margin);
                 if e > until {
                     until = e;
                     hold = Some(Hold::Endpoint(i));

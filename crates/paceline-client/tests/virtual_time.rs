@@ -657,7 +657,9 @@ mod properties {
             let rtt = (latency_ms + 2 * spread_ms) as f64 / 1000.0;
             let floor = extra as f64 / rate;
             let carried = jobs as f64 / workers as f64 * rtt;
-            let limit = floor.max(carried) * 1.01 + 3.0 * rtt + 1e-3;
+            // and the pace margin, once: a constant lag, not a slower rate
+            let margin = c.config().pace_margin.as_secs_f64();
+            let limit = floor.max(carried) * 1.01 + 3.0 * rtt + margin + 1e-3;
             prop_assert!(run.finished_s <= limit, "finished {} floor {} limit {}", run.finished_s, floor, limit);
         }
     }
@@ -834,11 +836,13 @@ fn every_attempt_is_paced_retries_included() {
         "full jitter after one attempt: {wait:?}"
     );
     clock.advance(wait);
-    // the retry's own wait is over, but the mirror says the unit is 2 s away
+    // the retry's own wait is over, but the mirror says the unit is 2 s
+    // away (and the pace margin past it)
     match c.before(&mut call) {
         Before::Wait(d) => assert_eq!(
             clock.now().saturating_add(d),
             T0.saturating_add(Nanos::from_secs(2))
+                .saturating_add(c.config().pace_margin)
         ),
         other => panic!("{other:?}"),
     }

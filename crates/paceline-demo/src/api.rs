@@ -4,7 +4,8 @@
 //! is shed, what is charged) is best seen against an API that counts what
 //! it receives. This one buys labels (idempotently: the same
 //! `Idempotency-Key` replays the same label, a different body under the
-//! same key is a `409`), buys batches, quotes rates and logs people in. It
+//! same key is a `409`), buys batches, quotes rates, logs people in and
+//! does the race's jobs (`GET /v1/jobs/{id}`), counting them by key. It
 //! knows nothing about rate limits: the gateway in front of it does that.
 //!
 //! ```
@@ -87,6 +88,21 @@ impl DemoUpstream {
     pub fn hits_on(&self, path: &str) -> u64 {
         self.state.by_path.lock().get(path).copied().unwrap_or(0)
     }
+    /// Requests received so far carrying the API key `key` (as
+    /// `Authorization: Bearer`): what the gateway let through for it.
+    pub fn hits_by_key(&self, key: &str) -> u64 {
+        self.state.by_key.lock().get(key).copied().unwrap_or(0)
+    }
+    /// When each race job (`/v1/jobs/…`) with the API key `key` arrived,
+    /// in order (at most [`MAX_ARRIVALS`] kept per key).
+    pub fn job_arrivals(&self, key: &str) -> Vec<std::time::Instant> {
+        self.state
+            .arrivals
+            .lock()
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+    }
     /// Labels created (replays excluded).
     pub fn labels_created(&self) -> u64 {
         self.state.next_label.load(Ordering::Relaxed)
@@ -112,6 +128,10 @@ struct Demo {
     delay: Duration,
     hits: AtomicU64,
     by_path: Mutex<HashMap<String, u64>>,
+    /// Requests per bearer key (at most [`MAX_COUNTED_KEYS`] keys apart).
+    by_key: Mutex<HashMap<String, u64>>,
+    /// Arrival instants of race jobs per bearer key.
+    arrivals: Mutex<HashMap<String, Vec<std::time::Instant>>>,
     next_label: AtomicU64,
     /// Idempotency key → (request body, stored answer).
     idempotent: Mutex<HashMap<String, (Bytes, Value)>>,
@@ -119,6 +139,13 @@ struct Demo {
     /// Bodies posted to the soft-limit webhook route.
     events: Mutex<Vec<Bytes>>,
 }
+
+/// The most API keys the demo API counts apart (the rest are not counted
+/// by key).
+pub const MAX_COUNTED_KEYS: usize = 1_000;
+
+/// The most race-job arrivals kept per key.
+pub const MAX_ARRIVALS: usize = 100_000;
 
 /// Binds `addr` and serves the demo API in the background.
 pub async fn serve(addr: SocketAddr, options: DemoOptions) -> io::Result<DemoUpstream> {
@@ -143,6 +170,7 @@ fn router(state: Arc<Demo>) -> Router {
         .route("/v1/labels:batch", post(batch))
         .route("/v1/labels/{id}", get(get_label))
         .route("/v1/rates", get(rates))
+        .route("/v1/jobs/{id}", get(job))
         .route("/v1/login", post(login))
         .route("/healthz", get(|| async { "ok" }))
         .route("/hooks/soft-limit", post(soft_limit_event))
@@ -161,6 +189,24 @@ async fn count(
         .lock()
         .entry(req.uri().path().to_string())
         .or_default() += 1;
+    if let Some(key) = paceline_server::bearer_token(req.headers()) {
+        let mut by_key = s.by_key.lock();
+        if let Some(n) = by_key.get_mut(key) {
+            *n += 1;
+        } else if by_key.len() < MAX_COUNTED_KEYS {
+            by_key.insert(key.to_string(), 1);
+        }
+        drop(by_key);
+        if req.uri().path().starts_with("/v1/jobs/") {
+            let mut arrivals = s.arrivals.lock();
+            if arrivals.len() < MAX_COUNTED_KEYS || arrivals.contains_key(key) {
+                let seen = arrivals.entry(key.to_string()).or_default();
+                if seen.len() < MAX_ARRIVALS {
+                    seen.push(std::time::Instant::now());
+                }
+            }
+        }
+    }
     *s.last_headers.lock() = Some(req.headers().clone());
     if !s.delay.is_zero() {
         tokio::time::sleep(s.delay).await;
@@ -221,6 +267,11 @@ async fn rates() -> Json<Value> {
         {"id": "rate_ups_ground", "carrier": "UPS", "service": "Ground", "amount": "7.45"},
         {"id": "rate_usps_priority", "carrier": "USPS", "service": "Priority", "amount": "8.10"},
     ]}))
+}
+
+/// One job of the two-fleet race: done as soon as it arrives.
+async fn job(Path(id): Path<u64>) -> Json<Value> {
+    Json(json!({ "job": id, "status": "done" }))
 }
 
 async fn login() -> Json<Value> {

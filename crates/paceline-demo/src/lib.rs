@@ -6,32 +6,38 @@
 //! - [`api`]: the Shiplane-style demo API, an upstream that counts what
 //!   reaches it and knows nothing of rate limits;
 //! - [`stack`]: the demo API with the gateway in front of it;
-//! - [`race`]: the two-fleet race over real HTTP, with the real server
-//!   layer and the real SDK, on the simulator's
+//! - [`race`]: the two-fleet race over real HTTP, through the real
+//!   gateway (`paceline-gateway` with `max_rps` for the edge) and the real
+//!   SDK, on the simulator's
 //!   [`RaceParams`](paceline_sim::scenario::race::RaceParams) and reported
 //!   as its [`FleetReport`](paceline_sim::report::FleetReport)s, so
 //!   `paceline demo` and `paceline sim race` run and report one race;
-//! - the race's live dashboard, served beside its edge.
+//! - the race's live dashboard (`dashboard.rs`, pages embedded), pushed
+//!   by server-sent events.
 //!
 //! ## The parts
 //!
 //! ```text
-//!  race.rs ── two fleets (the SDK over reqwest; naive retries) ──► the race's edge
-//!     │                                                               │
-//!     │ RaceParams, FleetReport (paceline-sim)                       ▼
-//!     ▼                                            paceline-server's limit layer
-//!  dashboard.rs + dashboard/race.html  (samples, /race.json, re-run)
+//!  race.rs ── two fleets (the SDK over reqwest; naive retries) ──► RaceStack
+//!     │   Tap: every answer counted off the wire          paceline-gateway
+//!     │                                                  (max_rps, buckets)
+//!     │ RaceParams, FleetReport (paceline-sim)                  │
+//!     ▼                                                         ▼
+//!  dashboard.rs + dashboard/  (SSE feed, controls,        api.rs (the demo API,
+//!     race.json, sim.json)                                 counts what is served)
 //!
 //!  stack.rs ── paceline-gateway (examples/shiplane.toml) ──► api.rs (the demo API)
 //! ```
 //!
 //! ## A 429, inside this crate
 //!
-//! A naive worker of `race.rs` sends to the race's edge, whose limit layer
-//! (`paceline-server`) refuses it from the head; the worker counts the 429
-//! and sends again 100 ms later, while the cooperative worker's SDK reads
-//! the same answer's fields and waits them out. `dashboard.rs` samples both
-//! fleets' counters for the page.
+//! A naive worker of `race.rs` sends to the race's gateway, whose limit
+//! layer (`paceline-server`) refuses it from the head; the tap under the
+//! worker's client counts the 429, and the worker sends again 100 ms
+//! later, while the cooperative worker's SDK reads the same answer's
+//! fields and waits them out. Every [`race::TICK`] the run reads each
+//! bucket from the gateway's limiter and what the demo API served, and
+//! `dashboard.rs` pushes it to the pages.
 
 #![forbid(unsafe_code)]
 

@@ -235,7 +235,13 @@ pub struct SheddingSettings {
     pub reserve: f64,
     /// `Retry-After` on a shed request, in seconds (at least 1).
     pub retry_after_s: u64,
+    /// The most requests a second passed on, the heaviest caller's excess
+    /// dropped first; 0 turns it off (see [`crate::shed::RateShed`]).
+    pub max_rps: u32,
 }
+
+/// The largest `gateway.shedding.max_rps`.
+pub(crate) const MAX_MAX_RPS: u32 = 10_000_000;
 
 impl Default for SheddingSettings {
     fn default() -> Self {
@@ -244,6 +250,7 @@ impl Default for SheddingSettings {
             max_latency: None,
             reserve: 0.2,
             retry_after_s: 1,
+            max_rps: 0,
         }
     }
 }
@@ -380,6 +387,7 @@ struct SheddingModel {
     max_latency_ms: Option<u64>,
     reserve: Option<f64>,
     retry_after_s: Option<u64>,
+    max_rps: Option<u32>,
 }
 
 /// One file's text and name, for locating errors.
@@ -827,7 +835,19 @@ fn shedding(src: &Source<'_>, s: &SheddingModel) -> Result<SheddingSettings, Con
             .map(Duration::from_millis),
         reserve,
         retry_after_s,
+        max_rps: max_rps(src, s.max_rps)?,
     })
+}
+
+fn max_rps(src: &Source<'_>, v: Option<u32>) -> Result<u32, ConfigFileError> {
+    match v.unwrap_or(0) {
+        n if n <= MAX_MAX_RPS => Ok(n),
+        n => Err(src.at_field(
+            Kind::OutOfRange,
+            "gateway.shedding.max_rps",
+            format!("{n} requests a second is over {MAX_MAX_RPS}; use 0 (or leave it out) for no capacity"),
+        )),
+    }
 }
 
 /// Parses an `http://host:port[/base]` URI.
@@ -1153,6 +1173,27 @@ criticality = "SHEDDABLE"
         assert!(
             e.message()
                 .starts_with("unknown field `plan`, expected one of `gateway`, `plans`, `keys`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_rate_capacity_is_read_and_bounded() {
+        let c = GatewayConfig::parse(GOOD, "t.toml", None).unwrap();
+        assert_eq!(c.settings.shedding.max_rps, 0, "off by default");
+        let on = GOOD.replacen("max_in_flight = 64", "max_in_flight = 64\nmax_rps = 40", 1);
+        let c = GatewayConfig::parse(&on, "t.toml", None).unwrap();
+        assert_eq!(c.settings.shedding.max_rps, 40);
+        let e = patched(
+            "max_in_flight = 64",
+            "max_in_flight = 64\nmax_rps = 10000001",
+        );
+        assert_eq!((e.line(), e.field()), (7, "gateway.shedding.max_rps"));
+        assert_eq!(e.kind(), Kind::OutOfRange);
+        let e = patched("max_in_flight = 64", "max_in_flight = 64\nmax_rps = -1");
+        assert_eq!(
+            (e.line(), e.field()),
+            (7, "gateway.shedding.max_rps"),
             "{e}"
         );
     }

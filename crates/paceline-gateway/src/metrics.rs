@@ -3,7 +3,7 @@
 //!
 //! | name | kind | labels |
 //! |---|---|---|
-//! | `paceline_gateway_shed_total` | counter | `criticality` |
+//! | `paceline_gateway_shed_total` | counter | `criticality`, `reason` (`in_flight`, `rate`) |
 //! | `paceline_gateway_upstream_seconds` | histogram | — |
 //! | `paceline_gateway_upstream_errors_total` | counter | `kind` (`connect`, `request`, `timeout`, `body_idle`) |
 //! | `paceline_gateway_reloads_total` | counter | `result` (`applied`, `refused`) |
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-/// Requests shed, by criticality.
+/// Requests shed, by criticality and reason.
 pub const SHED: &str = "paceline_gateway_shed_total";
 /// Time to the upstream's response head.
 pub const UPSTREAM_SECONDS: &str = "paceline_gateway_upstream_seconds";

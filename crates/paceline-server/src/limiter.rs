@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, Version};
 use paceline_core::{
-    Clock, Cost, Decision, Denial, FailMode, MemoryStore, Nanos, Outcome, PolicyKind, Store,
+    Clock, Cost, Decision, Denial, FailMode, MemoryStore, Nanos, Outcome, Plan, PolicyKind, Store,
     StoreError,
 };
 use parking_lot::RwLock;
@@ -364,6 +364,26 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             .meta
             .write_fields(&compiled.plan, &d, &lim.dialects, true, &mut h);
         Some(h)
+    }
+
+    /// The standing of the configured key `key` under its plan, read
+    /// without charging: the plan and what the store holds for the key
+    /// now (each policy's whole units left and time to its full restore).
+    /// `None` for a key the configuration does not list, or a store
+    /// outside the process (the read would wait on it). For showing a
+    /// key's counters (a dashboard, a diagnostics page), not for
+    /// deciding.
+    pub fn peek_key(&self, key: &str) -> Option<(Plan, Decision)> {
+        let mem = (&self.shared.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        let limits = self.limits();
+        let lim = &limits.inner;
+        let entry = &lim.key_entries[*lim.keys.get(key)?];
+        let plan = &lim.plans[entry.plan].plan;
+        let now = self.shared.clock.now();
+        let d = mem
+            .check_sync(plan, &entry.stored, Cost::requests(0), now)
+            .ok()?;
+        Some((plan.clone(), d))
     }
 
     /// The tracing span of one decision.
@@ -883,5 +903,35 @@ mod tests {
             let ip: IpAddr = a.parse().unwrap();
             assert_eq!(ip_key(ip), format!("ip:{ip}"));
         }
+    }
+
+    #[test]
+    fn peek_key_reads_a_configured_key_without_charging() {
+        use paceline_core::{ManualClock, MemoryStore, Nanos, Plan, Policy};
+        let clock = ManualClock::at_unix_secs(1_790_000_000);
+        let plan = Plan::new("race", vec![Policy::token_bucket("burst", 8, 2).unwrap()]).unwrap();
+        let limits = crate::Limits::builder()
+            .plan(plan)
+            .key("sk_a", "race")
+            .build()
+            .unwrap();
+        let limiter = super::RateLimiter::new(limits, MemoryStore::new(), clock.clone());
+        let left = |l: &super::RateLimiter<MemoryStore, ManualClock>| {
+            let (plan, d) = l.peek_key("sk_a").unwrap();
+            assert_eq!(plan.name(), "race");
+            (d.statuses[0].remaining, d.statuses[0].reset_after)
+        };
+        assert_eq!(left(&limiter), (8, Nanos::ZERO));
+        assert_eq!(left(&limiter), (8, Nanos::ZERO), "a peek charges nothing");
+        let req = http::Request::get("/")
+            .header("authorization", "Bearer sk_a")
+            .body(())
+            .unwrap();
+        for _ in 0..3 {
+            let p = limiter.prepare(&req, None, None);
+            assert!(limiter.decide_now(&p).is_some());
+        }
+        assert_eq!(left(&limiter), (5, Nanos::from_millis(750)));
+        assert!(limiter.peek_key("sk_unknown").is_none());
     }
 }

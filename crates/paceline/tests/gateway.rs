@@ -248,6 +248,18 @@ fn a_broken_config_is_reported_with_file_line_and_field() {
             ":7:",
             "gateway.shedding.max_inflight",
         ),
+        (
+            "max_in_flight = 0",
+            "max_in_flight = 0\nmax_rps = 20000000",
+            ":8:",
+            "gateway.shedding.max_rps",
+        ),
+        (
+            "max_in_flight = 0",
+            "max_in_flight = 0\nmax_rps = -40",
+            ":8:",
+            "gateway.shedding.max_rps",
+        ),
     ];
     for (from, to, line, field) in cases {
         assert_eq!(good.matches(from).count(), 1, "{from}");

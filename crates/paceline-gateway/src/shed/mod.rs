@@ -34,6 +34,10 @@
 //! first bytes in, the least rate held to), so clients sending bodies
 //! slowly cannot hold the in-flight places critical work needs.
 //!
+//! Beside the in-flight capacity, `max_rps` caps the requests a second the
+//! gateway passes on, the heaviest caller's excess dropped first (see
+//! [`RateShed`]).
+//!
 //! ```
 //! use paceline_gateway::shed::Shedder;
 //! use paceline_gateway::SheddingSettings;
@@ -47,6 +51,7 @@
 //! assert!(shedder.try_admit(Criticality::Sheddable).is_some());
 //! ```
 
+mod rate;
 mod service;
 
 use std::fmt;
@@ -58,6 +63,7 @@ use paceline_core::{Clock, Nanos, SystemClock};
 use paceline_server::Criticality;
 use parking_lot::RwLock;
 
+pub use rate::{caller_of, RateShed, MAX_CALLERS};
 pub use service::{
     overloaded, CallClassified, CurrentLimits, LoadShed, LoadShedLayer, OwnAnswer, ShedBody,
 };
@@ -77,6 +83,8 @@ struct Inner {
     settings: RwLock<SheddingSettings>,
     /// What latencies are measured by.
     clock: Arc<dyn Clock>,
+    /// The requests-per-second capacity's window (`max_rps`).
+    rate: rate::RateShed,
 }
 
 impl fmt::Debug for Shedder {
@@ -115,6 +123,7 @@ impl Shedder {
                 latency_us: AtomicU64::new(0),
                 settings: RwLock::new(settings),
                 clock,
+                rate: rate::RateShed::default(),
             }),
         }
     }

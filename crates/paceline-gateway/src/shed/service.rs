@@ -164,7 +164,7 @@ where
         let layer = &*self.layer.inner;
         let settings = layer.shedder.settings();
         // shedding off: no need to look, and nothing for the limit layer
-        let classified = match settings.max_in_flight {
+        let classified = match settings.max_in_flight | settings.max_rps {
             0 => None,
             _ => {
                 let limits = (layer.limits)();
@@ -175,8 +175,13 @@ where
         let c = classified
             .as_ref()
             .map_or(Criticality::Critical, |(_, info)| info.criticality);
-        let Some(guard) = layer.shedder.admit(&settings, c) else {
-            metrics::counter!(crate::metrics::SHED, "criticality" => c.as_str()).increment(1);
+        // over the requests-per-second capacity: dropped before it holds
+        // a unit of the in-flight one (see `rate.rs`)
+        let passed = layer.shedder.admit_rate(&settings, &req);
+        let Some(guard) = passed.then(|| layer.shedder.admit(&settings, c)).flatten() else {
+            let reason = if passed { "in_flight" } else { "rate" };
+            metrics::counter!(crate::metrics::SHED, "criticality" => c.as_str(), "reason" => reason)
+                .increment(1);
             let close = req.version() <= Version::HTTP_11 && has_body(req.headers());
             // a known caller is told its counters on a 503 too (a read
             // that charges nothing)

@@ -2,7 +2,8 @@
 //! two-fleet race over real HTTP with its live dashboard.
 //!
 //! By default it starts the demo API behind the gateway, starts the race's
-//! edge and dashboard, runs the race with the real SDK, prints the result
+//! dashboard, runs the race through a gateway of its own (the race's keys,
+//! an edge capacity) with the real SDK, prints the result
 //! table and keeps serving (the dashboard can run the race again) until
 //! interrupted. `--json` prints the race's result as JSON and exits.
 //! With `--no-race` it only serves: the gateway's URL and the demo keys go
@@ -39,12 +40,16 @@ pub(crate) struct Args {
     /// Where the gateway (or, with --upstream-only, the API) listens.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Where the race's edge and its dashboard listen.
+    /// Where the race's dashboard listens.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
     race_listen: SocketAddr,
     /// Print the race's result as JSON and exit.
     #[arg(long, conflicts_with_all = ["no_race", "upstream_only"])]
     json: bool,
+    /// The cooperative fleet's SDK pace margin, in milliseconds (to
+    /// measure what it must be; the SDK's default otherwise).
+    #[arg(long, value_name = "MS", hide = true, conflicts_with_all = ["no_race", "upstream_only"])]
+    pace_margin_ms: Option<u64>,
     /// Exit after the race instead of serving on.
     #[arg(long, conflicts_with_all = ["no_race", "upstream_only"])]
     exit: bool,
@@ -82,8 +87,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
     })
 }
 
-/// Runs the race against its own edge (the server layer and a fair-share
-/// capacity limit), prints the result, and serves the dashboard on.
+/// Runs the race through the real gateway (its own instance, with the
+/// race's keys and an edge capacity), prints the result, and serves the
+/// dashboard on.
 async fn race_demo(
     args: &Args,
     stack: &DemoStack,
@@ -93,6 +99,9 @@ async fn race_demo(
     let floor_s = params.floor_s();
     let (workers, jobs) = (params.workers, params.jobs);
     let race = race::Race::new(params);
+    if let Some(ms) = args.pace_margin_ms {
+        race.set_pace_margin(paceline_core::Nanos::from_millis(ms));
+    }
     let (listener, url) = match race::bind(&args.race_listen.to_string()).await {
         Ok(bound) => bound,
         Err(_) => race::bind(&SocketAddr::new(args.race_listen.ip(), 0).to_string()).await?,
@@ -105,14 +114,13 @@ async fn race_demo(
             "paceline demo: racing two fleets of {workers} workers, {jobs} jobs each (floor {floor_s:.1} s)…"
         );
     }
-    let results = race::run(race.clone(), &url).await?;
+    let report = race::run(race.clone()).await?;
     if args.json {
-        let out = serde_json::json!({ "floor_s": floor_s, "fleets": results });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(0);
     }
     println!();
-    print!("{}", scenario::table(&results));
+    print!("{}", scenario::table(&report.fleets));
     println!("floor for the jobs: {floor_s:.1} s");
     if args.exit {
         return Ok(0);
