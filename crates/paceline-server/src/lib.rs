@@ -86,6 +86,7 @@
 mod config;
 mod escalation;
 mod head;
+pub mod idempotency;
 mod identity;
 mod layer;
 mod limiter;
@@ -96,10 +97,12 @@ mod state;
 pub mod telemetry;
 
 pub use config::{
-    ConfigError, ConfigErrorKind, Limits, LimitsBuilder, LimitsConfig, PlanConfig, PolicyConfig,
-    RouteConfig, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH,
+    ConfigError, ConfigErrorKind, IdempotencyConfig, Limits, LimitsBuilder, LimitsConfig,
+    PlanConfig, PolicyConfig, RouteConfig, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT,
+    DEFAULT_USAGE_PATH,
 };
 pub use escalation::{EscalationConfig, Level};
+pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyMode, IdempotencySettings};
 pub use identity::{
     bearer_token, client_ip, peer_ip, IpNet, KeyHash, KeySource, KeyTreatment, PeerAddr,
     TrustedProxies,

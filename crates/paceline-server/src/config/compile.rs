@@ -74,6 +74,7 @@ pub struct LimitsBuilder {
     usage_path: Option<String>,
     problem_base: String,
     escalation: EscalationConfig,
+    idempotency: crate::IdempotencySettings,
 }
 
 impl Default for LimitsBuilder {
@@ -93,6 +94,7 @@ impl Default for LimitsBuilder {
             usage_path: Some(DEFAULT_USAGE_PATH.to_string()),
             problem_base: DEFAULT_PROBLEM_BASE.to_string(),
             escalation: EscalationConfig::default(),
+            idempotency: crate::IdempotencySettings::default(),
         }
     }
 }
@@ -176,8 +178,15 @@ impl LimitsBuilder {
         self
     }
 
+    /// The idempotency layer's settings (its problem base becomes the
+    /// limits' own when built).
+    pub fn idempotency(mut self, settings: crate::IdempotencySettings) -> Self {
+        self.idempotency = settings;
+        self
+    }
+
     /// Validates and builds.
-    pub fn build(self) -> Result<Limits, ConfigError> {
+    pub fn build(mut self) -> Result<Limits, ConfigError> {
         let index = plan_index(&self.plans)?;
         let find = |field: &str, name: &str| {
             index.get(name).copied().ok_or_else(|| {
@@ -272,6 +281,7 @@ impl LimitsBuilder {
             ));
         }
         self.escalation.validate()?;
+        self.idempotency.problem_base = self.problem_base.clone();
         let plans = self
             .plans
             .into_iter()
@@ -294,6 +304,7 @@ impl LimitsBuilder {
                 usage_path: self.usage_path,
                 problem_base: self.problem_base,
                 escalation: self.escalation,
+                idempotency: self.idempotency,
                 generation: super::next_generation(),
             }),
         })
