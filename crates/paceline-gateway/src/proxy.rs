@@ -40,6 +40,11 @@ use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError, Via};
 
 pub(crate) use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
 
+/// The body of a request as the proxy gets it: the client's, through the
+/// idempotency layer (which digests it on the routes that take keys and
+/// passes it on untouched elsewhere).
+pub(crate) type ClientBody = paceline_server::idempotency::DigestBody<Incoming>;
+
 /// The body of every response the gateway sends.
 pub(crate) type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
@@ -100,7 +105,7 @@ impl Proxy {
     }
 
     /// Forwards one request.
-    pub(crate) async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+    pub(crate) async fn forward(&self, req: Request<ClientBody>) -> Response<ProxyBody> {
         let this = &*self.inner;
         if req.method() == Method::CONNECT {
             // a tunnel is not a request this proxy forwards
@@ -190,7 +195,7 @@ fn request_body_error(base: &str, e: &BoxError) -> Response<ProxyBody> {
     }
 }
 
-impl Service<Request<Incoming>> for Proxy {
+impl Service<Request<ClientBody>> for Proxy {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
@@ -199,7 +204,7 @@ impl Service<Request<Incoming>> for Proxy {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<ClientBody>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.forward(req).await) })
     }

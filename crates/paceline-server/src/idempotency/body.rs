@@ -10,8 +10,6 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::fingerprint::BoxError;
-
 pin_project! {
     /// The body of an answer that went through the idempotency layer.
     #[project = Proj]
@@ -69,21 +67,20 @@ impl<B> IdempotencyBody<B> {
 impl<B> Body for IdempotencyBody<B>
 where
     B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = BoxError;
+    type Error = B::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
+            KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Rest { first, body } => match first.take() {
                 Some(d) => Poll::Ready(Some(Ok(Frame::data(d)))),
-                None => body.as_mut().poll_frame(cx).map_err(Into::into),
+                None => body.as_mut().poll_frame(cx),
             },
         }
     }

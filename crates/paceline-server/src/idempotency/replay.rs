@@ -41,14 +41,14 @@ pub(crate) fn kept_fields(h: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// A problem answer of `kind` under the settings' base.
-pub(crate) fn problem(s: &IdempotencySettings, kind: ProblemKind, detail: &str) -> Response<Bytes> {
-    problem::answer(&Problem::new(kind, &s.problem_base, detail))
+/// A problem answer of `kind` under `base`.
+pub(crate) fn problem(base: &str, kind: ProblemKind, detail: &str) -> Response<Bytes> {
+    problem::answer(&Problem::new(kind, base, detail))
 }
 
 /// `409 idempotency_conflict` (or the configured status).
-pub(crate) fn conflict(s: &IdempotencySettings, detail: &str) -> Response<Bytes> {
-    let mut p = Problem::new(ProblemKind::IdempotencyConflict, &s.problem_base, detail);
+pub(crate) fn conflict(s: &IdempotencySettings, base: &str, detail: &str) -> Response<Bytes> {
+    let mut p = Problem::new(ProblemKind::IdempotencyConflict, base, detail);
     p.status = s.conflict_status;
     let mut r = problem::answer(&p);
     *r.status_mut() = StatusCode::from_u16(s.conflict_status).unwrap_or(StatusCode::CONFLICT);
@@ -56,10 +56,10 @@ pub(crate) fn conflict(s: &IdempotencySettings, detail: &str) -> Response<Bytes>
 }
 
 /// `409 idempotency_in_flight` with `Retry-After`.
-pub(crate) fn in_flight(s: &IdempotencySettings) -> Response<Bytes> {
+pub(crate) fn in_flight(s: &IdempotencySettings, base: &str) -> Response<Bytes> {
     let mut p = Problem::new(
         ProblemKind::IdempotencyInFlight,
-        &s.problem_base,
+        base,
         "A request with this Idempotency-Key is still in progress; retry after Retry-After.",
     );
     p.retry_after_s = Some(s.in_flight_retry_after.as_secs_f64().ceil().max(1.0) as u64);

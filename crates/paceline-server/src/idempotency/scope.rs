@@ -48,6 +48,12 @@ pub trait IdempotencyScope: Clone + Send + Sync + 'static {
     /// The scope of the request with head `parts`; `None` when the layer
     /// leaves it alone.
     fn scope(&self, parts: &Parts) -> Option<Scope>;
+
+    /// The base URI of the problem types the layer answers with now, when
+    /// it is not the settings' own (it follows a reloaded configuration).
+    fn problem_base(&self) -> Option<String> {
+        None
+    }
 }
 
 impl<F> IdempotencyScope for F
@@ -172,5 +178,9 @@ where
             .unwrap_or_else(|| shown_caller(parts, self.peer));
         let path = route.pattern.as_deref().unwrap_or_else(|| parts.uri.path());
         Some(Scope::new(mode, &caller, path))
+    }
+
+    fn problem_base(&self) -> Option<String> {
+        Some(self.limiter.limits().problem_base().to_string())
     }
 }

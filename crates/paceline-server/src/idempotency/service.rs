@@ -213,7 +213,6 @@ where
     ReqB: Body<Data = Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
     St: IdempotencyStore,
     C: Clock,
     P: IdempotencyScope,
@@ -236,6 +235,10 @@ where
             return IdempotencyFuture::pass(self.inner.call(req));
         };
         let s = &self.shared.settings;
+        let base = self
+            .scope
+            .problem_base()
+            .unwrap_or_else(|| s.problem_base.clone());
         // an answer made here leaves a body unread: HTTP/1.1 closes
         let has_body = parts.headers.contains_key(TRANSFER_ENCODING)
             || parts
@@ -246,7 +249,7 @@ where
         let key = match read_key(&parts.headers, s.max_key_len) {
             KeyField::Key(k) => scope.entry(k.as_str()),
             KeyField::Invalid(why) => {
-                let p = problem(s, ProblemKind::IdempotencyKeyInvalid, why);
+                let p = problem(&base, ProblemKind::IdempotencyKeyInvalid, why);
                 return IdempotencyFuture::ready(p, close);
             }
             KeyField::Absent => match scope.mode() {
@@ -256,7 +259,7 @@ where
                 }
                 IdempotencyMode::Required => {
                     let p = problem(
-                        s,
+                        &base,
                         ProblemKind::IdempotencyKeyMissing,
                         "This route requires an Idempotency-Key; send one (a UUID, say) and reuse it on every retry.",
                     );
@@ -269,7 +272,7 @@ where
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if announced.is_some_and(|n| n > s.max_body_bytes) {
-            return IdempotencyFuture::ready(too_large(s), close);
+            return IdempotencyFuture::ready(too_large(s, &base), close);
         }
         let target = parts
             .uri
@@ -280,19 +283,26 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
-        let fut = run(shared, inner, Request::from_parts(parts, body), key, head);
+        let fut = run(
+            shared,
+            base,
+            inner,
+            Request::from_parts(parts, body),
+            key,
+            head,
+        );
         IdempotencyFuture {
             kind: FutKind::Boxed { fut: Box::pin(fut) },
         }
     }
 }
 
-fn too_large(s: &IdempotencySettings) -> Response<Bytes> {
+fn too_large(s: &IdempotencySettings, base: &str) -> Response<Bytes> {
     let detail = format!(
         "The request body is larger than the {} bytes an idempotent request may carry.",
         s.max_body_bytes
     );
-    problem(s, ProblemKind::PayloadTooLarge, &detail)
+    problem(base, ProblemKind::PayloadTooLarge, &detail)
 }
 
 fn full<B>(r: Response<Bytes>) -> Response<IdempotencyBody<B>> {
@@ -302,6 +312,7 @@ fn full<B>(r: Response<Bytes>) -> Response<IdempotencyBody<B>> {
 /// A request with a key: takes it, then runs, replays or refuses.
 async fn run<I, St, C, ReqB, ResB>(
     shared: Arc<Shared<St, C>>,
+    base: String,
     mut inner: I,
     req: Request<ReqB>,
     key: EntryKey,
@@ -325,7 +336,7 @@ where
             tracing::warn!(error = %e, "idempotency store failed");
             let mut p = paceline_wire::problem::Problem::new(
                 ProblemKind::Overloaded,
-                &s.problem_base,
+                &base,
                 "The idempotency store is unavailable; retry shortly.",
             );
             p.retry_after_s = Some(1);
@@ -340,14 +351,14 @@ where
                 key,
                 token: Some(token),
             };
-            let job = first(guard, call, end, head);
+            let job = first(guard, base.clone(), call, end, head);
             match tokio::runtime::Handle::try_current() {
                 // its own task: a client that goes away does not cancel it
                 Ok(rt) => match rt.spawn(job).await {
                     Ok(r) => r,
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                     Err(_) => Ok(full(problem(
-                        s,
+                        &base,
                         ProblemKind::Overloaded,
                         "The server is shutting down.",
                     ))),
@@ -355,7 +366,9 @@ where
                 Err(_) => job.await,
             }
         }
-        Ok(Begin::Existing(entry)) => Ok(full(existing(&shared, entry, body, key, head).await)),
+        Ok(Begin::Existing(entry)) => {
+            Ok(full(existing(&shared, &base, entry, body, key, head).await))
+        }
     }
 }
 
@@ -363,6 +376,7 @@ where
 /// held until the first answer comes.
 async fn existing<St: IdempotencyStore, C: Clock, B: Body<Data = Bytes>>(
     shared: &Shared<St, C>,
+    base: &str,
     entry: Entry,
     body: B,
     key: EntryKey,
@@ -374,17 +388,17 @@ async fn existing<St: IdempotencyStore, C: Clock, B: Body<Data = Bytes>>(
         Entry::Done(c) => c.fingerprint.head,
     };
     if head_of(&entry) != head {
-        return conflict(s, replay::DIFFERENT);
+        return conflict(s, base, replay::DIFFERENT);
     }
     if matches!(entry, Entry::InFlight { .. }) && s.in_flight == InFlight::Reject {
-        return in_flight(s);
+        return in_flight(s, base);
     }
     let digest = match digest_body(body, s.max_body_bytes).await {
         Ok(d) => d,
-        Err(BodyEnd::TooLarge) => return too_large(s),
+        Err(BodyEnd::TooLarge) => return too_large(s, base),
         Err(_) => {
             return problem(
-                s,
+                base,
                 ProblemKind::BadRequest,
                 "The request body could not be read.",
             )
@@ -394,15 +408,15 @@ async fn existing<St: IdempotencyStore, C: Clock, B: Body<Data = Bytes>>(
         Entry::Done(c) => c,
         Entry::InFlight { .. } => match wait(shared, key).await {
             Some(c) => c,
-            None => return in_flight(s),
+            None => return in_flight(s, base),
         },
     };
     if done.fingerprint.body.is_some_and(|d| d != digest) {
-        return conflict(s, replay::DIFFERENT);
+        return conflict(s, base, replay::DIFFERENT);
     }
     match &done.answer.body {
         Some(_) => replay::replay(&done.answer),
-        None => conflict(s, replay::NOT_KEPT),
+        None => conflict(s, base, replay::NOT_KEPT),
     }
 }
 
@@ -487,6 +501,7 @@ impl<St: IdempotencyStore, C: Clock> Drop for LeaseGuard<St, C> {
 /// whole, up to the bound) or the key given back.
 async fn first<St, C, F, ResB, E>(
     guard: LeaseGuard<St, C>,
+    base: String,
     call: F,
     end: Arc<OnceLock<BodyEnd>>,
     head: u64,
@@ -502,12 +517,12 @@ where
     // body past its bound is that body's answer
     let res = match call.await {
         Ok(res) => res,
-        Err(_) if end.get() == Some(&BodyEnd::TooLarge) => return Ok(full(too_large(&s))),
+        Err(_) if end.get() == Some(&BodyEnd::TooLarge) => return Ok(full(too_large(&s, &base))),
         Err(e) => return Err(e),
     };
     let digest = match end.get() {
         Some(BodyEnd::Complete(d)) => Some(*d),
-        Some(BodyEnd::TooLarge) => return Ok(full(too_large(&s))),
+        Some(BodyEnd::TooLarge) => return Ok(full(too_large(&s, &base))),
         // the body failed: the client's own fault, not an answer to it
         Some(BodyEnd::Failed) => return Ok(res.map(IdempotencyBody::inner)),
         // answered before the body was read to its end (a service that
@@ -536,7 +551,7 @@ where
             Some(Ok(f)) => f,
             Some(Err(_)) => {
                 return Ok(full(problem(
-                    &s,
+                    &base,
                     ProblemKind::BadGateway,
                     "The answer failed before it ended.",
                 )))
