@@ -19,6 +19,9 @@
 //!   [`RateLimitLayer`].
 //! - [`route`]: costs and criticality, and [`RouteInfo`], a request's
 //!   classification; [`telemetry`]: the metric names.
+//! - [`idempotency`]: a second layer, usable alone, that replays the
+//!   stored answer of a retried write instead of running it twice
+//!   ([`IdempotencyLayer`], its store trait and a bounded in-memory store).
 //!
 //! ## The parts
 //!
@@ -39,6 +42,13 @@
 //!     ├─► paceline-core  the decision (any Store, any Clock)
 //!     ├─► telemetry.rs metrics and tracing
 //!     └─► respond.rs + paceline-wire  the fields, the answers
+//!
+//!  idempotency/ service.rs (IdempotencyLayer, Idempotency: run, replay, refuse)
+//!     ├─► key.rs         Idempotency-Key: structured-field string or bare
+//!     ├─► scope.rs       whose key, on which route (BearerScope, LimiterScope)
+//!     ├─► fingerprint.rs entry keys, head and body digests (while streaming)
+//!     ├─► store.rs       the five steps ─► memory.rs (bounded in bytes, TTL)
+//!     └─► replay.rs + body.rs  stored answers again, problems, the body
 //! ```
 //!
 //! ## A 429, file by file

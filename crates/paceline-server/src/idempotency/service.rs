@@ -116,7 +116,7 @@ impl<I, St, C, P: Clone> Layer<I> for IdempotencyLayer<St, C, P> {
     }
 }
 
-/// The idempotency service; see the [module](super).
+/// The idempotency service; see [`crate::idempotency`].
 pub struct Idempotency<I, St, C, P> {
     inner: I,
     shared: Arc<Shared<St, C>>,

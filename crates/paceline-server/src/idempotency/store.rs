@@ -85,7 +85,10 @@ pub enum Begin {
     Existing(Entry),
 }
 
-/// Keys, leases and stored answers; see the [module](self) for the steps.
+/// Keys, leases and stored answers, in five steps, each one atomic and
+/// one round trip for a store over the network: `begin` (put-if-absent
+/// with a lease, or what is there), `complete`, `fetch`, `release` and
+/// `expire`. A lease also ends by itself at its deadline.
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Takes `key` for a request whose head digests to `head`, leased until
     /// `now + lease`, if it holds nothing live; otherwise says what it
