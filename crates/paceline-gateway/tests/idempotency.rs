@@ -404,3 +404,18 @@ async fn routes_without_keys_are_left_alone() {
     assert_eq!(rig.api.hits_on("/v1/labels:batch"), 2);
     rig.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_idempotency_table_is_named_for_restart() {
+    let rig = Rig::start(Duration::ZERO, "").await;
+    let same = config_text(rig.api.addr(), "");
+    let cfg = GatewayConfig::parse(&same, "gateway.toml", None).unwrap();
+    assert!(rig.handle.apply(cfg).is_empty());
+    let changed = config_text(rig.api.addr(), "ttl_s = 60");
+    let cfg = GatewayConfig::parse(&changed, "gateway.toml", None).unwrap();
+    assert_eq!(
+        rig.handle.apply(cfg),
+        ["idempotency changed; restart to apply it"]
+    );
+    rig.stop().await;
+}
