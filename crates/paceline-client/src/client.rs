@@ -239,16 +239,28 @@ impl Client {
         }
     }
 
+    /// A new idempotency key (a UUID v4, from the client's seeded draws),
+    /// for an application that keeps one logical request alive across
+    /// calls (a job queued again) and sets it itself
+    /// ([`RequestInfo::with_idempotency_key`], or the header through the
+    /// adapters).
+    pub fn idempotency_key(&self) -> String {
+        let mut b = [0u8; 16];
+        self.inner.state.lock().rng.fill_bytes(&mut b);
+        uuid::Builder::from_random_bytes(b).into_uuid().to_string()
+    }
+
     /// Starts a call: one application request across all its attempts. A
-    /// POST gets an `Idempotency-Key` (a UUID v4) unless it has one.
+    /// POST or PATCH gets an `Idempotency-Key` (a UUID v4) unless it has
+    /// one; every attempt of the call sends the same key.
     pub fn call(&self, info: RequestInfo) -> Call {
         self.inner.calls.fetch_add(1, Ordering::Relaxed);
         let key = match &info.idempotency_key {
             Some(k) => Some(k.clone()),
-            None if self.inner.config.idempotency_keys && info.method == Method::POST => {
-                let mut b = [0u8; 16];
-                self.inner.state.lock().rng.fill_bytes(&mut b);
-                Some(uuid::Builder::from_random_bytes(b).into_uuid().to_string())
+            None if self.inner.config.idempotency_keys
+                && (info.method == Method::POST || info.method == Method::PATCH) =>
+            {
+                Some(self.idempotency_key())
             }
             None => None,
         };
@@ -492,6 +504,9 @@ impl Client {
                 return After::Error(error);
             }
             ResponseKind::RateLimited | ResponseKind::Overloaded => obs.should_retry != Some(false),
+            // the same key is still running: waiting can succeed, and the
+            // retry is replayed, never run twice
+            ResponseKind::InFlight => call.key.is_some() && obs.should_retry != Some(false),
             _ => obs.should_retry == Some(true) && obs.status >= 500,
         };
         if !retryable {

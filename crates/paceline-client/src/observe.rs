@@ -22,6 +22,12 @@ pub enum ResponseKind {
     QuotaExhausted,
     /// 503: the server is overloaded.
     Overloaded,
+    /// 409 with `Retry-After`: a request with the same `Idempotency-Key`
+    /// is still running (`idempotency_in_flight`); retried after the wait,
+    /// with the same key. A 409 or 422 without one (a key reused with
+    /// another request) is an [`Error`](ResponseKind::Error), never
+    /// retried.
+    InFlight,
     /// Another error status.
     Error,
 }
@@ -86,9 +92,13 @@ impl Observation {
         }
     }
 
-    /// Sets the wait the server asked for.
+    /// Sets the wait the server asked for (a 409 with a wait is a
+    /// request still in flight under the same key).
     pub fn with_retry_after(mut self, ra: Nanos) -> Self {
         self.retry_after = Some(ra);
+        if self.status == 409 && self.kind == ResponseKind::Error {
+            self.kind = ResponseKind::InFlight;
+        }
         self
     }
 
@@ -197,6 +207,9 @@ impl Observation {
             OutcomeKind::RateLimited => ResponseKind::RateLimited,
             OutcomeKind::QuotaExhausted => ResponseKind::QuotaExhausted,
             OutcomeKind::Overloaded => ResponseKind::Overloaded,
+            OutcomeKind::Error if v.status == 409 && v.retry_after.is_some() => {
+                ResponseKind::InFlight
+            }
             // a verdict this SDK does not know is not retried blindly
             _ => ResponseKind::Error,
         };

@@ -38,6 +38,9 @@
 //!  paceline-server RateLimit  (decide from the head; 429 without going on)
 //!     │
 //!     ▼
+//!  idempotency.rs  paceline-server's idempotency layer on the routes that
+//!     │            take keys (replay, 409, never a second execution)
+//!     ▼
 //!  proxy.rs ─► upstream/ client.rs (pool.rs, conn.rs, body.rs, idle.rs)
 //!                        codec/ request.rs (the head going up), head.rs and
 //!                               framing.rs (the answer coming back), hop.rs
@@ -74,6 +77,7 @@
 
 mod config;
 mod edge;
+mod idempotency;
 mod idle;
 mod intake;
 mod locate;

@@ -43,6 +43,11 @@ use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError, Via};
 
 pub(crate) use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
 
+/// The body of a request as the proxy gets it: the client's, through the
+/// idempotency layer (which digests it on the routes that take keys and
+/// passes it on untouched elsewhere).
+pub(crate) type ClientBody = paceline_server::idempotency::DigestBody<RequestBody>;
+
 /// The body of every response the gateway sends.
 pub(crate) type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
@@ -103,7 +108,7 @@ impl Proxy {
     }
 
     /// Forwards one request.
-    pub(crate) async fn forward(&self, req: Request<RequestBody>) -> Response<ProxyBody> {
+    pub(crate) async fn forward(&self, req: Request<ClientBody>) -> Response<ProxyBody> {
         let this = &*self.inner;
         if req.method() == Method::CONNECT {
             // a tunnel is not a request this proxy forwards
@@ -215,7 +220,7 @@ fn request_body_error(base: &str, e: &BoxError) -> Response<ProxyBody> {
     res
 }
 
-impl Service<Request<RequestBody>> for Proxy {
+impl Service<Request<ClientBody>> for Proxy {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
@@ -224,7 +229,7 @@ impl Service<Request<RequestBody>> for Proxy {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
+    fn call(&mut self, req: Request<ClientBody>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.forward(req).await) })
     }

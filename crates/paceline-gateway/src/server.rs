@@ -2,8 +2,9 @@
 //!
 //! Each request goes through, in order: the load shedder (so a shed request
 //! is charged to nothing), the rate limiter of `paceline-server` (which
-//! answers 429s and the usage endpoint from the request head alone), and
-//! the [`Proxy`]. HTTP/1.1 and cleartext HTTP/2 (prior knowledge) are
+//! answers 429s and the usage endpoint from the request head alone), the
+//! idempotency layer (on the routes configured with `idempotency`: a
+//! retried write is replayed, never run twice), and the [`Proxy`]. HTTP/1.1 and cleartext HTTP/2 (prior knowledge) are
 //! served on the same port.
 //!
 //! A reload (SIGHUP, a change to the file, or [`GatewayHandle::reload`])
@@ -50,7 +51,11 @@ use crate::shed::{CurrentLimits, LoadShedLayer, Shedder};
 /// The limiter a gateway runs: the in-memory store and a shared clock.
 pub type GatewayLimiter = RateLimiter<MemoryStore, Arc<dyn Clock>>;
 
-type GatewayBody = crate::shed::ShedBody<paceline_server::RateLimitBody<crate::proxy::ProxyBody>>;
+type GatewayBody = crate::shed::ShedBody<
+    paceline_server::RateLimitBody<
+        paceline_server::idempotency::IdempotencyBody<crate::proxy::ProxyBody>,
+    >,
+>;
 type ServeFuture = std::pin::Pin<
     Box<
         dyn Future<Output = Result<Response<Tracked<GatewayBody>>, std::convert::Infallible>>
@@ -235,6 +240,7 @@ impl Gateway {
             h.inner.limiter.clock().clone(),
         );
         let shed = shed_layer(&h);
+        let idempotency = crate::idempotency::layer(&h.inner.limiter);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // the client header bound is kept per connection (see `idle`), not
         // with a timer armed for every request head
@@ -288,7 +294,8 @@ impl Gateway {
             let _ = stream.set_nodelay(true);
             // a stack per connection, knowing its peer: no address to put
             // into every request
-            let limited = RateLimit::new(proxy.with_peer(peer), h.inner.limiter.clone());
+            let keyed = idempotency.for_peer(peer).layer(proxy.with_peer(peer));
+            let limited = RateLimit::new(keyed, h.inner.limiter.clone());
             let stack = shed.layer(limited.with_peer(peer));
             let activity = Activity::new();
             let watched = activity.clone();
@@ -492,6 +499,12 @@ fn restart_notes(
     note("gateway.limits", old.limits != *gateway_limits);
     // the limiter keeps these from its construction
     note("escalation", old_limits.escalation() != limits.escalation());
+    // the idempotency layer and its store are built once (each route's
+    // mode reloads with the routes)
+    // (its problem base follows the limits in force)
+    let (mut was, now) = (old_limits.idempotency().clone(), limits.idempotency());
+    was.problem_base.clone_from(&now.problem_base);
+    note("idempotency", was != *now);
     note("soft_limit", old_limits.soft_limit() != limits.soft_limit());
     notes
 }

@@ -19,6 +19,9 @@
 //!   [`RateLimitLayer`].
 //! - [`route`]: costs and criticality, and [`RouteInfo`], a request's
 //!   classification; [`telemetry`]: the metric names.
+//! - [`idempotency`]: a second layer, usable alone, that replays the
+//!   stored answer of a retried write instead of running it twice
+//!   ([`IdempotencyLayer`], its store trait and a bounded in-memory store).
 //!
 //! ## The parts
 //!
@@ -39,6 +42,13 @@
 //!     ├─► paceline-core  the decision (any Store, any Clock)
 //!     ├─► telemetry.rs metrics and tracing
 //!     └─► respond.rs + paceline-wire  the fields, the answers
+//!
+//!  idempotency/ service.rs (IdempotencyLayer, Idempotency: run, replay, refuse)
+//!     ├─► key.rs         Idempotency-Key: structured-field string or bare
+//!     ├─► scope.rs       whose key, on which route (BearerScope, LimiterScope)
+//!     ├─► fingerprint.rs entry keys, head and body digests (while streaming)
+//!     ├─► store.rs       the five steps ─► memory.rs (bounded in bytes, TTL)
+//!     └─► replay.rs + body.rs  stored answers again, problems, the body
 //! ```
 //!
 //! ## A 429, file by file
@@ -86,6 +96,7 @@
 mod config;
 mod escalation;
 mod head;
+pub mod idempotency;
 mod identity;
 mod layer;
 mod limiter;
@@ -96,10 +107,12 @@ mod state;
 pub mod telemetry;
 
 pub use config::{
-    ConfigError, ConfigErrorKind, Limits, LimitsBuilder, LimitsConfig, PlanConfig, PolicyConfig,
-    RouteConfig, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH,
+    ConfigError, ConfigErrorKind, IdempotencyConfig, Limits, LimitsBuilder, LimitsConfig,
+    PlanConfig, PolicyConfig, RouteConfig, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT,
+    DEFAULT_USAGE_PATH,
 };
 pub use escalation::{EscalationConfig, Level};
+pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyMode, IdempotencySettings};
 pub use identity::{
     bearer_token, client_ip, peer_ip, IpNet, KeyHash, KeyHasher, KeySource, KeyTreatment, PeerAddr,
     SecretOrigin, ShortSecret, TrustedProxies, MIN_KEY_HASH_SECRET_BYTES,

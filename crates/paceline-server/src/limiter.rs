@@ -287,6 +287,33 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         self.shared.limits.load().classify_in(req)
     }
 
+    /// The identity a request is counted under (a configured key, or the
+    /// client address of an anonymous caller), as the store knows it:
+    /// what another layer scopes by, such as the idempotency layer's
+    /// [`LimiterScope`](crate::idempotency::LimiterScope). `None` for a
+    /// request the limiter refuses (no known key) or does not count (an
+    /// unlimited route). `peer` is the socket peer when the extensions
+    /// name none.
+    pub fn caller(
+        &self,
+        parts: &http::request::Parts,
+        route: &RouteInfo,
+        peer: Option<std::net::IpAddr>,
+    ) -> Option<String> {
+        let limits = self.limits();
+        let fields = HeadFields::of(&parts.headers);
+        let (who, _) = who(
+            &limits,
+            &parts.headers,
+            &parts.extensions,
+            peer,
+            &fields,
+            route,
+            false,
+        );
+        who.map(|w| w.key(&limits.inner).to_string())
+    }
+
     /// A tower layer enforcing this limiter.
     pub fn layer(&self) -> crate::RateLimitLayer<S, C> {
         crate::RateLimitLayer::new(self.clone())
@@ -319,7 +346,15 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         };
         let usage = req.method() == Method::GET && lim.usage_path.as_deref() == Some(path);
         let fields = HeadFields::of(req.headers());
-        let (who, stranger) = who(&limits, req, peer, &fields, route, usage);
+        let (who, stranger) = who(
+            &limits,
+            req.headers(),
+            req.extensions(),
+            peer,
+            &fields,
+            route,
+            usage,
+        );
         let cost = route.cost;
         let refused = fields.check.refusal(req.headers(), &lim.key_source);
         let close = req.version() <= Version::HTTP_11
@@ -800,9 +835,10 @@ impl<'a> HeadFields<'a> {
 /// Who a request is counted as, and why it has no known key when it has
 /// none. No one (and no stranger) is a request of an unlimited route; no
 /// one with a stranger is a request to refuse with 401.
-fn who<B>(
+fn who(
     limits: &Limits,
-    req: &Request<B>,
+    headers: &HeaderMap,
+    extensions: &http::Extensions,
     peer: Option<std::net::IpAddr>,
     fields: &HeadFields<'_>,
     route: &RouteInfo,
@@ -813,9 +849,8 @@ fn who<B>(
     if route.unlimited && !usage {
         return (None, None);
     }
-    let headers = req.headers();
     let ip = || {
-        let peer = peer_ip(req.extensions()).or(peer);
+        let peer = peer_ip(extensions).or(peer);
         client_ip(headers, peer, &lim.trusted)
     };
     let anon_key = || ip().map_or_else(|| "ip:unknown".to_string(), ip_key);

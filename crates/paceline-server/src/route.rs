@@ -93,6 +93,7 @@ pub struct Route {
     /// No limit applies (see [`Route::unlimited`]).
     unlimited: bool,
     plan: Option<String>,
+    idempotency: Option<crate::idempotency::IdempotencyMode>,
 }
 
 /// The methods a route may name: those of RFC 9110 and `PATCH`. Any other
@@ -168,6 +169,7 @@ impl Route {
             anonymous: false,
             unlimited: false,
             plan: None,
+            idempotency: None,
         })
     }
 
@@ -201,6 +203,19 @@ impl Route {
         self.anonymous = false;
         self.plan = None;
         self
+    }
+
+    /// Makes the route take idempotency keys: required (a POST or PATCH
+    /// without one is refused) or optional (honoured when sent). The
+    /// idempotency layer ([`crate::idempotency::LimiterScope`]) reads it.
+    pub fn with_idempotency(mut self, mode: crate::idempotency::IdempotencyMode) -> Route {
+        self.idempotency = Some(mode);
+        self
+    }
+
+    /// Whether the route takes idempotency keys, and how.
+    pub fn idempotency(&self) -> Option<crate::idempotency::IdempotencyMode> {
+        self.idempotency
     }
 
     /// Whether the route matches.
@@ -314,6 +329,9 @@ pub struct RouteInfo {
     pub(crate) anonymous: bool,
     /// The matched route is unlimited: no limit applies.
     pub(crate) unlimited: bool,
+    /// Whether the matched route takes idempotency keys
+    /// ([`crate::idempotency`]), and how.
+    pub idempotency: Option<crate::idempotency::IdempotencyMode>,
     /// The per-IP plan of an anonymous route (else the anonymous plan).
     pub(crate) anonymous_plan: Option<usize>,
     /// The generation of the limits that made it.
@@ -342,6 +360,7 @@ impl RouteInfo {
                 criticality: r.criticality,
                 anonymous: r.anonymous,
                 unlimited: r.unlimited,
+                idempotency: r.idempotency,
                 anonymous_plan: *plan,
                 generation,
             },
@@ -351,6 +370,7 @@ impl RouteInfo {
                 criticality: Criticality::default(),
                 anonymous: false,
                 unlimited: false,
+                idempotency: None,
                 anonymous_plan: None,
                 generation,
             },

@@ -42,3 +42,75 @@ fn a_bad_file_names_the_field() {
     let err = toml::from_str::<LimitsConfig>(&typo).unwrap_err();
     assert!(err.to_string().contains("soft_limt"), "{err}");
 }
+
+const KEYED: &str = r#"
+[plans.free]
+policies = [{ name = "burst", algorithm = "token_bucket", q = 20, w = 2 }]
+
+[idempotency]
+ttl_s = 3600
+conflict_status = 422
+in_flight = "wait"
+max_wait_ms = 2000
+
+[[routes]]
+method = "POST"
+path = "/v1/labels"
+idempotency = "required"
+
+[[routes]]
+method = "PATCH"
+path = "/v1/labels/{id}"
+idempotency = "optional"
+"#;
+
+#[test]
+fn routes_take_idempotency_keys_and_the_layer_its_settings() {
+    use paceline_server::idempotency::{InFlight, DEFAULT_MAX_BODY_BYTES};
+    use paceline_server::IdempotencyMode;
+    let limits = toml::from_str::<LimitsConfig>(KEYED)
+        .unwrap()
+        .build()
+        .unwrap();
+    let r = |m: http::Method, p: &str| limits.route(&m, p).unwrap().idempotency();
+    assert_eq!(
+        r(http::Method::POST, "/v1/labels"),
+        Some(IdempotencyMode::Required)
+    );
+    assert_eq!(
+        r(http::Method::PATCH, "/v1/labels/lbl_1"),
+        Some(IdempotencyMode::Optional)
+    );
+    let s = limits.idempotency();
+    assert_eq!(s.ttl, std::time::Duration::from_secs(3600));
+    assert_eq!(s.conflict_status, 422);
+    assert_eq!(s.in_flight, InFlight::Wait);
+    assert_eq!(s.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    assert_eq!(s.problem_base, limits.problem_base());
+    assert!(limits.has_idempotent_routes());
+}
+
+#[test]
+fn idempotency_mistakes_name_their_field() {
+    let err = |from: &str, to: &str| {
+        let text = KEYED.replacen(from, to, 1);
+        let cfg = match toml::from_str::<LimitsConfig>(&text) {
+            Ok(c) => c,
+            Err(e) => return e.to_string(),
+        };
+        cfg.build().unwrap_err().to_string()
+    };
+    assert!(err("conflict_status = 422", "conflict_status = 500")
+        .starts_with("idempotency.conflict_status: "));
+    assert!(err("ttl_s = 3600", "ttl_s = 0").starts_with("idempotency.ttl_s: "));
+    assert!(err("max_wait_ms = 2000", "max_wait_ms = 999999999")
+        .starts_with("idempotency.max_wait_ms: "));
+    assert!(err("ttl_s = 3600", "ttl_s = 3600\nmax_store_bytes = 10")
+        .starts_with("idempotency.max_store_bytes: "));
+    assert!(err("in_flight = \"wait\"", "in_flight = \"queue\"").contains("queue"));
+    assert!(err("ttl_s = 3600", "ttl = 3600").contains("unknown field"));
+    assert!(err("idempotency = \"required\"", "idempotency = \"always\"").contains("always"));
+    // a GET never takes a key
+    assert!(err("method = \"POST\"", "method = \"GET\"")
+        .starts_with("routes[0].idempotency: only POST and PATCH"));
+}

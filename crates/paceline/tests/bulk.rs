@@ -119,6 +119,9 @@ fn serve(conn: TcpStream, api: &Api) {
             503
         } else if path.starts_with("/missing/") {
             404
+        } else if path.starts_with("/conflict/") {
+            // the same key with another body: definitive
+            409
         } else if path.starts_with("/limited/") {
             extra.push(("retry-after".to_string(), "1".to_string()));
             429
@@ -276,6 +279,47 @@ fn json_lines_keys_and_idempotent_retries() {
     let put = seen.iter().find(|r| r.path == "/v1/x").unwrap();
     assert_eq!(put.headers.get("x-trace").map(String::as_str), Some("t1"));
     assert_eq!(put.body, b"raw");
+}
+
+#[test]
+fn a_retried_post_keeps_its_key_and_a_conflict_is_not_retried() {
+    let (addr, api) = spawn_api(race_plan());
+    let list = format!(
+        "{{\"method\":\"POST\",\"url\":\"http://{addr}/down/1\",\"body\":{{\"n\":1}}}}\n\
+         {{\"method\":\"PATCH\",\"url\":\"http://{addr}/conflict/1\",\"body\":{{\"n\":2}}}}\n\
+         {{\"method\":\"POST\",\"url\":\"http://{addr}/v1/ok\",\"headers\":{{\"idempotency-key\":\"mine\"}}}}\n"
+    );
+    let (code, s, out) = bulk(
+        &[
+            "--workers",
+            "1",
+            "--json",
+            "--no-progress",
+            "--max-wait",
+            "4",
+        ],
+        &list,
+    );
+    assert_eq!(code, 1, "{out}");
+    let seen = api.seen.lock().unwrap().clone();
+    let down: Vec<_> = seen.iter().filter(|r| r.path == "/down/1").collect();
+    assert!(down.len() > 1, "{}", down.len());
+    let key = down[0].headers.get("idempotency-key").expect("a key");
+    assert!(
+        down.iter()
+            .all(|r| r.headers.get("idempotency-key") == Some(key)),
+        "one key across every attempt and requeue"
+    );
+    let conflict: Vec<_> = seen.iter().filter(|r| r.path == "/conflict/1").collect();
+    assert_eq!(conflict.len(), 1, "a conflict is not retried");
+    assert!(conflict[0].headers.contains_key("idempotency-key"));
+    let f = s["failures"].as_array().unwrap();
+    assert!(f.iter().any(|f| f["reason"] == "status_409"), "{out}");
+    let mine = seen.iter().find(|r| r.path == "/v1/ok").unwrap();
+    assert_eq!(
+        mine.headers.get("idempotency-key").map(String::as_str),
+        Some("mine")
+    );
 }
 
 fn paths(addr: SocketAddr, prefix: &str, n: usize) -> String {

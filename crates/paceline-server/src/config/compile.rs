@@ -81,6 +81,7 @@ pub struct LimitsBuilder {
     /// Plans whose upstream failures stay charged.
     charged_failures: Vec<String>,
     hasher: crate::KeyHasher,
+    idempotency: crate::IdempotencySettings,
 }
 
 impl Default for LimitsBuilder {
@@ -102,6 +103,7 @@ impl Default for LimitsBuilder {
             escalation: EscalationConfig::default(),
             charged_failures: Vec::new(),
             hasher: crate::KeyHasher::per_process().clone(),
+            idempotency: crate::IdempotencySettings::default(),
         }
     }
 }
@@ -201,6 +203,13 @@ impl LimitsBuilder {
     /// Escalation settings.
     pub fn escalation(mut self, escalation: EscalationConfig) -> Self {
         self.escalation = escalation;
+        self
+    }
+
+    /// The idempotency layer's settings (its problem base becomes the
+    /// limits' own when built).
+    pub fn idempotency(mut self, settings: crate::IdempotencySettings) -> Self {
+        self.idempotency = settings;
         self
     }
 
@@ -315,6 +324,7 @@ impl LimitsBuilder {
             ));
         }
         let charged = std::mem::take(&mut self.charged_failures);
+        self.idempotency.problem_base = self.problem_base.clone();
         let plans = self
             .plans
             .into_iter()
@@ -343,6 +353,7 @@ impl LimitsBuilder {
                 problem_base: self.problem_base,
                 escalation: self.escalation,
                 hasher: self.hasher,
+                idempotency: self.idempotency,
                 generation: super::next_generation(),
             }),
         })

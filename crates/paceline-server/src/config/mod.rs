@@ -59,7 +59,7 @@ use crate::route::{Route, RouteInfo};
 pub(crate) use compile::CompiledPlan;
 pub use compile::LimitsBuilder;
 pub use error::{ConfigError, ConfigErrorKind};
-pub use model::{LimitsConfig, PlanConfig, PolicyConfig, RouteConfig};
+pub use model::{IdempotencyConfig, LimitsConfig, PlanConfig, PolicyConfig, RouteConfig};
 
 /// The default path of the usage endpoint.
 pub const DEFAULT_USAGE_PATH: &str = "/v1/usage";
@@ -98,6 +98,7 @@ pub(crate) struct LimitsInner {
     pub(crate) escalation: EscalationConfig,
     /// The hash of keys in logs and events.
     pub(crate) hasher: KeyHasher,
+    pub(crate) idempotency: crate::IdempotencySettings,
     /// Unique to this build of the limits: a [`RouteInfo`] made from them
     /// carries it, so a layer can tell whether a classification it finds
     /// was made by the limits it decides with.
@@ -203,6 +204,15 @@ impl Limits {
     pub fn classify<B>(&self, req: &http::Request<B>) -> RouteInfo {
         self.inner.classify_in(req)
     }
+    /// [`Limits::classify`] by method and path alone.
+    pub(crate) fn classify_parts(&self, method: &http::Method, path: &str) -> RouteInfo {
+        let matched = self
+            .inner
+            .routes
+            .iter()
+            .find(|(r, _)| r.matches(method, path));
+        RouteInfo::of(matched, self.inner.generation)
+    }
     /// The usage endpoint's path, if it is on.
     pub fn usage_path(&self) -> Option<&str> {
         self.inner.usage_path.as_deref()
@@ -227,6 +237,17 @@ impl Limits {
     /// The escalation settings.
     pub fn escalation(&self) -> &EscalationConfig {
         &self.inner.escalation
+    }
+    /// The idempotency layer's settings.
+    pub fn idempotency(&self) -> &crate::IdempotencySettings {
+        &self.inner.idempotency
+    }
+    /// Whether any route takes idempotency keys.
+    pub fn has_idempotent_routes(&self) -> bool {
+        self.inner
+            .routes
+            .iter()
+            .any(|(r, _)| r.idempotency().is_some())
     }
     /// The proxies whose forwarding fields are believed.
     pub fn trusted_proxies(&self) -> &TrustedProxies {

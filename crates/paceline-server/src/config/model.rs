@@ -64,6 +64,60 @@ pub struct LimitsConfig {
     pub problem_base: String,
     /// Escalation settings.
     pub escalation: EscalationConfig,
+    /// The idempotency layer's settings, for the routes that take keys
+    /// (`idempotency = "required"` or `"optional"`).
+    pub idempotency: IdempotencyConfig,
+}
+
+/// The `[idempotency]` table: the idempotency layer's bounds and
+/// answers. Every field has a default; see
+/// [`IdempotencySettings`](crate::IdempotencySettings).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencyConfig {
+    /// How long a final answer is kept, in seconds (24 h).
+    pub ttl_s: u64,
+    /// How long a first execution holds its key, in seconds (300).
+    pub lease_s: u64,
+    /// The largest request body of a request with a key (1 MiB).
+    pub max_body_bytes: u64,
+    /// The largest answer body kept for replay (256 KiB).
+    pub max_answer_bytes: usize,
+    /// The longest key (255).
+    pub max_key_len: usize,
+    /// 409 (the default) or 422 (the IETF draft's) for a key reused with
+    /// another request.
+    pub conflict_status: u16,
+    /// `"reject"` (409 with Retry-After) or `"wait"` (replay the first
+    /// answer once it comes) for a duplicate of a request still running.
+    pub in_flight: crate::idempotency::InFlight,
+    /// The Retry-After of an in-flight answer, in seconds (1).
+    pub retry_after_s: u64,
+    /// The longest wait in `"wait"` mode, in milliseconds (10 000).
+    pub max_wait_ms: u64,
+    /// Whether an upstream 5xx is a final answer, stored (false).
+    pub store_5xx: bool,
+    /// The in-memory store's cap in bytes (64 MiB).
+    pub max_store_bytes: usize,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        let d = crate::IdempotencySettings::default();
+        IdempotencyConfig {
+            ttl_s: d.ttl.as_secs(),
+            lease_s: d.lease.as_secs(),
+            max_body_bytes: d.max_body_bytes,
+            max_answer_bytes: d.max_answer_bytes,
+            max_key_len: d.max_key_len,
+            conflict_status: d.conflict_status,
+            in_flight: d.in_flight,
+            retry_after_s: d.in_flight_retry_after.as_secs(),
+            max_wait_ms: d.max_wait.as_millis() as u64,
+            store_5xx: d.store_5xx,
+            max_store_bytes: d.max_store_bytes,
+        }
+    }
 }
 
 impl Default for LimitsConfig {
@@ -83,6 +137,7 @@ impl Default for LimitsConfig {
             usage_path: DEFAULT_USAGE_PATH.into(),
             problem_base: DEFAULT_PROBLEM_BASE.into(),
             escalation: EscalationConfig::default(),
+            idempotency: IdempotencyConfig::default(),
         }
     }
 }
@@ -156,6 +211,9 @@ pub struct RouteConfig {
     /// (health checks). Nothing else passes unlimited.
     #[serde(default)]
     pub unlimited: bool,
+    /// `"required"` or `"optional"`: the route takes idempotency keys.
+    #[serde(default)]
+    pub idempotency: Option<crate::idempotency::IdempotencyMode>,
 }
 
 fn any_method() -> String {
@@ -241,7 +299,76 @@ impl LimitsConfig {
             .usage_path((!self.usage_path.is_empty()).then_some(self.usage_path.as_str()))
             .problem_base(&self.problem_base)
             .escalation(self.escalation)
+            .idempotency(self.idempotency.settings()?)
             .build()
+    }
+}
+
+impl IdempotencyConfig {
+    /// The layer's settings, every bound checked (the problem base is the
+    /// limits' own, set when they are built).
+    pub fn settings(&self) -> Result<crate::IdempotencySettings, ConfigError> {
+        let range = |f: &str, m: String| {
+            Err(ConfigError::new(
+                Kind::OutOfRange,
+                format!("idempotency.{f}"),
+                m,
+            ))
+        };
+        if self.ttl_s == 0 {
+            return range("ttl_s", "must be at least 1 second".into());
+        }
+        if self.lease_s == 0 {
+            return range("lease_s", "must be at least 1 second".into());
+        }
+        if self.max_body_bytes == 0 {
+            return range("max_body_bytes", "must be at least 1".into());
+        }
+        if self.max_key_len == 0 || self.max_key_len > 8192 {
+            return range("max_key_len", "must be 1-8192".into());
+        }
+        if !matches!(self.conflict_status, 409 | 422) {
+            return Err(ConfigError::new(
+                Kind::InvalidValue,
+                "idempotency.conflict_status",
+                format!("{}: use 409 or 422", self.conflict_status),
+            ));
+        }
+        if self.retry_after_s == 0 {
+            return range("retry_after_s", "must be at least 1 second".into());
+        }
+        if self.max_wait_ms == 0 || self.max_wait_ms > self.lease_s.saturating_mul(1000) {
+            return range(
+                "max_wait_ms",
+                format!("must be 1 to the lease ({} s)", self.lease_s),
+            );
+        }
+        let floor = self.max_answer_bytes.saturating_add(64 * 1024);
+        if self.max_answer_bytes == 0 {
+            return range("max_answer_bytes", "must be at least 1".into());
+        }
+        if self.max_store_bytes < floor {
+            return range(
+                "max_store_bytes",
+                format!(
+                    "must hold at least one answer of max_answer_bytes and 64 KiB more ({floor})"
+                ),
+            );
+        }
+        Ok(crate::IdempotencySettings {
+            ttl: std::time::Duration::from_secs(self.ttl_s),
+            lease: std::time::Duration::from_secs(self.lease_s),
+            max_body_bytes: self.max_body_bytes,
+            max_answer_bytes: self.max_answer_bytes,
+            max_key_len: self.max_key_len,
+            conflict_status: self.conflict_status,
+            in_flight: self.in_flight,
+            in_flight_retry_after: std::time::Duration::from_secs(self.retry_after_s),
+            max_wait: std::time::Duration::from_millis(self.max_wait_ms),
+            store_5xx: self.store_5xx,
+            max_store_bytes: self.max_store_bytes,
+            ..Default::default()
+        })
     }
 }
 
@@ -277,7 +404,23 @@ fn build_route(i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
         let f = if e.is_method() { "method" } else { "path" };
         ConfigError::new(Kind::InvalidValue, field(f), e.to_string())
     })?;
-    let route = route.with_cost(r.cost).with_criticality(r.criticality);
+    let mut route = route.with_cost(r.cost).with_criticality(r.criticality);
+    if let Some(mode) = r.idempotency {
+        let takes_keys = route
+            .method()
+            .is_none_or(|m| *m == http::Method::POST || *m == http::Method::PATCH);
+        if !takes_keys {
+            return Err(ConfigError::new(
+                Kind::InvalidValue,
+                field("idempotency"),
+                format!(
+                    "only POST and PATCH requests take idempotency keys; this route is {}",
+                    r.method
+                ),
+            ));
+        }
+        route = route.with_idempotency(mode);
+    }
     if r.unlimited && (r.anonymous || r.plan.is_some()) {
         return Err(ConfigError::new(
             Kind::InvalidValue,

@@ -24,8 +24,12 @@ pub enum ProblemKind {
     IdempotencyConflict,
     /// 400: the route requires an `Idempotency-Key` and none was sent.
     IdempotencyKeyMissing,
-    /// 409: a request with the same `Idempotency-Key` is still in flight.
+    /// 409: a request with the same `Idempotency-Key` is still in flight;
+    /// retry after `Retry-After` (waiting can succeed).
     IdempotencyInFlight,
+    /// 400: the `Idempotency-Key` is not a key: not a structured-field
+    /// string or a bare printable value, too long, or sent twice.
+    IdempotencyKeyInvalid,
     /// 401: the request carries no key, where the configuration gives a
     /// request without one no plan.
     Unauthorized,
@@ -62,7 +66,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ProblemKind; 20] = [
+    pub const ALL: [ProblemKind; 21] = [
         ProblemKind::RateLimited,
         ProblemKind::QuotaExhausted,
         ProblemKind::Overloaded,
@@ -70,6 +74,7 @@ impl ProblemKind {
         ProblemKind::IdempotencyConflict,
         ProblemKind::IdempotencyKeyMissing,
         ProblemKind::IdempotencyInFlight,
+        ProblemKind::IdempotencyKeyInvalid,
         ProblemKind::Unauthorized,
         ProblemKind::UnknownKey,
         ProblemKind::DuplicateCredentials,
@@ -92,6 +97,7 @@ impl ProblemKind {
             ProblemKind::Overloaded => 503,
             ProblemKind::CostExceedsBurst
             | ProblemKind::IdempotencyKeyMissing
+            | ProblemKind::IdempotencyKeyInvalid
             | ProblemKind::BadRequest
             | ProblemKind::DuplicateCredentials => 400,
             ProblemKind::IdempotencyConflict | ProblemKind::IdempotencyInFlight => 409,
@@ -118,6 +124,7 @@ impl ProblemKind {
             ProblemKind::IdempotencyConflict => "idempotency_conflict",
             ProblemKind::IdempotencyKeyMissing => "idempotency_key_missing",
             ProblemKind::IdempotencyInFlight => "idempotency_in_flight",
+            ProblemKind::IdempotencyKeyInvalid => "idempotency_key_invalid",
             ProblemKind::Unauthorized => "unauthorized",
             ProblemKind::UnknownKey => "unknown_key",
             ProblemKind::DuplicateCredentials => "duplicate_credentials",
@@ -149,6 +156,7 @@ impl ProblemKind {
             ProblemKind::IdempotencyConflict => "Idempotency key reused with a different request",
             ProblemKind::IdempotencyKeyMissing => "Idempotency key required",
             ProblemKind::IdempotencyInFlight => "Request with this idempotency key in progress",
+            ProblemKind::IdempotencyKeyInvalid => "Idempotency key not valid",
             ProblemKind::Unauthorized => "API key required",
             ProblemKind::UnknownKey => "Unknown API key",
             ProblemKind::DuplicateCredentials => "More than one credential",
@@ -165,9 +173,14 @@ impl ProblemKind {
         }
     }
 
-    /// Whether a client should retry this rejection by itself.
+    /// Whether a client should retry this rejection by itself (a request
+    /// still in flight under the same idempotency key: after its
+    /// `Retry-After`; a conflict never).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ProblemKind::RateLimited | ProblemKind::Overloaded)
+        matches!(
+            self,
+            ProblemKind::RateLimited | ProblemKind::Overloaded | ProblemKind::IdempotencyInFlight
+        )
     }
 
     /// Whether the body names policies: `limit` and `violated-policies` are
@@ -183,6 +196,7 @@ impl ProblemKind {
                 | ProblemKind::IdempotencyConflict
                 | ProblemKind::IdempotencyKeyMissing
                 | ProblemKind::IdempotencyInFlight
+                | ProblemKind::IdempotencyKeyInvalid
         )
     }
 }
@@ -222,5 +236,23 @@ mod tests {
         assert_eq!(ProblemKind::PayloadTooLarge.status(), 413);
         assert_eq!(ProblemKind::DuplicateCredentials.status(), 400);
         assert_eq!(ProblemKind::NotImplemented.status(), 501);
+    }
+
+    #[test]
+    fn idempotency_kinds_have_their_own_types() {
+        let kinds = [
+            ProblemKind::IdempotencyConflict,
+            ProblemKind::IdempotencyInFlight,
+            ProblemKind::IdempotencyKeyMissing,
+            ProblemKind::IdempotencyKeyInvalid,
+        ];
+        let codes: std::collections::HashSet<_> = kinds.iter().map(|k| k.code()).collect();
+        assert_eq!(codes.len(), kinds.len());
+        assert_eq!(ProblemKind::IdempotencyInFlight.status(), 409);
+        assert_eq!(ProblemKind::IdempotencyKeyInvalid.status(), 400);
+        // waiting can end an in-flight answer; a conflict never ends
+        assert!(ProblemKind::IdempotencyInFlight.is_retryable());
+        assert!(!ProblemKind::IdempotencyConflict.is_retryable());
+        assert!(!ProblemKind::IdempotencyKeyMissing.is_retryable());
     }
 }

@@ -176,6 +176,20 @@ fn parse_line(line: &str) -> anyhow::Result<Job> {
     })
 }
 
+/// Gives a POST or PATCH job its `Idempotency-Key`, unless its line
+/// names one: every attempt of the job sends it, requeued ones too.
+fn keyed(sdk: &Sdk, job: &mut Job) {
+    let writes = job.method == Method::POST || job.method == Method::PATCH;
+    let has = job
+        .headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("idempotency-key"));
+    if writes && !has {
+        job.headers
+            .push(("idempotency-key".into(), sdk.idempotency_key()));
+    }
+}
+
 fn check_url(url: &str) -> anyhow::Result<()> {
     let u = reqwest::Url::parse(url).with_context(|| format!("bad URL {url:?}"))?;
     if !matches!(u.scheme(), "http") {
@@ -406,11 +420,18 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
     let queue: Arc<Mutex<VecDeque<Queued>>> = Arc::new(Mutex::new(
         jobs.into_iter()
             .enumerate()
-            .map(|(i, job)| Queued {
-                index: i + 1,
-                job,
-                requeued: 0,
-                first: None,
+            .map(|(i, mut job)| {
+                // one key per job, kept when it goes back to the queue: a
+                // job that ran before its answer was lost is not run twice
+                if !args.naive {
+                    keyed(&sdk, &mut job);
+                }
+                Queued {
+                    index: i + 1,
+                    job,
+                    requeued: 0,
+                    first: None,
+                }
             })
             .collect(),
     ));
@@ -773,6 +794,41 @@ fn print_summary(s: &Summary, json: bool) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_write_gets_its_key_once_and_keeps_it_when_requeued() {
+        let sdk = Sdk::builder().seed(1).build();
+        let line = |m: &str, h: &str| {
+            parse_line(&format!(
+                r#"{{"method":"{m}","url":"http://127.0.0.1:1/a","headers":{{{h}}}}}"#
+            ))
+            .unwrap()
+        };
+        let key = |j: &Job| {
+            j.headers
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case("idempotency-key"))
+                .map(|(_, v)| v.clone())
+                .collect::<Vec<_>>()
+        };
+        let mut post = line("POST", "");
+        keyed(&sdk, &mut post);
+        let k = key(&post);
+        assert_eq!(k.len(), 1);
+        // the job goes back to the queue as it is: its key with it
+        let requeued = post.clone();
+        assert_eq!(key(&requeued), k);
+        let mut patch = line("PATCH", "");
+        keyed(&sdk, &mut patch);
+        assert_eq!(key(&patch).len(), 1);
+        assert_ne!(key(&patch), k);
+        let mut own = line("POST", r#""Idempotency-Key":"mine""#);
+        keyed(&sdk, &mut own);
+        assert_eq!(key(&own), ["mine"]);
+        let mut get = line("GET", "");
+        keyed(&sdk, &mut get);
+        assert!(key(&get).is_empty());
+    }
+
     use super::*;
 
     #[test]
