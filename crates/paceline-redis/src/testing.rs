@@ -117,6 +117,25 @@ impl RedisServer {
         }
     }
 
+    /// Stops the process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .arg(sig)
+                .arg(c.id().to_string())
+                .status();
+        }
+    }
+
     /// Starts it again on the same port (empty: nothing was saved).
     pub fn restart(&mut self) {
         self.kill();
@@ -131,6 +150,7 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        self.resume();
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
