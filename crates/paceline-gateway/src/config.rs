@@ -122,6 +122,85 @@ impl std::error::Error for ConfigFileError {}
 pub enum StoreKind {
     /// In this process (counters survive reloads, not restarts).
     Memory,
+    /// In Redis (`[gateway.redis]`): every instance on it shares one count.
+    Redis,
+}
+
+/// The `[gateway.redis]` table: where the shared counters live and how
+/// calls to it are bounded.
+#[derive(Clone, PartialEq)]
+pub struct RedisSettings {
+    /// Server URLs (`url` or `urls`): `redis://[user:password@]host:port`,
+    /// or `rediss://` in a build with TLS.
+    pub urls: Vec<String>,
+    /// Whether the URLs name a Redis Cluster.
+    pub cluster: bool,
+    /// The deadline of a store call (`deadline_ms`).
+    pub deadline: Duration,
+    /// The longest a connection attempt takes (`connect_timeout_ms`).
+    pub connect_timeout: Duration,
+    /// Multiplexed connections per server.
+    pub connections: usize,
+    /// The most decisions in one call.
+    pub batch_max: usize,
+    /// How long a batch waits for more (`batch_linger_us`).
+    pub batch_linger: Duration,
+    /// The most calls in flight.
+    pub max_in_flight: usize,
+    /// The most decisions queued.
+    pub queue: usize,
+    /// The most keys the local deny cache holds.
+    pub deny_cache: usize,
+    /// What row names start with.
+    pub prefix: String,
+    /// The degraded limiter's share of each quota, if wanted.
+    pub degraded_share: Option<f64>,
+    /// The secret of the keyed hash naming rows (set by the deployment,
+    /// not read from the file).
+    pub key_secret: Vec<u8>,
+    /// Decide on the gateway's clock instead of the Redis server's (for
+    /// tests on a virtual clock; not read from the file).
+    pub caller_clock: bool,
+}
+
+impl fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // URLs may carry passwords
+        f.debug_struct("RedisSettings")
+            .field("servers", &self.urls.len())
+            .field("cluster", &self.cluster)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "redis")]
+impl RedisSettings {
+    /// The store's settings.
+    pub fn store_config(&self) -> paceline_redis::RedisStoreConfig {
+        paceline_redis::RedisStoreConfig {
+            urls: self.urls.clone(),
+            cluster: self.cluster,
+            deadline: self.deadline,
+            connect_timeout: self.connect_timeout,
+            key_secret: self.key_secret.clone(),
+            prefix: self.prefix.clone(),
+            connections: self.connections,
+            batch_max: self.batch_max,
+            batch_linger: self.batch_linger,
+            max_in_flight: self.max_in_flight,
+            queue: self.queue,
+            deny_cache: self.deny_cache,
+            degraded: self
+                .degraded_share
+                .map(|share| paceline_redis::Degraded { share }),
+            clock: match self.caller_clock {
+                true => paceline_redis::ClockSource::Caller,
+                false => paceline_redis::ClockSource::Server,
+            },
+            ..paceline_redis::RedisStoreConfig::default()
+        }
+    }
 }
 
 /// Timeouts for every phase of a proxied exchange.
@@ -201,6 +280,8 @@ pub struct Settings {
     pub upstream: Uri,
     /// Where the counters live.
     pub store: StoreKind,
+    /// The Redis store's settings, with `store = "redis"`.
+    pub redis: Option<RedisSettings>,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
     /// Where to POST soft-limit events, if anywhere.
@@ -257,6 +338,8 @@ struct GatewayModel {
     #[serde(default)]
     store: Option<String>,
     #[serde(default)]
+    redis: Option<RedisModel>,
+    #[serde(default)]
     metrics_listen: Option<String>,
     #[serde(default)]
     soft_limit_webhook: Option<String>,
@@ -285,6 +368,25 @@ struct TimeoutsModel {
     body_idle_ms: Option<u64>,
     pool_idle_ms: Option<u64>,
     shutdown_ms: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+struct RedisModel {
+    url: Option<String>,
+    urls: Option<Vec<String>>,
+    cluster: Option<bool>,
+    deadline_ms: Option<u64>,
+    connect_timeout_ms: Option<u64>,
+    connections: Option<u64>,
+    batch_max: Option<u64>,
+    batch_linger_us: Option<u64>,
+    max_in_flight: Option<u64>,
+    queue: Option<u64>,
+    deny_cache: Option<u64>,
+    prefix: Option<String>,
+    degraded_share: Option<f64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -469,6 +571,18 @@ impl GatewayConfig {
             }
             src.at_field(e.kind(), field, e.message())
         })?;
+        #[cfg(feature = "redis")]
+        if settings.store == StoreKind::Redis {
+            for plan in limits.plans() {
+                paceline_redis::supports(plan).map_err(|m| {
+                    src.at_field(
+                        Kind::InvalidValue,
+                        &format!("plans.{}", plan.name()),
+                        format!("{m} (store = \"redis\")"),
+                    )
+                })?;
+            }
+        }
         Ok(GatewayConfig {
             settings,
             limits,
@@ -499,14 +613,32 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
     })?;
     let store = match g.store.as_deref() {
         None | Some("memory") => StoreKind::Memory,
+        Some("redis") => StoreKind::Redis,
         Some(other) => {
             return Err(src.at_field(
                 Kind::InvalidValue,
                 "gateway.store",
-                format!("{other:?}: the gateway supports store = \"memory\""),
+                format!("{other:?}: the gateway supports store = \"memory\" or \"redis\""),
             ))
         }
     };
+    let redis =
+        match (store, &g.redis) {
+            (StoreKind::Redis, Some(r)) => Some(redis_settings(src, r)?),
+            (StoreKind::Redis, None) => return Err(src.at_field(
+                Kind::InvalidValue,
+                "gateway.store",
+                "store = \"redis\" needs a [gateway.redis] table with url = \"redis://host:port\"",
+            )),
+            (_, Some(_)) => {
+                return Err(src.at_field(
+                    Kind::InvalidValue,
+                    "gateway.redis",
+                    "[gateway.redis] is read only with store = \"redis\"",
+                ))
+            }
+            (_, None) => None,
+        };
     let metrics_listen = g
         .metrics_listen
         .as_deref()
@@ -529,6 +661,7 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
         listen,
         upstream,
         store,
+        redis,
         metrics_listen,
         soft_limit_webhook,
         timeouts: timeouts(src, &g.timeouts)?,
@@ -536,6 +669,74 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
         watch: g.watch,
         max_head_bytes: max_head_bytes(src, g.max_head_bytes)?,
     })
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_settings(src: &Source<'_>, _: &RedisModel) -> Result<RedisSettings, ConfigFileError> {
+    Err(src.at_field(
+        Kind::InvalidValue,
+        "gateway.store",
+        "this build has no Redis support: build paceline with the `redis` feature",
+    ))
+}
+
+/// The `[gateway.redis]` table, checked by the store's own bounds (each
+/// error names its field).
+#[cfg(feature = "redis")]
+fn redis_settings(src: &Source<'_>, r: &RedisModel) -> Result<RedisSettings, ConfigFileError> {
+    let d = paceline_redis::RedisStoreConfig::default();
+    let url_field = match (&r.url, &r.urls) {
+        (Some(_), Some(_)) => {
+            return Err(src.at_field(
+                Kind::InvalidValue,
+                "gateway.redis.urls",
+                "give url or urls, not both",
+            ))
+        }
+        (_, Some(_)) => "gateway.redis.urls",
+        _ => "gateway.redis.url",
+    };
+    let urls = match (&r.url, &r.urls) {
+        (Some(u), _) => vec![u.clone()],
+        (_, Some(us)) => us.clone(),
+        (None, None) => {
+            return Err(src.at_field(
+                Kind::InvalidValue,
+                "gateway.redis",
+                "needs url = \"redis://host:port\" (or urls = [...] for a cluster)",
+            ))
+        }
+    };
+    let n =
+        |v: Option<u64>, default: usize| v.map_or(default, |v| v.min(usize::MAX as u64) as usize);
+    let settings = RedisSettings {
+        urls,
+        cluster: r.cluster.unwrap_or(false),
+        deadline: r.deadline_ms.map_or(d.deadline, Duration::from_millis),
+        connect_timeout: r
+            .connect_timeout_ms
+            .map_or(d.connect_timeout, Duration::from_millis),
+        connections: n(r.connections, d.connections),
+        batch_max: n(r.batch_max, d.batch_max),
+        batch_linger: r
+            .batch_linger_us
+            .map_or(d.batch_linger, Duration::from_micros),
+        max_in_flight: n(r.max_in_flight, d.max_in_flight),
+        queue: n(r.queue, d.queue),
+        deny_cache: n(r.deny_cache, d.deny_cache),
+        prefix: r.prefix.clone().unwrap_or(d.prefix.clone()),
+        degraded_share: r.degraded_share,
+        key_secret: Vec::new(),
+        caller_clock: false,
+    };
+    settings.store_config().validate().map_err(|e| {
+        let field = match e.field {
+            "urls" => url_field.to_string(),
+            f => format!("gateway.redis.{f}"),
+        };
+        src.at_field(Kind::InvalidValue, &field, e.message)
+    })?;
+    Ok(settings)
 }
 
 fn max_head_bytes(src: &Source<'_>, v: Option<u64>) -> Result<usize, ConfigFileError> {

@@ -77,13 +77,15 @@ mod proxy;
 mod server;
 pub mod shed;
 mod split;
+mod store;
 mod upstream;
 mod webhook;
 
 pub use config::{
-    ConfigFileError, GatewayConfig, Settings, SheddingSettings, StoreKind, Timeouts,
+    ConfigFileError, GatewayConfig, RedisSettings, Settings, SheddingSettings, StoreKind, Timeouts,
     DEFAULT_MAX_HEAD_BYTES, MAX_MAX_HEAD_BYTES, MIN_MAX_HEAD_BYTES,
 };
 pub use server::{
     shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback, ReloadEvent,
 };
+pub use store::GatewayStore;

@@ -33,6 +33,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use paceline_core::{Clock, MemoryStore, SystemClock};
+
+use crate::store::GatewayStore;
 use paceline_server::{Limits, RateLimit, RateLimiter};
 use parking_lot::RwLock;
 use tokio::net::TcpListener;
@@ -46,8 +48,9 @@ use crate::metrics as m;
 use crate::proxy::{full, Proxy};
 use crate::shed::{CurrentLimits, LoadShedLayer, Shedder};
 
-/// The limiter a gateway runs: the in-memory store and a shared clock.
-pub type GatewayLimiter = RateLimiter<MemoryStore, Arc<dyn Clock>>;
+/// The limiter a gateway runs: its store (in memory, or Redis) and a
+/// shared clock.
+pub type GatewayLimiter = RateLimiter<GatewayStore, Arc<dyn Clock>>;
 
 type GatewayBody = crate::shed::ShedBody<paceline_server::RateLimitBody<crate::proxy::ProxyBody>>;
 type ServeFuture = std::pin::Pin<
@@ -156,7 +159,8 @@ impl Gateway {
             None => None,
         };
         let shedder = Shedder::with_clock(s.shedding, clock.clone());
-        let limiter = RateLimiter::new(config.limits.clone(), MemoryStore::new(), clock);
+        let store = open_store(&s).await?;
+        let limiter = RateLimiter::new(config.limits.clone(), store, clock);
         if let Some(uri) = &s.soft_limit_webhook {
             limiter.set_soft_limit_hook(crate::webhook::webhook(uri.clone()));
         }
@@ -410,6 +414,25 @@ impl GatewayHandle {
     }
 }
 
+/// The store the settings name: in memory, or Redis (connected lazily, so
+/// a server that is down at start only makes the first decisions fail
+/// open or closed, per policy).
+async fn open_store(s: &Settings) -> io::Result<GatewayStore> {
+    match s.store {
+        #[cfg(feature = "redis")]
+        crate::config::StoreKind::Redis => {
+            let r = s.redis.as_ref().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "gateway.redis is missing")
+            })?;
+            paceline_redis::RedisStore::connect(r.store_config())
+                .await
+                .map(GatewayStore::Redis)
+                .map_err(|e| io::Error::other(format!("gateway.redis.{e}")))
+        }
+        _ => Ok(GatewayStore::Memory(MemoryStore::new())),
+    }
+}
+
 /// The settings that changed from `old` to `new` and take a restart to
 /// apply, as notes. Every setting of [`Settings`] is named here, so a new
 /// one is either applied by [`GatewayHandle::apply`] or noted.
@@ -423,6 +446,7 @@ fn restart_notes(
         listen,
         upstream,
         store,
+        redis,
         metrics_listen,
         timeouts,
         // applied: the hook is replaced or removed
@@ -443,6 +467,7 @@ fn restart_notes(
     note("gateway.listen", old.listen != *listen);
     note("gateway.upstream", old.upstream != *upstream);
     note("gateway.store", old.store != *store);
+    note("gateway.redis", old.redis != *redis);
     note(
         "gateway.metrics_listen",
         old.metrics_listen != *metrics_listen,

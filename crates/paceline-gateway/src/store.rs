@@ -1,0 +1,66 @@
+//! The store behind the gateway's limiter: the in-process memory store, or
+//! (with the `redis` feature) a Redis store every instance shares. One
+//! enum, dispatched statically: the memory arm calls the memory store
+//! exactly as before.
+
+use std::future::Future;
+
+use paceline_core::{Cost, Decision, MemoryStore, Nanos, Plan, Store, StoreError};
+
+/// Where a gateway keeps its counters.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum GatewayStore {
+    /// In this process.
+    Memory(MemoryStore),
+    /// In Redis, shared by every instance on it.
+    #[cfg(feature = "redis")]
+    Redis(paceline_redis::RedisStore),
+}
+
+impl Store for GatewayStore {
+    fn check(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: u64,
+        now: Nanos,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.check_cost(plan, key, Cost::requests(cost), now)
+    }
+
+    fn check_cost(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        async move {
+            match self {
+                GatewayStore::Memory(m) => m.check_sync(plan, key, cost, now),
+                #[cfg(feature = "redis")]
+                GatewayStore::Redis(r) => r.check_cost(plan, key, cost, now).await,
+            }
+        }
+    }
+
+    fn release(
+        &self,
+        plan: &Plan,
+        key: &str,
+        amount: u64,
+        now: Nanos,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move {
+            match self {
+                GatewayStore::Memory(m) => {
+                    m.release_sync(plan, key, amount, now);
+                    Ok(())
+                }
+                #[cfg(feature = "redis")]
+                GatewayStore::Redis(r) => r.release(plan, key, amount, now).await,
+            }
+        }
+    }
+}
