@@ -1,7 +1,8 @@
 //! The store behind the gateway's limiter: the in-process memory store, or
 //! (with the `redis` feature) a Redis store every instance shares. One
-//! enum, dispatched statically: the memory arm calls the memory store
-//! exactly as before.
+//! enum, dispatched statically; the memory arm is handed out through
+//! [`Store::memory`], so the limiter decides on it synchronously exactly as
+//! before.
 
 use std::future::Future;
 
@@ -19,6 +20,14 @@ pub enum GatewayStore {
 }
 
 impl Store for GatewayStore {
+    fn memory(&self) -> Option<&MemoryStore> {
+        match self {
+            GatewayStore::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(_) => None,
+        }
+    }
+
     fn check(
         &self,
         plan: &Plan,
@@ -29,38 +38,34 @@ impl Store for GatewayStore {
         self.check_cost(plan, key, Cost::requests(cost), now)
     }
 
-    fn check_cost(
+    async fn check_cost(
         &self,
         plan: &Plan,
         key: &str,
         cost: Cost,
         now: Nanos,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        async move {
-            match self {
-                GatewayStore::Memory(m) => m.check_sync(plan, key, cost, now),
-                #[cfg(feature = "redis")]
-                GatewayStore::Redis(r) => r.check_cost(plan, key, cost, now).await,
-            }
+    ) -> Result<Decision, StoreError> {
+        match self {
+            GatewayStore::Memory(m) => m.check_sync(plan, key, cost, now),
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(r) => r.check_cost(plan, key, cost, now).await,
         }
     }
 
-    fn release(
+    async fn release(
         &self,
         plan: &Plan,
         key: &str,
         amount: u64,
         now: Nanos,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move {
-            match self {
-                GatewayStore::Memory(m) => {
-                    m.release_sync(plan, key, amount, now);
-                    Ok(())
-                }
-                #[cfg(feature = "redis")]
-                GatewayStore::Redis(r) => r.release(plan, key, amount, now).await,
+    ) -> Result<(), StoreError> {
+        match self {
+            GatewayStore::Memory(m) => {
+                m.release_sync(plan, key, amount, now);
+                Ok(())
             }
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(r) => r.release(plan, key, amount, now).await,
         }
     }
 }
