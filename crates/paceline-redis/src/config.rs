@@ -77,8 +77,10 @@ pub struct RedisStoreConfig {
     pub deny_cache: usize,
     /// How much longer than it matters a row is kept.
     pub ttl_slack: Duration,
-    /// How long a row with a concurrency lease out is kept (a lease held by
-    /// an instance that died is given back after it).
+    /// How long a concurrency lease lives at most: one left behind by an
+    /// instance that died (or whose release never arrived) is given back
+    /// after it, even on a key that stays busy. Longer requests than this
+    /// lose their lease early. At most 30 days.
     pub lease_ttl: Duration,
     /// The degraded local limiter, when wanted.
     pub degraded: Option<Degraded>,
@@ -104,6 +106,8 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(5);
 pub const MAX_BATCH: usize = 1024;
 /// The longest linger allowed.
 pub const MAX_LINGER: Duration = Duration::from_millis(10);
+/// The longest a lease may live.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(30 * 86_400);
 /// The longest deadline allowed.
 pub const MAX_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -200,8 +204,8 @@ impl RedisStoreConfig {
         if self.prefix.is_empty() || self.prefix.contains(['{', '}']) || self.prefix.len() > 64 {
             return Err(err("prefix", "must be 1-64 characters without '{' or '}'"));
         }
-        if self.lease_ttl < Duration::from_secs(1) {
-            return Err(err("lease_ttl_s", "must be at least 1 second"));
+        if self.lease_ttl < Duration::from_secs(1) || self.lease_ttl > MAX_LEASE_TTL {
+            return Err(err("lease_ttl_s", "must be between 1 second and 30 days"));
         }
         if let Some(d) = self.degraded {
             if !(d.share > 0.0 && d.share <= 1.0) {
@@ -281,6 +285,7 @@ mod tests {
         assert_eq!(bad(|c| c.queue = 0), "queue");
         assert_eq!(bad(|c| c.connections = 0), "connections");
         assert_eq!(bad(|c| c.prefix = "a{b".into()), "prefix");
+        assert_eq!(bad(|c| c.lease_ttl = MAX_LEASE_TTL * 2), "lease_ttl_s");
         assert_eq!(
             bad(|c| c.degraded = Some(Degraded { share: 0.0 })),
             "degraded_share"

@@ -93,6 +93,9 @@ pub mod testing;
 
 pub use config::{
     check_url, redact, ClockSource, ConfigError, Degraded, RedisStoreConfig, Scripting,
-    DEFAULT_DEADLINE, MAX_BATCH, MAX_DEADLINE, MAX_LINGER,
+    DEFAULT_DEADLINE, MAX_BATCH, MAX_DEADLINE, MAX_LEASE_TTL, MAX_LINGER,
 };
-pub use store::{supports, RedisStats, RedisStore, MAX_COUNTER_QUOTA, MAX_SLIDING_WINDOW_SECS};
+pub use store::{
+    supports, RedisStats, RedisStore, MAX_CONCURRENCY_QUOTA, MAX_COUNTER_QUOTA,
+    MAX_SLIDING_WINDOW_SECS,
+};

@@ -25,6 +25,9 @@ use crate::script::{self, Op};
 /// takes: 30 days (its arithmetic stays exact below 2^53 nanoseconds).
 /// Fixed and calendar windows may be as long as any policy.
 pub const MAX_SLIDING_WINDOW_SECS: u64 = 30 * 86_400;
+/// The largest concurrency cap the store takes (each lease is kept with
+/// the instant it was taken, so one left behind can expire).
+pub const MAX_CONCURRENCY_QUOTA: u64 = 65_536;
 /// The largest quota of a sliding counter the store takes.
 pub const MAX_COUNTER_QUOTA: u64 = (1 << 31) - 1;
 
@@ -84,7 +87,8 @@ impl fmt::Debug for RedisStore {
 
 /// Whether the store can hold `plan` exactly: token buckets and sliding
 /// windows up to [`MAX_SLIDING_WINDOW_SECS`], sliding counters up to
-/// [`MAX_COUNTER_QUOTA`]; everything else as the memory store does.
+/// [`MAX_COUNTER_QUOTA`], concurrency caps up to [`MAX_CONCURRENCY_QUOTA`];
+/// everything else as the memory store does.
 pub fn supports(plan: &Plan) -> Result<(), String> {
     for p in plan.policies() {
         supports_policy(p)?;
@@ -102,6 +106,12 @@ fn supports_policy(p: &Policy) -> Result<(), String> {
             "policy {:?}: a {} over Redis may span at most {MAX_SLIDING_WINDOW_SECS} s (30 days); use a fixed window for longer quotas",
             p.name(),
             p.algorithm().name()
+        ));
+    }
+    if p.algorithm() == Algorithm::Concurrency && p.quota() > MAX_CONCURRENCY_QUOTA {
+        return Err(format!(
+            "policy {:?}: a concurrency cap over Redis holds at most {MAX_CONCURRENCY_QUOTA}",
+            p.name()
         ));
     }
     if p.algorithm() == Algorithm::SlidingCounter && p.quota() > MAX_COUNTER_QUOTA {

@@ -85,6 +85,8 @@ fn config(url: String, scripting: Scripting) -> RedisStoreConfig {
         deny_cache: 0,
         // rows are kept by the virtual timeline's rules, not wall time
         ttl_slack: Duration::from_secs(86_400),
+        // no lease outlives its request here, as in memory
+        lease_ttl: paceline_redis::MAX_LEASE_TTL,
         key_secret: b"test".to_vec(),
         ..RedisStoreConfig::default()
     }

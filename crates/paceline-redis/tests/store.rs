@@ -301,3 +301,35 @@ async fn three_instances_share_one_count() {
     // the daily quota is one count across the three
     assert_eq!(last.unwrap().statuses[1].remaining, 10_000 - ok as u64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_left_behind_expires_even_on_a_busy_key() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        clock: ClockSource::Caller,
+        lease_ttl: Duration::from_secs(10),
+        deny_cache: 0,
+        ..config(server.url())
+    })
+    .await;
+    let plan = Plan::new("c", vec![Policy::concurrency("inflight", 2).unwrap()]).unwrap();
+    let t0 = 1_790_000_000u64;
+    // one lease is never given back (its instance died)
+    assert!(s
+        .check(&plan, "k:a", 1, Nanos::from_secs(t0))
+        .await
+        .unwrap()
+        .is_allowed());
+    // the key stays busy: a lease taken and given back every second
+    for i in 1..10 {
+        let now = Nanos::from_secs(t0 + i);
+        assert!(s.check(&plan, "k:a", 1, now).await.unwrap().is_allowed());
+        let d = s.check(&plan, "k:a", 1, now).await.unwrap();
+        assert!(!d.is_allowed(), "two leases out at {i} s");
+        s.release(&plan, "k:a", 1, now).await.unwrap();
+    }
+    // the lost lease has outlived the lease ttl: both fit again
+    let now = Nanos::from_secs(t0 + 11);
+    assert!(s.check(&plan, "k:a", 1, now).await.unwrap().is_allowed());
+    assert!(s.check(&plan, "k:a", 1, now).await.unwrap().is_allowed());
+}

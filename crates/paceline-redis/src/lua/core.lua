@@ -138,22 +138,23 @@ local function make()
     return plan
   end
 
-  -- the clock of this call
-  local now_s, now_n
+  -- the clock of this call, and how long a lease lives (ns)
+  local now_s, now_n, lease_ns
 
   -- ---- state rows: {written_s, written_n, per policy fields...} ----------
   -- token bucket: used (tat - now at writing, 0 when at rest)
   -- fixed window: index, count
   -- sliding counter: index, current, previous
   -- sliding log: n, then n stamps (each stamp - now at writing)
-  -- concurrency: in flight
+  -- concurrency: n, then n lease stamps (each stamp - now at writing); a
+  -- lease older than the lease ttl was left by an instance that died
 
   local function fresh_state(p)
     if p.a == "t" then return {d = 0}
     elseif p.a == "f" then return {idx = -1, count = 0}
     elseif p.a == "c" then return {idx = 0, cur = 0, prev = 0}
     elseif p.a == "l" then return {log = {}}
-    else return {n = 0} end
+    else return {leases = {}} end
   end
 
   local function decode(blob, plan)
@@ -188,7 +189,14 @@ local function make()
           i = i + n
           st.log = log
         else
-          st.n = row[i]; i = i + 1
+          local n = row[i]; i = i + 1
+          local leases = {}
+          for j = 1, n do
+            local t = row[i + j - 1] + shift
+            if t > -lease_ns then leases[#leases + 1] = t end
+          end
+          i = i + n
+          st.leases = leases
         end
       end
       states[k] = st
@@ -206,7 +214,10 @@ local function make()
       elseif p.a == "l" then
         row[#row + 1] = #st.log
         for _, t in ipairs(st.log) do row[#row + 1] = t end
-      else row[#row + 1] = st.n end
+      else
+        row[#row + 1] = #st.leases
+        for _, t in ipairs(st.leases) do row[#row + 1] = t end
+      end
     end
     return cmsgpack.pack(row)
   end
@@ -301,8 +312,9 @@ local function make()
       if count > 0 then reset = sorted[count] + w end
       return false, q - count, reset, wait
     else
-      if st.n + cost <= q then return true, q - st.n - cost, 0, 0 end
-      local rem = q - st.n
+      local n = #st.leases
+      if n + cost <= q then return true, q - n - cost, 0, 0 end
+      local rem = q - n
       if rem < 0 then rem = 0 end
       return false, rem, 0, E9
     end
@@ -323,18 +335,24 @@ local function make()
       local log = st.log
       for _ = 1, cost do log[#log + 1] = 0 end
     else
-      st.n = st.n + cost
+      local leases = st.leases
+      for _ = 1, cost do leases[#leases + 1] = 0 end
     end
   end
 
-  -- how long the row must be kept (ms, rounded up); nil: while a lease is out
+  -- how long the row must be kept (ms, rounded up)
   local function keep_ms(plan, states)
     local keep = 0
     for k, p in ipairs(plan) do
       local st = states[k]
       local ms = 0
       if p.a == "t" then ms = dur_ms(st.d)
-      elseif p.a == "n" then if st.n > 0 then return nil end
+      elseif p.a == "n" then
+        local newest = nil
+        for _, t in ipairs(st.leases) do
+          if newest == nil or t > newest then newest = t end
+        end
+        if newest ~= nil then ms = dur_ms(newest + lease_ns) end
       elseif p.a == "l" then if #st.log > 0 then ms = p.ws * 1000 end
       elseif p.a == "f" then
         if st.count > 0 then ms = (st.idx * p.ws + p.off - now_s + 1) * 1000 end
@@ -439,9 +457,16 @@ local function make()
     for k, p in ipairs(plan) do
       if p.a == "n" then
         local st = states[k]
-        local n = st.n - amount
-        if n < 0 then n = 0 end
-        if n ~= st.n then st.n = n; changed = true end
+        local leases = st.leases
+        if #leases > 0 and amount > 0 then
+          -- which lease ends is not known: the newest goes first, so one
+          -- left behind keeps its own stamp and expires on time
+          table.sort(leases)
+          local kept = {}
+          for j = 1, #leases - amount do kept[#kept + 1] = leases[j] end
+          st.leases = kept
+          changed = true
+        end
       end
     end
     return "R", changed
@@ -457,7 +482,7 @@ local function make()
       now_s = tonumber(s); now_n = tonumber(n)
     end
     local slack = tonumber(args[2])
-    local lease_ms = tonumber(args[3])
+    lease_ns = tonumber(args[3]) * 1000000
     local nplans = tonumber(args[4])
     local plans = {}
     for k = 1, nplans do plans[k] = parse_plan(args[4 + k]) end
@@ -491,9 +516,7 @@ local function make()
       if dirty[key] then
         local row = rows[key]
         local keep = keep_ms(row.plan, row.states)
-        if keep == nil then
-          redis.call("SET", key, encode(row.states, row.plan), "PX", lease_ms)
-        elseif keep <= 0 then
+        if keep <= 0 then
           redis.call("DEL", key)
         else
           redis.call("SET", key, encode(row.states, row.plan), "PX", keep + slack)
