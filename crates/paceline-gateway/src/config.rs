@@ -936,6 +936,51 @@ criticality = "SHEDDABLE"
     }
 
     #[test]
+    fn the_redis_table_is_checked_by_field() {
+        let redis = "[gateway]\nstore = \"redis\"\n";
+        let table = "[gateway.shedding]\nmax_in_flight = 64\n\n[gateway.redis]\nurl = \"redis://127.0.0.1:6379\"\ndeadline_ms = 5\n";
+        let text = GOOD.replacen("[gateway]\n", redis, 1).replacen(
+            "[gateway.shedding]\nmax_in_flight = 64\n",
+            table,
+            1,
+        );
+        #[cfg(feature = "redis")]
+        {
+            let c = GatewayConfig::parse(&text, "t.toml", None).unwrap();
+            assert_eq!(c.settings.store, StoreKind::Redis);
+            let r = c.settings.redis.unwrap();
+            assert_eq!(r.deadline, Duration::from_millis(5));
+            assert_eq!(r.urls, vec!["redis://127.0.0.1:6379".to_string()]);
+            let bad = |from: &str, to: &str| err(&text.replacen(from, to, 1));
+            let e = bad("deadline_ms = 5", "deadline_ms = 0");
+            assert_eq!((e.line(), e.field()), (11, "gateway.redis.deadline_ms"));
+            let e = bad("redis://127.0.0.1:6379", "http://127.0.0.1:6379");
+            assert_eq!((e.line(), e.field()), (10, "gateway.redis.url"));
+            let e = bad("deadline_ms = 5", "deadline = 5");
+            assert_eq!(e.field(), "gateway.redis.deadline");
+            let e = bad("deadline_ms = 5", "urls = [\"redis://a:1\"]");
+            assert!(e.message().contains("not both"), "{}", e.message());
+            let two = "urls = [\"redis://a:1\", \"redis://b:1\"]";
+            let e = bad("url = \"redis://127.0.0.1:6379\"", two);
+            assert_eq!(e.field(), "gateway.redis.urls");
+            assert!(e.message().contains("cluster"), "{}", e.message());
+            // a plan the store cannot hold exactly is refused by name
+            let e = bad("q = 20, w = 2 }", "q = 20, w = 3000000 }");
+            assert_eq!(e.field(), "plans.free");
+            assert!(e.message().contains("30 days"), "{}", e.message());
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let e = err(&text);
+            assert_eq!(e.field(), "gateway.store");
+            assert!(e.message().contains("`redis` feature"), "{}", e.message());
+        }
+        // the table without the store
+        let e = err(&GOOD.replacen("[gateway.shedding]\nmax_in_flight = 64\n", table, 1));
+        assert_eq!(e.field(), "gateway.redis");
+    }
+
+    #[test]
     fn the_head_bound_is_checked() {
         for bad in ["0", "8191", "1048577"] {
             let e = patched(

@@ -390,3 +390,22 @@ async fn overload_sheds_quotes_keeps_labels_and_charges_no_503() {
     // 6 quotes and 3 labels were charged; the 14 shed quotes were not
     assert_eq!(usage["limits"][1]["r"], 1000 - 9);
 }
+
+#[test]
+fn the_redis_example_passes_check() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/shiplane-redis.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["gateway", "--check"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if cfg!(feature = "redis") {
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    } else {
+        assert_eq!(out.status.code(), Some(1));
+        assert!(err.contains("gateway.store"), "{err}");
+    }
+}
