@@ -210,3 +210,40 @@ async fn redis_killed_fail_open_keeps_admitting() {
     }
     gw.handle.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_over_its_limit_is_answered_without_redis() {
+    let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    let server = RedisServer::start();
+    // escalation on (the default): held requests read their standing
+    let text = config(api.addr(), &redis_table(&server.url()), "open")
+        .replace("deny_cache = 0", "deny_cache = 1000")
+        .replace("[escalation]\nenabled = false\n", "");
+    let clock = ManualClock::at_unix_secs(1_790_000_000);
+    let gw = start(&text, Arc::new(clock.clone()), false).await;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let mut ok = 0;
+    for _ in 0..21 {
+        let (s, _, _) = get(&client, gw.addr, "/v1/rates").await;
+        ok += u32::from(s == 200);
+    }
+    assert_eq!(ok, 20);
+    let calls = |h: &GatewayHandle| match h.limiter().store() {
+        paceline_gateway::GatewayStore::Redis(r) => r.stats().calls,
+        _ => unreachable!("a Redis store"),
+    };
+    let before = calls(&gw.handle);
+    for _ in 0..200 {
+        let (s, h, _) = get(&client, gw.addr, "/v1/rates").await;
+        assert_eq!(s, 429);
+        assert!(h.contains_key("retry-after"));
+    }
+    assert_eq!(
+        calls(&gw.handle),
+        before,
+        "a 429 of the hot key asked Redis"
+    );
+    gw.handle.shutdown();
+}

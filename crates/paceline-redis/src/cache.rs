@@ -1,5 +1,6 @@
 //! The local deny cache: a key already over its limit is answered here,
-//! with no round trip, until its retry time.
+//! with no round trip, until its retry time (and so is a read of its
+//! standing, cost 0, which a held request's headers need).
 //!
 //! Only denials that only time can lift are kept (a concurrency cap can
 //! free up whenever a request ends). A later request of the same plan and
@@ -64,7 +65,7 @@ impl DenyCache {
         bytes: u64,
         now: Nanos,
     ) -> Option<Decision> {
-        if !self.enabled() || (requests == 0 && bytes == 0) {
+        if !self.enabled() {
             return None;
         }
         let mut g = self.shard(hash).lock();
@@ -74,12 +75,19 @@ impl DenyCache {
             g.map.remove(&k);
             return None;
         }
-        if e.plan != *plan || requests < e.requests || bytes < e.bytes {
+        let read = requests == 0 && bytes == 0;
+        if e.plan != *plan || (!read && (requests < e.requests || bytes < e.bytes)) {
             return None;
         }
         let gone = now.saturating_sub(e.at);
         let mut d = e.decision.clone();
-        if let Outcome::Denied(den) = &mut d.outcome {
+        if read {
+            // a read (the standing for a held request's headers, or the
+            // usage endpoint) as the denial left it: nothing was charged
+            // since on this key, by this instance
+            d.outcome = Outcome::Allowed;
+            d.statuses.iter_mut().for_each(|s| s.would_deny = false);
+        } else if let Outcome::Denied(den) = &mut d.outcome {
             den.retry_after = e.until.saturating_sub(now);
         }
         for s in &mut d.statuses {
@@ -175,7 +183,11 @@ mod tests {
             c.get(&plan, 7, 1, 0, t).is_none(),
             "a cheaper request may fit"
         );
-        assert!(c.get(&plan, 7, 0, 0, t).is_none(), "a read is never cached");
+        let read = c.get(&plan, 7, 0, 0, t).unwrap();
+        assert!(
+            read.is_allowed() && !read.statuses[0].would_deny,
+            "{read:?}"
+        );
         assert!(c.get(&plan, 8, 2, 0, t).is_none());
         assert!(c
             .get(&plan, 7, 2, 0, t.saturating_add(Nanos::new(1_000)))

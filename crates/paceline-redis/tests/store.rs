@@ -183,8 +183,15 @@ async fn keys_over_their_limit_are_answered_without_a_round_trip() {
     let after = s.stats();
     assert_eq!(after.calls, before.calls, "a cached denial made a call");
     assert_eq!(after.cache_hits - before.cache_hits, 100);
-    // a read (cost 0) still goes to Redis
-    s.check(&plan, "k:hot", 0, Nanos::from_secs(1))
+    // a read of its standing too, as the denial left it
+    let d = s
+        .check(&plan, "k:hot", 0, Nanos::from_secs(1))
+        .await
+        .unwrap();
+    assert!(d.is_allowed() && d.statuses[0].remaining == 0, "{d:?}");
+    assert_eq!(s.stats().calls, after.calls);
+    // another key goes to Redis
+    s.check(&plan, "k:cold", 1, Nanos::from_secs(1))
         .await
         .unwrap();
     assert_eq!(s.stats().calls, after.calls + 1);
