@@ -61,6 +61,7 @@ struct Inner {
     link: Arc<Link>,
     queue: mpsc::Sender<Job>,
     clock: ClockSource,
+    cluster: bool,
     deadline: std::time::Duration,
     counters: Arc<Counters>,
     cache: DenyCache,
@@ -160,6 +161,7 @@ impl RedisStore {
                 link,
                 queue,
                 clock: config.clock,
+                cluster: config.cluster,
                 deadline: config.deadline,
                 counters,
                 cache: DenyCache::new(config.deny_cache),
@@ -202,6 +204,8 @@ impl RedisStore {
     ) -> Result<String, StoreError> {
         let i = &self.inner;
         let (row, slot) = i.namer.row_of(plan, hash);
+        // one server holds every slot: any decisions share a call
+        let slot = if i.cluster { slot } else { 0 };
         let (tx, rx) = oneshot::channel();
         let job = Job {
             row,

@@ -340,3 +340,33 @@ async fn a_lease_left_behind_expires_even_on_a_busy_key() {
     assert!(s.check(&plan, "k:a", 1, now).await.unwrap().is_allowed());
     assert!(s.check(&plan, "k:a", 1, now).await.unwrap().is_allowed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linger_gathers_decisions_that_arrive_apart() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        batch_linger: Duration::from_millis(10),
+        batch_max: 8,
+        ..config(server.url())
+    })
+    .await;
+    let plan = burst(1_000, 1);
+    // one call to warm the connection (and load the functions)
+    s.check(&plan, "k:warm", 1, Nanos::ZERO).await.unwrap();
+    let before = s.stats().calls;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (s, plan) = (s.clone(), plan.clone());
+        tasks.push(tokio::spawn(async move {
+            s.check(&plan, &format!("k:{i}"), 1, Nanos::ZERO).await
+        }));
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    for t in tasks {
+        assert!(t.await.unwrap().unwrap().is_allowed());
+    }
+    // eight decisions about a millisecond apart share a few 10 ms lingers
+    // (without one, each is its own call)
+    let calls = s.stats().calls - before;
+    assert!(calls <= 4, "{calls} calls for 8 decisions");
+}
