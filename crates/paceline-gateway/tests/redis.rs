@@ -54,10 +54,14 @@ enabled = false
     )
 }
 
-fn redis_table(url: &str) -> String {
+fn redis_table_with(url: &str, deadline_ms: u64) -> String {
     format!(
-        "store = \"redis\"\n\n[gateway.redis]\nurl = \"{url}\"\ndeadline_ms = 50\ndeny_cache = 0\n"
+        "store = \"redis\"\n\n[gateway.redis]\nurl = \"{url}\"\ndeadline_ms = {deadline_ms}\ndeny_cache = 0\n"
     )
+}
+
+fn redis_table(url: &str) -> String {
+    redis_table_with(url, 50)
 }
 
 struct Gw {
@@ -103,7 +107,8 @@ async fn three_gateways_on_one_redis_admit_what_one_does() {
     let server = RedisServer::start();
     let clock = ManualClock::at_unix_secs(1_790_000_000);
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
-    let text = config(api.addr(), &redis_table(&server.url()), "open");
+    // a generous deadline: a late answer would fail open and skew the count
+    let text = config(api.addr(), &redis_table_with(&server.url(), 2_000), "open");
     let mut gws = Vec::new();
     for _ in 0..3 {
         gws.push(start(&text, shared.clone(), true).await);
@@ -159,8 +164,16 @@ async fn with_redis_down(fail: &str) -> (Vec<(u16, Option<String>, Duration)>, R
     let text = config(api.addr(), &redis_table(&server.url()), fail);
     let gw = start(&text, Arc::new(paceline_core::SystemClock::new()), false).await;
     let client = Client::builder(TokioExecutor::new()).build_http();
-    let (s, _, _) = get(&client, gw.addr, "/v1/rates").await;
-    assert_eq!(s, 200);
+    // the first call connects and loads the functions: allow it time
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let (s, h, _) = get(&client, gw.addr, "/v1/rates").await;
+        if s == 200 && h.contains_key("ratelimit") {
+            break;
+        }
+        assert!(Instant::now() < until, "Redis did not answer within 2 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     server.kill();
     let mut seen = Vec::new();
     for _ in 0..40 {
@@ -218,7 +231,7 @@ async fn a_hot_key_over_its_limit_is_answered_without_redis() {
         .unwrap();
     let server = RedisServer::start();
     // escalation on (the default): held requests read their standing
-    let text = config(api.addr(), &redis_table(&server.url()), "open")
+    let text = config(api.addr(), &redis_table_with(&server.url(), 2_000), "open")
         .replace("deny_cache = 0", "deny_cache = 1000")
         .replace("[escalation]\nenabled = false\n", "");
     let clock = ManualClock::at_unix_secs(1_790_000_000);
