@@ -19,6 +19,7 @@ need_pkg() { # need_pkg COMMAND PACKAGE
 need_pkg /usr/sbin/nginx nginx
 need_pkg node nodejs
 need_pkg chromium chromium
+need_pkg redis-server redis-server
 need_npm_peers() {
     local dir=target/peers
     if [ ! -d "$dir/node_modules/express-rate-limit" ] || [ ! -d "$dir/node_modules/express" ]; then

@@ -110,6 +110,13 @@ pub trait Store: Send + Sync + 'static {
         let _ = (plan, key, cost, charged, now);
         std::future::ready(Ok(()))
     }
+
+    /// The in-process memory store that answers for this one, if any:
+    /// callers may then decide synchronously (no future, no I/O). A store
+    /// that picks between kinds at run time returns its memory arm.
+    fn memory(&self) -> Option<&MemoryStore> {
+        None
+    }
 }
 
 /// Settings of a [`MemoryStore`].
@@ -717,6 +724,10 @@ fn rest_after_release(plan: &Plan, words: &[u64], now: Nanos) -> u64 {
 }
 
 impl Store for MemoryStore {
+    fn memory(&self) -> Option<&MemoryStore> {
+        Some(self)
+    }
+
     fn check_cost(
         &self,
         plan: &Plan,

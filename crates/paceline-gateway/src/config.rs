@@ -124,6 +124,85 @@ impl std::error::Error for ConfigFileError {}
 pub enum StoreKind {
     /// In this process (counters survive reloads, not restarts).
     Memory,
+    /// In Redis (`[gateway.redis]`): every instance on it shares one count.
+    Redis,
+}
+
+/// The `[gateway.redis]` table: where the shared counters live and how
+/// calls to it are bounded.
+#[derive(Clone, PartialEq)]
+pub struct RedisSettings {
+    /// Server URLs (`url` or `urls`): `redis://[user:password@]host:port`,
+    /// or `rediss://` in a build with TLS.
+    pub urls: Vec<String>,
+    /// Whether the URLs name a Redis Cluster.
+    pub cluster: bool,
+    /// The deadline of a store call (`deadline_ms`).
+    pub deadline: Duration,
+    /// The longest a connection attempt takes (`connect_timeout_ms`).
+    pub connect_timeout: Duration,
+    /// Multiplexed connections per server.
+    pub connections: usize,
+    /// The most decisions in one call.
+    pub batch_max: usize,
+    /// How long a batch waits for more (`batch_linger_us`).
+    pub batch_linger: Duration,
+    /// The most calls in flight.
+    pub max_in_flight: usize,
+    /// The most decisions queued.
+    pub queue: usize,
+    /// The most keys the local deny cache holds.
+    pub deny_cache: usize,
+    /// What row names start with.
+    pub prefix: String,
+    /// The degraded limiter's share of each quota, if wanted.
+    pub degraded_share: Option<f64>,
+    /// The secret of the keyed hash naming rows (set by the deployment,
+    /// not read from the file).
+    pub key_secret: Vec<u8>,
+    /// Decide on the gateway's clock instead of the Redis server's (for
+    /// tests on a virtual clock; not read from the file).
+    pub caller_clock: bool,
+}
+
+impl fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // URLs may carry passwords
+        f.debug_struct("RedisSettings")
+            .field("servers", &self.urls.len())
+            .field("cluster", &self.cluster)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "redis")]
+impl RedisSettings {
+    /// The store's settings.
+    pub fn store_config(&self) -> paceline_redis::RedisStoreConfig {
+        paceline_redis::RedisStoreConfig {
+            urls: self.urls.clone(),
+            cluster: self.cluster,
+            deadline: self.deadline,
+            connect_timeout: self.connect_timeout,
+            key_secret: self.key_secret.clone(),
+            prefix: self.prefix.clone(),
+            connections: self.connections,
+            batch_max: self.batch_max,
+            batch_linger: self.batch_linger,
+            max_in_flight: self.max_in_flight,
+            queue: self.queue,
+            deny_cache: self.deny_cache,
+            degraded: self
+                .degraded_share
+                .map(|share| paceline_redis::Degraded { share }),
+            clock: match self.caller_clock {
+                true => paceline_redis::ClockSource::Caller,
+                false => paceline_redis::ClockSource::Server,
+            },
+            ..paceline_redis::RedisStoreConfig::default()
+        }
+    }
 }
 
 /// Timeouts for every phase of a proxied exchange.
@@ -275,6 +354,8 @@ pub struct Settings {
     pub upstream: Uri,
     /// Where the counters live.
     pub store: StoreKind,
+    /// The Redis store's settings, with `store = "redis"`.
+    pub redis: Option<RedisSettings>,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
     /// Where to POST soft-limit events, if anywhere.
@@ -333,6 +414,8 @@ struct GatewayModel {
     #[serde(default)]
     store: Option<String>,
     #[serde(default)]
+    redis: Option<RedisModel>,
+    #[serde(default)]
     metrics_listen: Option<String>,
     #[serde(default)]
     soft_limit_webhook: Option<String>,
@@ -378,6 +461,25 @@ struct TimeoutsModel {
     request_body_ms: Option<u64>,
     body_rate_window_ms: Option<u64>,
     body_rate_grace_ms: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+struct RedisModel {
+    url: Option<String>,
+    urls: Option<Vec<String>>,
+    cluster: Option<bool>,
+    deadline_ms: Option<u64>,
+    connect_timeout_ms: Option<u64>,
+    connections: Option<u64>,
+    batch_max: Option<u64>,
+    batch_linger_us: Option<u64>,
+    max_in_flight: Option<u64>,
+    queue: Option<u64>,
+    deny_cache: Option<u64>,
+    prefix: Option<String>,
+    degraded_share: Option<f64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -570,6 +672,19 @@ impl GatewayConfig {
             keys_src = Some(ks);
         }
         let hasher = key_hasher(&src, gateway.key_hash_secret_file.as_deref(), dir, env)?;
+        if settings.store == StoreKind::Redis
+            && matches!(hasher.origin(), paceline_server::SecretOrigin::Random)
+        {
+            // a random secret per process would give every instance its own
+            // key names, and each would count alone
+            return Err(src.at_field(
+                Kind::Missing,
+                "gateway.key_hash_secret_file",
+                format!(
+                    "store = \"redis\" names keys by their hash under the key-hash secret, so every instance needs the same one: give gateway.key_hash_secret_file (a file holding at least 16 bytes) or set {KEY_HASH_SECRET_ENV}"
+                ),
+            ));
+        }
         let limits = model.build_with_hasher(hasher).map_err(|e| {
             let field = e.field();
             // a key that came from the keys file is reported there
@@ -582,6 +697,18 @@ impl GatewayConfig {
             }
             src.at_field(e.kind(), field, e.message())
         })?;
+        #[cfg(feature = "redis")]
+        if settings.store == StoreKind::Redis {
+            for plan in limits.plans() {
+                paceline_redis::supports(plan).map_err(|m| {
+                    src.at_field(
+                        Kind::InvalidValue,
+                        &format!("plans.{}", plan.name()),
+                        format!("{m} (store = \"redis\")"),
+                    )
+                })?;
+            }
+        }
         Ok(GatewayConfig {
             settings,
             limits,
@@ -657,14 +784,32 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
     })?;
     let store = match g.store.as_deref() {
         None | Some("memory") => StoreKind::Memory,
+        Some("redis") => StoreKind::Redis,
         Some(other) => {
             return Err(src.at_field(
                 Kind::InvalidValue,
                 "gateway.store",
-                format!("{other:?}: the gateway supports store = \"memory\""),
+                format!("{other:?}: the gateway supports store = \"memory\" or \"redis\""),
             ))
         }
     };
+    let redis =
+        match (store, &g.redis) {
+            (StoreKind::Redis, Some(r)) => Some(redis_settings(src, r)?),
+            (StoreKind::Redis, None) => return Err(src.at_field(
+                Kind::InvalidValue,
+                "gateway.store",
+                "store = \"redis\" needs a [gateway.redis] table with url = \"redis://host:port\"",
+            )),
+            (_, Some(_)) => {
+                return Err(src.at_field(
+                    Kind::InvalidValue,
+                    "gateway.redis",
+                    "[gateway.redis] is read only with store = \"redis\"",
+                ))
+            }
+            (_, None) => None,
+        };
     let metrics_listen = g
         .metrics_listen
         .as_deref()
@@ -687,6 +832,7 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
         listen,
         upstream,
         store,
+        redis,
         metrics_listen,
         soft_limit_webhook,
         timeouts: timeouts(src, &g.timeouts)?,
@@ -754,6 +900,74 @@ fn limits(src: &Source<'_>, l: &LimitsModel) -> Result<GatewayLimits, ConfigFile
         intake_bytes,
         min_body_rate: l.min_body_rate.unwrap_or(d.min_body_rate),
     })
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_settings(src: &Source<'_>, _: &RedisModel) -> Result<RedisSettings, ConfigFileError> {
+    Err(src.at_field(
+        Kind::InvalidValue,
+        "gateway.store",
+        "this build has no Redis support: build paceline with the `redis` feature",
+    ))
+}
+
+/// The `[gateway.redis]` table, checked by the store's own bounds (each
+/// error names its field).
+#[cfg(feature = "redis")]
+fn redis_settings(src: &Source<'_>, r: &RedisModel) -> Result<RedisSettings, ConfigFileError> {
+    let d = paceline_redis::RedisStoreConfig::default();
+    let url_field = match (&r.url, &r.urls) {
+        (Some(_), Some(_)) => {
+            return Err(src.at_field(
+                Kind::InvalidValue,
+                "gateway.redis.urls",
+                "give url or urls, not both",
+            ))
+        }
+        (_, Some(_)) => "gateway.redis.urls",
+        _ => "gateway.redis.url",
+    };
+    let urls = match (&r.url, &r.urls) {
+        (Some(u), _) => vec![u.clone()],
+        (_, Some(us)) => us.clone(),
+        (None, None) => {
+            return Err(src.at_field(
+                Kind::InvalidValue,
+                "gateway.redis",
+                "needs url = \"redis://host:port\" (or urls = [...] for a cluster)",
+            ))
+        }
+    };
+    let n =
+        |v: Option<u64>, default: usize| v.map_or(default, |v| v.min(usize::MAX as u64) as usize);
+    let settings = RedisSettings {
+        urls,
+        cluster: r.cluster.unwrap_or(false),
+        deadline: r.deadline_ms.map_or(d.deadline, Duration::from_millis),
+        connect_timeout: r
+            .connect_timeout_ms
+            .map_or(d.connect_timeout, Duration::from_millis),
+        connections: n(r.connections, d.connections),
+        batch_max: n(r.batch_max, d.batch_max),
+        batch_linger: r
+            .batch_linger_us
+            .map_or(d.batch_linger, Duration::from_micros),
+        max_in_flight: n(r.max_in_flight, d.max_in_flight),
+        queue: n(r.queue, d.queue),
+        deny_cache: n(r.deny_cache, d.deny_cache),
+        prefix: r.prefix.clone().unwrap_or(d.prefix.clone()),
+        degraded_share: r.degraded_share,
+        key_secret: Vec::new(),
+        caller_clock: false,
+    };
+    settings.store_config().validate().map_err(|e| {
+        let field = match e.field {
+            "urls" => url_field.to_string(),
+            f => format!("gateway.redis.{f}"),
+        };
+        src.at_field(Kind::InvalidValue, &field, e.message)
+    })?;
+    Ok(settings)
 }
 
 fn max_head_bytes(src: &Source<'_>, v: Option<u64>) -> Result<usize, ConfigFileError> {
@@ -973,6 +1187,61 @@ criticality = "SHEDDABLE"
         assert_eq!((e.line(), e.field()), (7, "gateway.shedding.reserve"));
         let e = patched("[gateway]\n", "[gateway]\nstore = \"redis\"\n");
         assert_eq!((e.line(), e.field()), (2, "gateway.store"));
+    }
+
+    #[test]
+    fn the_redis_table_is_checked_by_field() {
+        let redis = "[gateway]\nstore = \"redis\"\n";
+        let table = "[gateway.shedding]\nmax_in_flight = 64\n\n[gateway.redis]\nurl = \"redis://127.0.0.1:6379\"\ndeadline_ms = 5\n";
+        let text = GOOD.replacen("[gateway]\n", redis, 1).replacen(
+            "[gateway.shedding]\nmax_in_flight = 64\n",
+            table,
+            1,
+        );
+        #[cfg(feature = "redis")]
+        {
+            // every instance must name keys alike: no random secret
+            let e = err(&text);
+            assert_eq!(
+                (e.kind(), e.field()),
+                (Kind::Missing, "gateway.key_hash_secret_file")
+            );
+            assert!(e.message().contains(KEY_HASH_SECRET_ENV), "{e}");
+            let env =
+                |v: &str| (v == KEY_HASH_SECRET_ENV).then(|| "a shared secret of 24 b".to_string());
+            let parse = |t: &str| GatewayConfig::parse_with_env(t, "t.toml", None, &env);
+            let c = parse(&text).unwrap();
+            assert_eq!(c.settings.store, StoreKind::Redis);
+            let r = c.settings.redis.unwrap();
+            assert_eq!(r.deadline, Duration::from_millis(5));
+            assert_eq!(r.urls, vec!["redis://127.0.0.1:6379".to_string()]);
+            let bad = |from: &str, to: &str| parse(&text.replacen(from, to, 1)).unwrap_err();
+            let e = bad("deadline_ms = 5", "deadline_ms = 0");
+            assert_eq!((e.line(), e.field()), (11, "gateway.redis.deadline_ms"));
+            let e = bad("redis://127.0.0.1:6379", "http://127.0.0.1:6379");
+            assert_eq!((e.line(), e.field()), (10, "gateway.redis.url"));
+            let e = bad("deadline_ms = 5", "deadline = 5");
+            assert_eq!(e.field(), "gateway.redis.deadline");
+            let e = bad("deadline_ms = 5", "urls = [\"redis://a:1\"]");
+            assert!(e.message().contains("not both"), "{}", e.message());
+            let two = "urls = [\"redis://a:1\", \"redis://b:1\"]";
+            let e = bad("url = \"redis://127.0.0.1:6379\"", two);
+            assert_eq!(e.field(), "gateway.redis.urls");
+            assert!(e.message().contains("cluster"), "{}", e.message());
+            // a plan the store cannot hold exactly is refused by name
+            let e = bad("q = 20, w = 2 }", "q = 20, w = 3000000 }");
+            assert_eq!(e.field(), "plans.free");
+            assert!(e.message().contains("30 days"), "{}", e.message());
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let e = err(&text);
+            assert_eq!(e.field(), "gateway.store");
+            assert!(e.message().contains("`redis` feature"), "{}", e.message());
+        }
+        // the table without the store
+        let e = err(&GOOD.replacen("[gateway.shedding]\nmax_in_flight = 64\n", table, 1));
+        assert_eq!(e.field(), "gateway.redis");
     }
 
     #[test]

@@ -7,15 +7,16 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use paceline_core::{Clock, MemoryStore};
+use paceline_core::Clock;
 use paceline_server::idempotency::{IdempotencyLayer, LimiterScope, MemoryIdempotencyStore};
 
 use crate::server::GatewayLimiter;
+use crate::store::GatewayStore;
 
 /// The layer for one connection.
 pub(crate) type ConnIdempotency = IdempotencyLayer<MemoryIdempotencyStore, Arc<dyn Clock>, Scope>;
 
-type Scope = LimiterScope<MemoryStore, Arc<dyn Clock>>;
+type Scope = LimiterScope<GatewayStore, Arc<dyn Clock>>;
 
 /// The gateway's idempotency layer, before it knows its connection.
 #[derive(Clone)]

@@ -86,14 +86,16 @@ mod proxy;
 mod server;
 pub mod shed;
 mod split;
+mod store;
 mod upstream;
 mod webhook;
 
 pub use config::{
-    ConfigFileError, GatewayConfig, GatewayLimits, Settings, SheddingSettings, StoreKind, Timeouts,
-    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HEAD_BYTES, KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES,
-    MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
+    ConfigFileError, GatewayConfig, GatewayLimits, RedisSettings, Settings, SheddingSettings,
+    StoreKind, Timeouts, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HEAD_BYTES, KEY_HASH_SECRET_ENV,
+    MAX_MAX_HEAD_BYTES, MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
 };
 pub use server::{
     shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback, ReloadEvent,
 };
+pub use store::GatewayStore;

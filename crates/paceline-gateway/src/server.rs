@@ -34,6 +34,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use paceline_core::{Clock, MemoryStore, SystemClock};
+
+use crate::store::GatewayStore;
 use paceline_server::{Limits, RateLimit, RateLimiter};
 use parking_lot::RwLock;
 use tokio::net::TcpListener;
@@ -48,8 +50,9 @@ use crate::metrics as m;
 use crate::proxy::{full, Proxy};
 use crate::shed::{CurrentLimits, LoadShedLayer, Shedder};
 
-/// The limiter a gateway runs: the in-memory store and a shared clock.
-pub type GatewayLimiter = RateLimiter<MemoryStore, Arc<dyn Clock>>;
+/// The limiter a gateway runs: its store (in memory, or Redis) and a
+/// shared clock.
+pub type GatewayLimiter = RateLimiter<GatewayStore, Arc<dyn Clock>>;
 
 type GatewayBody = crate::shed::ShedBody<
     paceline_server::RateLimitBody<
@@ -169,7 +172,8 @@ impl Gateway {
         }
         let shedder = Shedder::with_clock(s.shedding, clock.clone());
         let intake = Intake::new(s.limits, s.timeouts, clock.clone());
-        let limiter = RateLimiter::new(config.limits.clone(), MemoryStore::new(), clock);
+        let store = open_store(&s, config.limits.key_hasher()).await?;
+        let limiter = RateLimiter::new(config.limits.clone(), store, clock);
         if let Some(uri) = &s.soft_limit_webhook {
             limiter.set_soft_limit_hook(crate::webhook::webhook(uri.clone()));
         }
@@ -453,6 +457,38 @@ impl GatewayHandle {
     }
 }
 
+/// The store the settings name: in memory, or Redis (connected lazily, so
+/// a server that is down at start only makes the first decisions fail
+/// open or closed, per policy).
+async fn open_store(s: &Settings, hasher: &paceline_server::KeyHasher) -> io::Result<GatewayStore> {
+    match s.store {
+        #[cfg(feature = "redis")]
+        crate::config::StoreKind::Redis => {
+            let r = s.redis.as_ref().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "gateway.redis is missing")
+            })?;
+            if matches!(hasher.origin(), paceline_server::SecretOrigin::Random) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "store = \"redis\" needs the same key-hash secret on every instance (gateway.key_hash_secret_file or PACELINE_KEY_HASH_SECRET); a random one per process would make each count alone",
+                ));
+            }
+            let mut config = r.store_config();
+            // key names under the deployment's secret, derived so that they
+            // tell nothing of the hashes in logs
+            config.key_secret = hasher.derive("redis key names").to_vec();
+            paceline_redis::RedisStore::connect(config)
+                .await
+                .map(GatewayStore::Redis)
+                .map_err(|e| io::Error::other(format!("gateway.redis.{e}")))
+        }
+        _ => {
+            let _ = hasher; // the memory store's keys never leave the process
+            Ok(GatewayStore::Memory(MemoryStore::new()))
+        }
+    }
+}
+
 /// The settings that changed from `old` to `new` and take a restart to
 /// apply, as notes. Every setting of [`Settings`] is named here, so a new
 /// one is either applied by [`GatewayHandle::apply`] or noted.
@@ -466,6 +502,7 @@ fn restart_notes(
         listen,
         upstream,
         store,
+        redis,
         metrics_listen,
         timeouts,
         // applied: the hook is replaced or removed
@@ -487,6 +524,7 @@ fn restart_notes(
     note("gateway.listen", old.listen != *listen);
     note("gateway.upstream", old.upstream != *upstream);
     note("gateway.store", old.store != *store);
+    note("gateway.redis", old.redis != *redis);
     note(
         "gateway.metrics_listen",
         old.metrics_listen != *metrics_listen,

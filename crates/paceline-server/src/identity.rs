@@ -403,6 +403,18 @@ impl KeyHasher {
         KeyHash(h.finish())
     }
 
+    /// 16 bytes derived from the secret for one `purpose` (say, naming
+    /// keys in a shared store): as stable and as secret as the secret
+    /// itself, and telling nothing of it or of the hashes in logs.
+    pub fn derive(&self, purpose: &str) -> [u8; 16] {
+        use siphasher::sip128::Hasher128;
+        use std::hash::Hasher;
+        let mut h = siphasher::sip128::SipHasher13::new_with_keys(self.keys.0, self.keys.1);
+        h.write(b"paceline derive\0");
+        h.write(purpose.as_bytes());
+        h.finish128().as_bytes()
+    }
+
     /// Where its secret came from.
     pub fn origin(&self) -> &SecretOrigin {
         &self.origin

@@ -1,7 +1,6 @@
 //! The engine behind the layer: resolve who is asking, check, escalate,
 //! warn, and say what to do with the request.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -11,8 +10,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, Version};
 use paceline_core::{
-    Clock, Cost, Decision, Denial, FailMode, MemoryStore, Nanos, Outcome, Plan, PolicyKind, Store,
-    StoreError,
+    Clock, Cost, Decision, Denial, FailMode, Nanos, Outcome, Plan, PolicyKind, Store, StoreError,
 };
 use parking_lot::RwLock;
 use tracing::Instrument;
@@ -382,7 +380,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         peer: Option<std::net::IpAddr>,
         given: Option<RouteInfo>,
     ) -> Option<HeaderMap> {
-        let mem = (&self.shared.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        let mem = self.shared.store.memory()?;
         let p = self.prepare(req, peer, given);
         let who = p
             .who
@@ -409,7 +407,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// key's counters (a dashboard, a diagnostics page), not for
     /// deciding.
     pub fn peek_key(&self, key: &str) -> Option<(Plan, Decision)> {
-        let mem = (&self.shared.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        let mem = self.shared.store.memory()?;
         let limits = self.limits();
         let lim = &limits.inner;
         let entry = &lim.key_entries[*lim.keys.get(key)?];
@@ -435,7 +433,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// Decides at once when the store is in this process (no I/O, so no
     /// future and no allocation for it); `None` for a remote store.
     pub(crate) fn decide_now(&self, p: &Prepared) -> Option<Verdict> {
-        let mem = (&self.shared.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        let mem = self.shared.store.memory()?;
         let span = self.span(p);
         let _entered = span.enter();
         Some(match self.stage(p) {

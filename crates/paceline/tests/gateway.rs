@@ -442,3 +442,34 @@ async fn overload_sheds_quotes_keeps_labels_and_charges_no_503() {
     // 6 quotes and 3 labels were charged; the 14 shed quotes were not
     assert_eq!(usage["limits"][1]["r"], 1000 - 9);
 }
+
+#[test]
+fn the_redis_example_passes_check() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/shiplane-redis.toml");
+    let check = |secret: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_paceline"));
+        cmd.args(["gateway", "--check"]).arg(&example);
+        cmd.env_remove("PACELINE_KEY_HASH_SECRET");
+        if let Some(s) = secret {
+            cmd.env("PACELINE_KEY_HASH_SECRET", s);
+        }
+        cmd.output().unwrap()
+    };
+    if cfg!(feature = "redis") {
+        // without a shared secret each instance would name keys its own way
+        let out = check(None);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("gateway.key_hash_secret_file"), "{err}");
+    }
+    let out = check(Some("0123456789abcdef0123456789abcdef"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    if cfg!(feature = "redis") {
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    } else {
+        assert_eq!(out.status.code(), Some(1));
+        assert!(err.contains("gateway.store"), "{err}");
+    }
+}

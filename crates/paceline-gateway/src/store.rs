@@ -1,0 +1,89 @@
+//! The store behind the gateway's limiter: the in-process memory store, or
+//! (with the `redis` feature) a Redis store every instance shares. One
+//! enum, dispatched statically; the memory arm is handed out through
+//! [`Store::memory`], so the limiter decides on it synchronously exactly as
+//! before.
+
+use std::future::Future;
+
+use paceline_core::{Cost, Decision, MemoryStore, Nanos, Plan, Store, StoreError};
+
+/// Where a gateway keeps its counters.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum GatewayStore {
+    /// In this process.
+    Memory(MemoryStore),
+    /// In Redis, shared by every instance on it.
+    #[cfg(feature = "redis")]
+    Redis(paceline_redis::RedisStore),
+}
+
+impl Store for GatewayStore {
+    fn memory(&self) -> Option<&MemoryStore> {
+        match self {
+            GatewayStore::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(_) => None,
+        }
+    }
+
+    fn check(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: u64,
+        now: Nanos,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.check_cost(plan, key, Cost::requests(cost), now)
+    }
+
+    async fn check_cost(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) -> Result<Decision, StoreError> {
+        match self {
+            GatewayStore::Memory(m) => m.check_sync(plan, key, cost, now),
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(r) => r.check_cost(plan, key, cost, now).await,
+        }
+    }
+
+    async fn release(
+        &self,
+        plan: &Plan,
+        key: &str,
+        amount: u64,
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        match self {
+            GatewayStore::Memory(m) => {
+                m.release_sync(plan, key, amount, now);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(r) => r.release(plan, key, amount, now).await,
+        }
+    }
+
+    async fn refund(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        charged: Nanos,
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        match self {
+            GatewayStore::Memory(m) => {
+                m.refund_sync(plan, key, cost, charged, now);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(r) => r.refund(plan, key, cost, charged, now).await,
+        }
+    }
+}

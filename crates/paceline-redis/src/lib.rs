@@ -1,0 +1,101 @@
+//! # paceline-redis
+//!
+//! Many servers, one count. A bucket held per process multiplies the
+//! published limit by the number of instances; [`RedisStore`] keeps the
+//! count in Redis instead, so every gateway and every tower layer on the
+//! same Redis (or Redis Cluster) enforces the limit it publishes.
+//!
+//! It is the core's [`Store`](paceline_core::Store) contract: all of a
+//! request's policies (token bucket/GCRA, fixed and calendar windows,
+//! sliding log and counter, concurrency leases) are checked and charged in
+//! one atomic server-side step, a denied request charges nothing, and a
+//! cost of 0 reads without charging — decision for decision what
+//! [`MemoryStore`](paceline_core::MemoryStore) answers (a property test
+//! runs the same random operations against both). Decisions read the Redis
+//! server's clock (`TIME`), so skewed instance clocks do not matter.
+//!
+//! Built on the `redis` crate (redis-rs): the most used Redis client for
+//! Rust, kept by the Redis organisation, with Tokio multiplexed
+//! connections that reconnect by themselves, an async Cluster client that
+//! follows `MOVED`/`ASK`, and rustls TLS — everything this store needs and
+//! nothing it has to wrap twice (`fred` would do as well; its own
+//! pipelining and pooling would sit under the batcher here unused).
+//!
+//! ## The parts
+//!
+//! ```text
+//!  Store::check (store.rs: RedisStore)
+//!     │ 1. deny cache (cache.rs): a key already over its limit, until its
+//!     │    retry time → the cached denial, no round trip
+//!     │ 2. row name (keys.rs): pl:{keyed hash of the key}:plan — one
+//!     │    hash tag per client key, so one cluster slot
+//!     ▼
+//!  batch.rs (one task: bounded queue → one call per slot, ≤ batch_max,
+//!     │      ≤ max_in_flight calls, each cut at the deadline)
+//!     ▼
+//!  link.rs (FCALL paceline_v1_run, FUNCTION LOAD on demand;
+//!     │     EVALSHA + EVAL on NOSCRIPT for servers without functions)
+//!     ▼
+//!  lua/core.lua (every decision of the batch: the core's algorithms on
+//!     │          exact integers; rows kept with a TTL)
+//!     ▼
+//!  script.rs (the reply lines → Decisions)
+//!
+//!  Redis away: StoreError::Unavailable within the deadline → the
+//!  limiter's fail open/closed per policy, or (config.rs: Degraded) a
+//!  local MemoryStore on a share of each quota for fail-open plans.
+//! ```
+//!
+//! ## A 429, inside this crate
+//!
+//! `RedisStore::check` (`store.rs`) finds no cached denial (`cache.rs`),
+//! names the row (`keys.rs`) and queues the decision; the batcher
+//! (`batch.rs`) sends it with the others queued for the same slot as one
+//! `FCALL` (`link.rs`); the Lua (`lua/core.lua`) peeks every policy, finds
+//! the burst empty, charges nothing and answers `D 0 <wait> …`;
+//! `script.rs` turns the line into a [`Decision`](paceline_core::Decision)
+//! whose denial names the policy, and `store.rs` keeps it in the deny
+//! cache until the wait is over, so the client's next tries are answered
+//! without Redis.
+//!
+//! ```no_run
+//! use paceline_core::{Nanos, Plan, Policy, Store};
+//! use paceline_redis::{RedisStore, RedisStoreConfig};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect(RedisStoreConfig {
+//!     urls: vec!["redis://127.0.0.1:6379".into()],
+//!     key_secret: b"a per-deployment secret".to_vec(),
+//!     ..RedisStoreConfig::default()
+//! })
+//! .await?;
+//! let free = Plan::new("free", vec![
+//!     Policy::token_bucket("burst", 20, 2)?,
+//!     Policy::daily("daily", 10_000)?,
+//! ])?;
+//! // the instant is ignored: the server's clock decides
+//! let d = store.check(&free, "k:sk_live_1", 1, Nanos::ZERO).await?;
+//! assert!(d.is_allowed());
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod batch;
+mod cache;
+mod config;
+mod keys;
+mod link;
+mod script;
+mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use config::{
+    check_url, redact, ClockSource, ConfigError, Degraded, RedisStoreConfig, Scripting,
+    DEFAULT_DEADLINE, MAX_BATCH, MAX_DEADLINE, MAX_LEASE_TTL, MAX_LINGER,
+};
+pub use store::{
+    supports, RedisStats, RedisStore, MAX_CONCURRENCY_QUOTA, MAX_COUNTER_QUOTA,
+    MAX_SLIDING_WINDOW_SECS,
+};

@@ -1,0 +1,211 @@
+//! The connections to Redis and the one call a batch makes: `FCALL` of the
+//! function library (loaded on demand, reloaded when a restarted server
+//! lacks it), or `EVALSHA` with an `EVAL` on `NOSCRIPT`.
+//!
+//! Connections are multiplexed and reconnect by themselves (the client
+//! library's connection manager; the cluster client follows `MOVED` and
+//! `ASK`). A call never waits longer than the caller's deadline: the
+//! batcher wraps it in a timeout.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, RedisError, Value};
+
+use paceline_core::StoreError;
+
+use crate::config::{redact, RedisStoreConfig, Scripting};
+use crate::script;
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let v = match self {
+            Conn::Single(c) => c.req_packed_command(cmd).await,
+            Conn::Cluster(c) => c.req_packed_command(cmd).await,
+        }?;
+        // an error the server answered comes back as a value
+        v.extract_error()
+    }
+}
+
+pub(crate) struct Link {
+    conns: Vec<Conn>,
+    next: AtomicUsize,
+    scripting: Scripting,
+    /// Functions turned out to be missing on this server: use scripts.
+    use_eval: AtomicBool,
+    library: String,
+    script: String,
+    sha: String,
+}
+
+fn unavailable(e: &RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+impl Link {
+    pub(crate) async fn connect(config: &RedisStoreConfig) -> Result<Link, StoreError> {
+        let mut conns = Vec::with_capacity(config.connections);
+        if config.cluster {
+            let client = redis::cluster::ClusterClient::builder(config.urls.clone())
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(Duration::from_secs(1))
+                .retries(2)
+                .min_retry_wait(10)
+                .max_retry_wait(200)
+                .build()
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            for _ in 0..config.connections {
+                let c =
+                    tokio::time::timeout(config.connect_timeout * 4, client.get_async_connection())
+                        .await
+                        .map_err(|_| StoreError::Unavailable("cluster connect timed out".into()))?
+                        .map_err(|e| unavailable(&e))?;
+                conns.push(Conn::Cluster(c));
+            }
+        } else {
+            let url = &config.urls[0];
+            let client = redis::Client::open(url.as_str())
+                .map_err(|e| StoreError::Unavailable(format!("{}: {e}", redact(url))))?;
+            let cm = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(Duration::from_secs(1)))
+                .set_number_of_retries(2)
+                .set_min_delay(Duration::from_millis(10))
+                .set_max_delay(Duration::from_millis(200));
+            for _ in 0..config.connections {
+                // lazy: a server that is down at start is not an error; the
+                // first calls fail (and each policy's fail mode applies)
+                // until it answers
+                let c = ConnectionManager::new_lazy_with_config(client.clone(), cm.clone())
+                    .map_err(|e| unavailable(&e))?;
+                conns.push(Conn::Single(c));
+            }
+        }
+        let script_src = script::script_source();
+        let sha = redis::Script::new(&script_src).get_hash().to_string();
+        Ok(Link {
+            conns,
+            next: AtomicUsize::new(0),
+            scripting: config.scripting,
+            use_eval: AtomicBool::new(config.scripting == Scripting::Eval),
+            library: script::library_source(),
+            script: script_src,
+            sha,
+        })
+    }
+
+    fn conn(&self) -> Conn {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        self.conns[i].clone()
+    }
+
+    /// Runs one batch; the reply is the script's text.
+    pub(crate) async fn run(&self, keys: &[String], args: &[String]) -> Result<String, StoreError> {
+        let mut conn = self.conn();
+        let value = if self.use_eval.load(Ordering::Relaxed) {
+            self.run_eval(&mut conn, keys, args).await?
+        } else {
+            match self.run_function(&mut conn, keys, args).await {
+                Ok(v) => v,
+                Err(e) if self.scripting == Scripting::Auto && no_functions(&e) => {
+                    tracing::info!("the Redis server has no functions: using scripts");
+                    self.use_eval.store(true, Ordering::Relaxed);
+                    self.run_eval(&mut conn, keys, args).await?
+                }
+                Err(e) => return Err(classify(&e)),
+            }
+        };
+        match value {
+            Value::BulkString(b) => {
+                String::from_utf8(b).map_err(|_| StoreError::Protocol("reply is not UTF-8".into()))
+            }
+            Value::SimpleString(s) => Ok(s),
+            other => Err(StoreError::Protocol(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    async fn run_function(
+        &self,
+        conn: &mut Conn,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Value, RedisError> {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(script::FUNCTION)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        match conn.query(&cmd).await {
+            Err(e) if function_missing(&e) => {
+                // a new or restarted server: load the library, once more
+                tracing::info!("loading the paceline function library");
+                metrics::counter!("paceline_redis_library_loads_total").increment(1);
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg("REPLACE").arg(&self.library);
+                conn.query(&load).await?;
+                conn.query(&cmd).await
+            }
+            other => other,
+        }
+    }
+
+    async fn run_eval(
+        &self,
+        conn: &mut Conn,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Value, StoreError> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
+        match conn.query(&cmd).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                metrics::counter!("paceline_redis_library_loads_total").increment(1);
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(&self.script).arg(keys.len()).arg(keys).arg(args);
+                conn.query(&eval).await.map_err(|e| classify(&e))
+            }
+            other => other.map_err(|e| classify(&e)),
+        }
+    }
+
+    /// Sends one plain command (tests and diagnostics).
+    pub(crate) async fn command(&self, cmd: &Cmd) -> Result<Value, StoreError> {
+        self.conn().query(cmd).await.map_err(|e| classify(&e))
+    }
+}
+
+fn function_missing(e: &RedisError) -> bool {
+    e.to_string().contains("Function not found")
+}
+
+fn no_functions(e: &RedisError) -> bool {
+    let s = e.to_string().to_ascii_lowercase();
+    s.contains("unknown command") && (s.contains("fcall") || s.contains("function"))
+}
+
+/// Connection trouble is "unavailable"; an error the script or server
+/// answered is a protocol error (retrying elsewhere will not help).
+fn classify(e: &RedisError) -> StoreError {
+    if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+    {
+        return unavailable(e);
+    }
+    match e.code() {
+        Some("LOADING") | Some("TRYAGAIN") | Some("CLUSTERDOWN") | Some("MASTERDOWN")
+        | Some("BUSY") | Some("MOVED") | Some("ASK") | Some("READONLY") => unavailable(e),
+        _ => StoreError::Protocol(e.to_string()),
+    }
+}

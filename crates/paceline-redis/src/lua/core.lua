@@ -1,0 +1,595 @@
+-- paceline: every decision of a batch, checked and charged atomically on
+-- the server. The same arithmetic as paceline-core's algorithms, on exact
+-- integers: Lua numbers are doubles, so every value kept here stays below
+-- 2^53 (instants are kept relative to "now", windows in whole seconds, and
+-- the one product that can grow past it goes through `muldiv`).
+--
+-- KEYS: one per decision, all in one cluster slot.
+-- ARGV: clock ("T" = the server's TIME, else "<secs> <nanos>"), ttl slack
+-- (ms), lease ttl (ms), the number of plans P, P plan specs, then per
+-- decision: op ("c" check, "r" release, "f<ns>" refund of a charge made
+-- that many nanoseconds ago), plan index, cost in requests, cost in bytes.
+-- Reply: one line per decision, joined by "\n".
+--
+-- A plan spec is "algo,q,window_s,offset_s,shadow,unit;..." with algo one
+-- of t (token bucket), f (fixed window), c (sliding counter), l (sliding
+-- log), n (concurrency), shadow 0/1 and unit r (requests) or b (bytes).
+
+-- Everything is built on the first call: while a function library loads,
+-- Redis offers only the registration API (not even `math`).
+local function make()
+  local E9 = 1000000000
+  local TWO53 = 9007199254740992
+  local floor = math.floor
+  local fmod = math.fmod
+  local fmt = string.format
+
+  -- floor(x / d) for exact integers below 2^53
+  local function idiv(x, d)
+    return (x - fmod(x, d)) / d
+  end
+
+  -- a * b as limbs of 2^22 (little end first), exact for a, b < 2^66
+  local B = 4194304
+  local function mul_limbs(a, b)
+    local a0 = fmod(a, B); local a1 = fmod(idiv(a, B), B); local a2 = idiv(idiv(a, B), B)
+    local b0 = fmod(b, B); local b1 = fmod(idiv(b, B), B); local b2 = idiv(idiv(b, B), B)
+    local c = {a0 * b0, a0 * b1 + a1 * b0, a0 * b2 + a1 * b1 + a2 * b0, a1 * b2 + a2 * b1, a2 * b2, 0}
+    for k = 1, 5 do
+      local carry = idiv(c[k], B)
+      c[k] = c[k] - carry * B
+      c[k + 1] = c[k + 1] + carry
+    end
+    return c
+  end
+
+  -- limbs / d (d < 2^31) in place; returns the remainder
+  local function div_limbs(c, d)
+    local rem = 0
+    for k = 6, 1, -1 do
+      local cur = rem * B + c[k]
+      rem = fmod(cur, d)
+      c[k] = (cur - rem) / d
+    end
+    return rem
+  end
+
+  local function add_one(c)
+    for k = 1, 6 do
+      c[k] = c[k] + 1
+      if c[k] < B then return end
+      c[k] = 0
+    end
+  end
+
+  -- the limbs' value, or TWO53 when it is that or more
+  local function limbs_value(c)
+    if c[6] > 0 or c[5] > 0 or c[4] > 0 or c[3] >= 512 then return TWO53 end
+    return (c[3] * B + c[2]) * B + c[1]
+  end
+
+  -- floor (or ceil, when `up`) of a * b / (d1 * d2), exact, for a, b < 2^53
+  -- and d1, d2 < 2^31; TWO53 when the result is at least that
+  local function muldiv(a, b, d1, d2, up)
+    local p = a * b
+    local d = d1 * d2
+    if p < TWO53 then
+      local r = fmod(p, d)
+      local q = (p - r) / d
+      if up and r > 0 then q = q + 1 end
+      return q
+    end
+    local c = mul_limbs(a, b)
+    for _, dk in ipairs({d1, d2}) do
+      if dk > 1 then
+        local r = div_limbs(c, dk)
+        if up and r > 0 then add_one(c) end
+      end
+    end
+    return limbs_value(c)
+  end
+
+  -- A duration: a number of nanoseconds below 2^53, or (for windows longer
+  -- than 104 days) a table {s, n} meaning s seconds less n nanoseconds.
+  local function dur_parts(a)
+    if type(a) ~= "number" then return a[1], a[2] end
+    local r = fmod(a, E9)
+    if r == 0 then return a / E9, 0 end
+    return (a - r) / E9 + 1, E9 - r
+  end
+
+  local function dur_gt(a, b)
+    if type(a) == "number" and type(b) == "number" then return a > b end
+    local as, an = dur_parts(a)
+    local bs, bn = dur_parts(b)
+    if as ~= bs then return as > bs end
+    return an < bn
+  end
+
+  local function dur_str(a)
+    if type(a) == "number" then return fmt("%d", a) end
+    local s, n = a[1], a[2]
+    if n == 0 then return fmt("%d000000000", s) end
+    return fmt("%d%09d", s - 1, E9 - n)
+  end
+
+  -- milliseconds, rounded up, no less than the duration
+  local function dur_ms(a)
+    if type(a) == "number" then return idiv(a + 999999, 1000000) end
+    return a[1] * 1000
+  end
+
+  local plan_cache = {}
+  local plan_cache_len = 0
+
+  local function parse_plan(spec)
+    local cached = plan_cache[spec]
+    if cached then return cached end
+    local plan = {}
+    for a, q, ws, off, sh, u in string.gmatch(spec, "(%a),(%d+),(%d+),(%d+),(%d),(%a)") do
+      local p = {a = a, q = tonumber(q), ws = tonumber(ws), off = tonumber(off), shadow = sh == "1", bytes = u == "b"}
+      p.w = p.ws * E9
+      if a == "t" then p.t = idiv(p.w, p.q) end
+      plan[#plan + 1] = p
+    end
+    if plan_cache_len >= 256 then plan_cache = {}; plan_cache_len = 0 end
+    plan_cache[spec] = plan
+    plan_cache_len = plan_cache_len + 1
+    return plan
+  end
+
+  -- the clock of this call, and how long a lease lives (ns)
+  local now_s, now_n, lease_ns
+
+  -- ---- state rows: {written_s, written_n, per policy fields...} ----------
+  -- token bucket: used (tat - now at writing, 0 when at rest)
+  -- fixed window: index, count
+  -- sliding counter: index, current, previous
+  -- sliding log: n, then n stamps (each stamp - now at writing)
+  -- concurrency: n, then n lease stamps (each stamp - now at writing); a
+  -- lease older than the lease ttl was left by an instance that died
+
+  local function fresh_state(p)
+    if p.a == "t" then return {d = 0}
+    elseif p.a == "f" then return {idx = -1, count = 0}
+    elseif p.a == "c" then return {idx = 0, cur = 0, prev = 0}
+    elseif p.a == "l" then return {log = {}}
+    else return {leases = {}} end
+  end
+
+  local function decode(blob, plan)
+    local states = {}
+    local row = nil
+    if blob then
+      local ok, r = pcall(cmsgpack.unpack, blob)
+      if ok and type(r) == "table" then row = r end
+    end
+    -- written at (ws, wn): a relative x then is x + shift now
+    local shift = 0
+    local i = 3
+    if row then shift = (row[1] - now_s) * E9 + (row[2] - now_n) end
+    for k, p in ipairs(plan) do
+      local st = fresh_state(p)
+      if row then
+        if p.a == "t" then
+          local d = row[i] + shift; i = i + 1
+          if d < 0 then d = 0 end
+          st.d = d
+        elseif p.a == "f" then
+          st.idx = row[i]; st.count = row[i + 1]; i = i + 2
+        elseif p.a == "c" then
+          st.idx = row[i]; st.cur = row[i + 1]; st.prev = row[i + 2]; i = i + 3
+        elseif p.a == "l" then
+          local n = row[i]; i = i + 1
+          local log = {}
+          for j = 1, n do
+            local t = row[i + j - 1] + shift
+            if t > -p.w then log[#log + 1] = t end
+          end
+          i = i + n
+          st.log = log
+        else
+          local n = row[i]; i = i + 1
+          local leases = {}
+          for j = 1, n do
+            local t = row[i + j - 1] + shift
+            if t > -lease_ns then leases[#leases + 1] = t end
+          end
+          i = i + n
+          st.leases = leases
+        end
+      end
+      states[k] = st
+    end
+    return states
+  end
+
+  local function encode(states, plan)
+    local row = {now_s, now_n}
+    for k, p in ipairs(plan) do
+      local st = states[k]
+      if p.a == "t" then row[#row + 1] = st.d
+      elseif p.a == "f" then row[#row + 1] = st.idx; row[#row + 1] = st.count
+      elseif p.a == "c" then row[#row + 1] = st.idx; row[#row + 1] = st.cur; row[#row + 1] = st.prev
+      elseif p.a == "l" then
+        row[#row + 1] = #st.log
+        for _, t in ipairs(st.log) do row[#row + 1] = t end
+      else
+        row[#row + 1] = #st.leases
+        for _, t in ipairs(st.leases) do row[#row + 1] = t end
+      end
+    end
+    return cmsgpack.pack(row)
+  end
+
+  -- ---- the algorithms: peek (would `cost` fit?) and commit ----------------
+
+  local function window_index(p)
+    return idiv(now_s + p.ws - p.off, p.ws)
+  end
+
+  local function roll(p, st)
+    local idx = idiv(now_s, p.ws)
+    if st.idx == idx then return idx, st.cur, st.prev end
+    if st.idx + 1 == idx then return idx, 0, st.cur end
+    return idx, 0, 0
+  end
+
+  local function counter_wait(prev, cur, q, cost, w, ws, left)
+    if cur + cost <= q and prev > 0 then
+      local room = q - cur - cost
+      local max_left = muldiv(room, w, prev, 1, false)
+      if max_left > left then max_left = left end
+      return left - max_left
+    end
+    local room = q - cost
+    if room < 0 then room = 0 end
+    local c = cur
+    if c < 1 then c = 1 end
+    local max_left = muldiv(room, w, c, 1, false)
+    if max_left > w then max_left = w end
+    return left + (w - max_left)
+  end
+
+  -- returns admit, remaining, reset, wait
+  local function peek(p, st, cost)
+    local a, q = p.a, p.q
+    if a == "t" then
+      local w, t = p.w, p.t
+      local used_after = st.d + cost * t
+      if used_after <= w then
+        return true, idiv(w - used_after, t), used_after, 0
+      end
+      local room = w - st.d
+      if room < 0 then room = 0 end
+      return false, idiv(room, t), st.d, used_after - w
+    elseif a == "f" then
+      local idx = window_index(p)
+      local count = 0
+      if st.idx == idx then count = st.count end
+      local d = idx * p.ws + p.off - now_s
+      local until_end
+      if d < 9000000 then until_end = d * E9 - now_n else until_end = {d, now_n} end
+      if count + cost <= q then
+        local after = count + cost
+        if after == 0 then return true, q - after, 0, 0 end
+        return true, q - after, until_end, 0
+      end
+      local rem = q - count
+      if rem < 0 then rem = 0 end
+      return false, rem, until_end, until_end
+    elseif a == "c" then
+      local w = p.w
+      local idx, cur, prev = roll(p, st)
+      local into = (now_s - idx * p.ws) * E9 + now_n
+      local left = w - into
+      local estimate = muldiv(prev, left, E9, p.ws, true) + cur
+      local function reset_after(c)
+        if c > 0 then return left + w elseif prev > 0 then return left else return 0 end
+      end
+      if estimate + cost <= q then
+        return true, q - estimate - cost, reset_after(cur + cost), 0
+      end
+      local wait = counter_wait(prev, cur, q, cost, w, p.ws, left)
+      if wait < 1 then wait = 1 end
+      local rem = q - estimate
+      if rem < 0 then rem = 0 end
+      return false, rem, reset_after(cur), wait
+    elseif a == "l" then
+      local w = p.w
+      local log = st.log
+      local count = #log
+      if count + cost <= q then
+        return true, q - count - cost, w, 0
+      end
+      local sorted = {}
+      for j = 1, count do sorted[j] = log[j] end
+      table.sort(sorted)
+      local k = count + cost - q
+      local wait = sorted[k] + w
+      if wait < 1 then wait = 1 end
+      local reset = 0
+      if count > 0 then reset = sorted[count] + w end
+      return false, q - count, reset, wait
+    else
+      local n = #st.leases
+      if n + cost <= q then return true, q - n - cost, 0, 0 end
+      local rem = q - n
+      if rem < 0 then rem = 0 end
+      return false, rem, 0, E9
+    end
+  end
+
+  local function commit(p, st, cost)
+    local a = p.a
+    if a == "t" then
+      st.d = st.d + cost * p.t
+    elseif a == "f" then
+      local idx = window_index(p)
+      if st.idx ~= idx then st.idx = idx; st.count = 0 end
+      st.count = st.count + cost
+    elseif a == "c" then
+      st.idx, st.cur, st.prev = roll(p, st)
+      st.cur = st.cur + cost
+    elseif a == "l" then
+      local log = st.log
+      for _ = 1, cost do log[#log + 1] = 0 end
+    else
+      local leases = st.leases
+      for _ = 1, cost do leases[#leases + 1] = 0 end
+    end
+  end
+
+  -- how long the row must be kept (ms, rounded up)
+  local function keep_ms(plan, states)
+    local keep = 0
+    for k, p in ipairs(plan) do
+      local st = states[k]
+      local ms = 0
+      if p.a == "t" then ms = dur_ms(st.d)
+      elseif p.a == "n" then
+        local newest = nil
+        for _, t in ipairs(st.leases) do
+          if newest == nil or t > newest then newest = t end
+        end
+        if newest ~= nil then ms = dur_ms(newest + lease_ns) end
+      elseif p.a == "l" then if #st.log > 0 then ms = p.ws * 1000 end
+      elseif p.a == "f" then
+        if st.count > 0 then ms = (st.idx * p.ws + p.off - now_s + 1) * 1000 end
+      else
+        if st.cur > 0 or st.prev > 0 then ms = p.ws * 2000 + 1000 end
+      end
+      if ms > keep then keep = ms end
+    end
+    return keep
+  end
+
+  -- ---- one decision --------------------------------------------------------
+
+  local function status_str(out, r, t, d)
+    out[#out + 1] = fmt("%d", r)
+    out[#out + 1] = dur_str(t)
+    out[#out + 1] = d and "1" or "0"
+  end
+
+  local function cost_exceeds(plan, states, i)
+    local parts = {"X", tostring(i - 1), "0"}
+    for k, p in ipairs(plan) do
+      local adm, r, t = peek(p, states[k], 0)
+      status_str(parts, r, t, not adm)
+    end
+    return table.concat(parts, " ")
+  end
+
+  -- checks one decision; returns the reply line and whether state changed
+  local function check(plan, states, cr, cb)
+    local n = #plan
+    local function cost_of(p) if p.bytes then return cb end return cr end
+    if n == 1 then
+      local p = plan[1]
+      local c = cost_of(p)
+      if c > p.q then
+        if not p.shadow then return cost_exceeds(plan, states, 1), false end
+        local _, r, t = peek(p, states[1], 0)
+        local parts = {"A", "0", "0"}
+        status_str(parts, r, t, true)
+        return table.concat(parts, " "), false
+      end
+      local adm, r, t, w = peek(p, states[1], c)
+      local parts
+      if adm then
+        commit(p, states[1], c)
+        parts = {"A", "0", "0"}
+      elseif p.shadow then
+        parts = {"A", "0", "0"}
+      else
+        parts = {"D", "0", dur_str(w)}
+      end
+      status_str(parts, r, t, not adm)
+      return table.concat(parts, " "), adm and c > 0
+    end
+    for k, p in ipairs(plan) do
+      if cost_of(p) > p.q and not p.shadow then return cost_exceeds(plan, states, k), false end
+    end
+    local admitted, stats = {}, {}
+    local denial, dwait
+    for k, p in ipairs(plan) do
+      local c = cost_of(p)
+      local adm, r, t, w
+      if c > p.q then
+        local _, r0 = peek(p, states[k], 0)
+        adm, r, t, w = false, r0, 0, nil
+      else
+        adm, r, t, w = peek(p, states[k], c)
+      end
+      admitted[k] = adm
+      if not adm and not p.shadow and (denial == nil or dur_gt(w, dwait)) then
+        denial, dwait = k, w
+      end
+      stats[k] = {r, t, not adm}
+    end
+    local parts
+    local changed = false
+    if denial then
+      for k, p in ipairs(plan) do
+        if admitted[k] then
+          local _, r, t = peek(p, states[k], 0)
+          stats[k][1] = r; stats[k][2] = t
+        end
+      end
+      parts = {"D", tostring(denial - 1), dur_str(dwait)}
+    else
+      for k, p in ipairs(plan) do
+        if admitted[k] then
+          local c = cost_of(p)
+          commit(p, states[k], c)
+          if c > 0 then changed = true end
+        end
+      end
+      parts = {"A", "0", "0"}
+    end
+    for k = 1, n do status_str(parts, stats[k][1], stats[k][2], stats[k][3]) end
+    return table.concat(parts, " "), changed
+  end
+
+  local function release(plan, states, amount)
+    local changed = false
+    for k, p in ipairs(plan) do
+      if p.a == "n" then
+        local st = states[k]
+        local leases = st.leases
+        if #leases > 0 and amount > 0 then
+          -- which lease ends is not known: the newest goes first, so one
+          -- left behind keeps its own stamp and expires on time
+          table.sort(leases)
+          local kept = {}
+          for j = 1, #leases - amount do kept[#kept + 1] = leases[j] end
+          st.leases = kept
+          changed = true
+        end
+      end
+    end
+    return "R", changed
+  end
+
+  -- gives back a charge made `age` ns ago whose answer never came: what
+  -- each policy can give without inventing room it never had (the same
+  -- rules as paceline-core's refund)
+  local function refund(plan, states, cr, cb, age, tolerance)
+    local changed = false
+    local age_s = idiv(age, E9)
+    local charged_s = now_s - age_s
+    if fmod(age, E9) > now_n then charged_s = charged_s - 1 end
+    for k, p in ipairs(plan) do
+      local st = states[k]
+      local c = cr
+      if p.bytes then c = cb end
+      if p.shadow or c <= 0 then
+        -- a shadow policy charges nothing to give back
+      elseif p.a == "t" then
+        local d = st.d - c * p.t
+        if d < 0 then d = 0 end
+        if d ~= st.d then st.d = d; changed = true end
+      elseif p.a == "f" then
+        local idx = idiv(charged_s + p.ws - p.off, p.ws)
+        if st.idx == idx and idx == window_index(p) and st.count > 0 then
+          st.count = st.count - c
+          if st.count < 0 then st.count = 0 end
+          changed = true
+        end
+      elseif p.a == "c" then
+        st.idx, st.cur, st.prev = roll(p, st)
+        local at = idiv(charged_s, p.ws)
+        if at == st.idx and st.cur > 0 then
+          st.cur = st.cur - c; if st.cur < 0 then st.cur = 0 end; changed = true
+        elseif at + 1 == st.idx and st.prev > 0 then
+          st.prev = st.prev - c; if st.prev < 0 then st.prev = 0 end; changed = true
+        end
+      elseif p.a == "l" then
+        -- the entries of the charge's instant: on the caller's clock
+        -- exactly; on the server's, the nearest within `tolerance` (the
+        -- two clocks tick apart by the round trip)
+        local log = st.log
+        for _ = 1, c do
+          local best, dist = nil, nil
+          for j, t in ipairs(log) do
+            local d = t + age
+            if d < 0 then d = -d end
+            if d <= tolerance and (best == nil or d < dist) then best, dist = j, d end
+          end
+          if best == nil then break end
+          table.remove(log, best)
+          changed = true
+        end
+      end
+      -- concurrency: the request's lease gives its units back
+    end
+    return "F", changed
+  end
+
+  return function(keys, args)
+    if redis.replicate_commands then pcall(redis.replicate_commands) end
+    if args[1] == "T" then
+      local t = redis.call("TIME")
+      now_s = tonumber(t[1]); now_n = tonumber(t[2]) * 1000
+    else
+      local s, n = string.match(args[1], "^(%d+) (%d+)$")
+      now_s = tonumber(s); now_n = tonumber(n)
+    end
+    local slack = tonumber(args[2])
+    lease_ns = tonumber(args[3]) * 1000000
+    local nplans = tonumber(args[4])
+    local plans = {}
+    for k = 1, nplans do plans[k] = parse_plan(args[4 + k]) end
+    local base = 4 + nplans
+    local rows, dirty, order = {}, {}, {}
+    local out = {}
+    for i, key in ipairs(keys) do
+      local a = base + (i - 1) * 4
+      local op = args[a + 1]
+      local plan = plans[tonumber(args[a + 2]) + 1]
+      local cr, cb = tonumber(args[a + 3]), tonumber(args[a + 4])
+      local row = rows[key]
+      if not row then
+        local blob = redis.call("GET", key)
+        if not blob then blob = nil end
+        local states = decode(blob, plan)
+        row = {plan = plan, states = states}
+        rows[key] = row
+        order[#order + 1] = key
+      end
+      local line, changed
+      if op == "c" then
+        line, changed = check(row.plan, row.states, cr, cb)
+      elseif op == "r" then
+        line, changed = release(row.plan, row.states, cr)
+      else
+        local age = string.match(op, "^f(%d+)$")
+        if not age then return redis.error_reply("paceline: unknown op " .. tostring(op)) end
+        local tolerance = 0
+        if args[1] == "T" then tolerance = 100000000 end
+        line, changed = refund(row.plan, row.states, cr, cb, tonumber(age), tolerance)
+      end
+      if changed then dirty[key] = true end
+      out[i] = line
+    end
+    for _, key in ipairs(order) do
+      if dirty[key] then
+        local row = rows[key]
+        local keep = keep_ms(row.plan, row.states)
+        if keep <= 0 then
+          redis.call("DEL", key)
+        else
+          redis.call("SET", key, encode(row.states, row.plan), "PX", keep + slack)
+        end
+      end
+    end
+    return table.concat(out, "\n")
+  end
+end
+
+local run_impl
+local function run(keys, args)
+  if not run_impl then run_impl = make() end
+  return run_impl(keys, args)
+end

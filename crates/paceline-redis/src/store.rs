@@ -1,0 +1,459 @@
+//! [`RedisStore`]: the [`Store`] contract over Redis.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+
+use paceline_core::{
+    Algorithm, Cost, Decision, FailMode, MemoryStore, Nanos, Plan, Policy, Store, StoreError,
+};
+
+use crate::batch::{self, Counters, Job, Settings};
+use crate::cache::DenyCache;
+use crate::config::{ClockSource, ConfigError, RedisStoreConfig};
+use crate::keys::KeyNamer;
+use crate::link::Link;
+use crate::script::{self, Op};
+
+/// The longest window of a token bucket or sliding window the store
+/// takes: 30 days (its arithmetic stays exact below 2^53 nanoseconds).
+/// Fixed and calendar windows may be as long as any policy.
+pub const MAX_SLIDING_WINDOW_SECS: u64 = 30 * 86_400;
+/// The largest concurrency cap the store takes (each lease is kept with
+/// the instant it was taken, so one left behind can expire).
+pub const MAX_CONCURRENCY_QUOTA: u64 = 65_536;
+/// The largest quota of a sliding counter the store takes.
+pub const MAX_COUNTER_QUOTA: u64 = (1 << 31) - 1;
+
+/// What a store has done, for tests and diagnostics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RedisStats {
+    /// Calls sent to Redis (one per batch).
+    pub calls: u64,
+    /// Decisions carried by those calls.
+    pub sent: u64,
+    /// Calls that failed.
+    pub errors: u64,
+    /// Denials answered by the local cache, with no round trip.
+    pub cache_hits: u64,
+    /// Decisions made by the degraded local limiter.
+    pub degraded: u64,
+}
+
+/// A [`Store`] in Redis: all of a request's policies are checked and
+/// charged in one atomic server-side step, so every instance on the same
+/// Redis shares one count. Clones share everything.
+///
+/// See the crate documentation for an example.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    namer: KeyNamer,
+    link: Arc<Link>,
+    queue: mpsc::Sender<Job>,
+    clock: ClockSource,
+    cluster: bool,
+    deadline: std::time::Duration,
+    counters: Arc<Counters>,
+    cache: DenyCache,
+    cache_hits: AtomicU64,
+    degraded: Option<Degraded>,
+}
+
+struct Degraded {
+    share: f64,
+    store: MemoryStore,
+    /// Scaled plans by identity, with the plan each was made from.
+    plans: Mutex<HashMap<u64, (Plan, Plan)>>,
+    decisions: AtomicU64,
+    since: Mutex<Option<Instant>>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the store can hold `plan` exactly: token buckets and sliding
+/// windows up to [`MAX_SLIDING_WINDOW_SECS`], sliding counters up to
+/// [`MAX_COUNTER_QUOTA`], concurrency caps up to [`MAX_CONCURRENCY_QUOTA`];
+/// everything else as the memory store does.
+pub fn supports(plan: &Plan) -> Result<(), String> {
+    for p in plan.policies() {
+        supports_policy(p)?;
+    }
+    Ok(())
+}
+
+fn supports_policy(p: &Policy) -> Result<(), String> {
+    let sliding = matches!(
+        p.algorithm(),
+        Algorithm::TokenBucket | Algorithm::SlidingLog | Algorithm::SlidingCounter
+    );
+    if sliding && p.window_s() > MAX_SLIDING_WINDOW_SECS {
+        return Err(format!(
+            "policy {:?}: a {} over Redis may span at most {MAX_SLIDING_WINDOW_SECS} s (30 days); use a fixed window for longer quotas",
+            p.name(),
+            p.algorithm().name()
+        ));
+    }
+    if p.algorithm() == Algorithm::Concurrency && p.quota() > MAX_CONCURRENCY_QUOTA {
+        return Err(format!(
+            "policy {:?}: a concurrency cap over Redis holds at most {MAX_CONCURRENCY_QUOTA}",
+            p.name()
+        ));
+    }
+    if p.algorithm() == Algorithm::SlidingCounter && p.quota() > MAX_COUNTER_QUOTA {
+        return Err(format!(
+            "policy {:?}: a sliding_counter over Redis counts at most {MAX_COUNTER_QUOTA}",
+            p.name()
+        ));
+    }
+    Ok(())
+}
+
+fn setup(e: StoreError) -> ConfigError {
+    ConfigError {
+        field: "urls",
+        message: e.to_string(),
+    }
+}
+
+impl RedisStore {
+    /// Connects (a single server lazily: one that is down at start is not
+    /// an error) and starts the batcher. Call inside a Tokio runtime.
+    pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore, ConfigError> {
+        config.validate()?;
+        let link = Arc::new(Link::connect(&config).await.map_err(setup)?);
+        let counters = Arc::new(Counters::default());
+        let ms = |d: std::time::Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
+        let settings = Settings {
+            batch_max: config.batch_max,
+            linger: config.batch_linger,
+            max_in_flight: config.max_in_flight,
+            deadline: config.deadline,
+            ttl_slack_ms: ms(config.ttl_slack).max(1),
+            lease_ttl_ms: ms(config.lease_ttl).max(1),
+        };
+        let queue = batch::start(link.clone(), settings, config.queue, counters.clone());
+        let degraded = config.degraded.map(|d| Degraded {
+            share: d.share,
+            store: MemoryStore::new(),
+            plans: Mutex::new(HashMap::new()),
+            decisions: AtomicU64::new(0),
+            since: Mutex::new(None),
+        });
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                namer: KeyNamer::new(&config.key_secret, &config.prefix),
+                link,
+                queue,
+                clock: config.clock,
+                cluster: config.cluster,
+                deadline: config.deadline,
+                counters,
+                cache: DenyCache::new(config.deny_cache),
+                cache_hits: AtomicU64::new(0),
+                degraded,
+            }),
+        })
+    }
+
+    /// What the store has done so far.
+    pub fn stats(&self) -> RedisStats {
+        let i = &self.inner;
+        RedisStats {
+            calls: i.counters.calls.load(Ordering::Relaxed),
+            sent: i.counters.sent.load(Ordering::Relaxed),
+            errors: i.counters.errors.load(Ordering::Relaxed),
+            cache_hits: i.cache_hits.load(Ordering::Relaxed),
+            degraded: i
+                .degraded
+                .as_ref()
+                .map_or(0, |d| d.decisions.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Sends one plain command to a server (tests and diagnostics), within
+    /// the deadline.
+    pub async fn command(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
+        match tokio::time::timeout(self.inner.deadline * 20, self.inner.link.command(cmd)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable("no answer".into())),
+        }
+    }
+
+    async fn submit(
+        &self,
+        plan: &Plan,
+        hash: u128,
+        op: Op,
+        now: Nanos,
+    ) -> Result<String, StoreError> {
+        let i = &self.inner;
+        let (row, slot) = i.namer.row_of(plan, hash);
+        // one server holds every slot: any decisions share a call
+        let slot = if i.cluster { slot } else { 0 };
+        let (tx, rx) = oneshot::channel();
+        let job = Job {
+            row,
+            slot,
+            spec: script::plan_spec(plan).into(),
+            op,
+            now: (i.clock == ClockSource::Caller).then_some(now),
+            reply: tx,
+        };
+        if i.queue.try_send(job).is_err() {
+            i.counters.errors.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("paceline_redis_errors_total", "kind" => "queue_full").increment(1);
+            return Err(StoreError::Unavailable("the Redis queue is full".into()));
+        }
+        match tokio::time::timeout(i.deadline, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(StoreError::Unavailable("the batcher stopped".into())),
+            Err(_) => Err(StoreError::Unavailable(
+                "Redis did not answer within the deadline".into(),
+            )),
+        }
+    }
+
+    async fn decide(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) -> Result<Decision, StoreError> {
+        supports(plan).map_err(StoreError::Protocol)?;
+        let i = &self.inner;
+        let hash = i.namer.hash(key);
+        if let Some(d) = i.cache.get(plan, hash, cost.requests, cost.bytes, now) {
+            i.cache_hits.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("paceline_redis_deny_cache_hits_total").increment(1);
+            return Ok(d);
+        }
+        let op = Op::Check {
+            requests: cost.requests,
+            bytes: cost.bytes,
+        };
+        match self.submit(plan, hash, op, now).await {
+            Ok(line) => {
+                self.recovered();
+                let d = script::parse_decision(&line, plan, cost.requests, cost.bytes)?;
+                i.cache.put(plan, hash, cost.requests, cost.bytes, now, &d);
+                Ok(d)
+            }
+            Err(e @ StoreError::Unavailable(_)) => match self.degraded(plan, key, cost, now) {
+                Some(d) => Ok(d),
+                None => Err(e),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The degraded local decision, when configured and every policy that
+    /// decides fails open (a fail-closed one must still answer 503).
+    fn degraded(&self, plan: &Plan, key: &str, cost: Cost, now: Nanos) -> Option<Decision> {
+        let dg = self.inner.degraded.as_ref()?;
+        let closed = plan
+            .policies()
+            .iter()
+            .any(|p| !p.is_shadow() && p.fail_mode() == FailMode::Closed);
+        if closed {
+            return None;
+        }
+        let scaled = {
+            let mut plans = dg.plans.lock();
+            match plans.get(&plan.identity()) {
+                Some((orig, scaled)) if orig == plan => scaled.clone(),
+                _ => {
+                    let scaled = scale(plan, dg.share)?;
+                    if plans.len() >= 1024 {
+                        plans.clear();
+                    }
+                    plans.insert(plan.identity(), (plan.clone(), scaled.clone()));
+                    scaled
+                }
+            }
+        };
+        {
+            let mut since = dg.since.lock();
+            if since.is_none() {
+                *since = Some(Instant::now());
+                metrics::gauge!("paceline_redis_degraded").set(1.0);
+                tracing::warn!("Redis unreachable: deciding locally on a share of each quota");
+            }
+        }
+        dg.decisions.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("paceline_redis_degraded_decisions_total").increment(1);
+        dg.store.check_sync(&scaled, key, cost, now).ok()
+    }
+
+    /// Redis answered: leave degraded mode if in it.
+    fn recovered(&self) {
+        if let Some(dg) = &self.inner.degraded {
+            let mut since = dg.since.lock();
+            if let Some(t) = since.take() {
+                metrics::gauge!("paceline_redis_degraded").set(0.0);
+                metrics::counter!("paceline_redis_degraded_seconds_total")
+                    .increment(t.elapsed().as_secs());
+                tracing::info!(seconds = t.elapsed().as_secs_f64(), "Redis reachable again");
+            }
+        }
+    }
+}
+
+/// `plan` with every quota scaled by `share` (at least 1).
+fn scale(plan: &Plan, share: f64) -> Option<Plan> {
+    let policies = plan
+        .policies()
+        .iter()
+        .map(|p| {
+            let q = ((p.quota() as f64 * share).floor() as u64).max(1);
+            let s = Policy::new(p.name(), p.algorithm(), q, p.window_s()).ok()?;
+            let s = s.with_unit(p.unit()).ok()?;
+            Some(
+                s.with_kind(p.kind())
+                    .with_fail_mode(p.fail_mode())
+                    .with_shadow(p.is_shadow()),
+            )
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Plan::new(plan.name(), policies).ok()
+}
+
+impl Store for RedisStore {
+    fn check(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: u64,
+        now: Nanos,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.decide(plan, key, Cost::requests(cost), now)
+    }
+
+    fn check_cost(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.decide(plan, key, cost, now)
+    }
+
+    async fn release(
+        &self,
+        plan: &Plan,
+        key: &str,
+        amount: u64,
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        let hash = self.inner.namer.hash(key);
+        let r = self.submit(plan, hash, Op::Release { amount }, now).await;
+        if let Some(dg) = &self.inner.degraded {
+            // a lease the degraded limiter took goes back there (a release
+            // where none was taken changes nothing)
+            let scaled = dg
+                .plans
+                .lock()
+                .get(&plan.identity())
+                .map(|(_, s)| s.clone());
+            if let Some(scaled) = scaled {
+                dg.store.release_sync(&scaled, key, amount, now);
+            }
+        }
+        r.map(|_| ())
+    }
+
+    async fn refund(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        charged: Nanos,
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        let hash = self.inner.namer.hash(key);
+        let op = Op::Refund {
+            requests: cost.requests,
+            bytes: cost.bytes,
+            age_ns: now.saturating_sub(charged).as_u64(),
+        };
+        let r = self.submit(plan, hash, op, now).await;
+        if let Some(dg) = &self.inner.degraded {
+            // a charge the degraded limiter took goes back there too (a
+            // refund where none was taken gives nothing)
+            let scaled = dg
+                .plans
+                .lock()
+                .get(&plan.identity())
+                .map(|(_, s)| s.clone());
+            if let Some(scaled) = scaled {
+                dg.store.refund_sync(&scaled, key, cost, charged, now);
+            }
+        }
+        r.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_sliding_windows_are_refused_by_name() {
+        let ok = Plan::new(
+            "p",
+            vec![
+                Policy::token_bucket("b", 20, 2).unwrap(),
+                Policy::fixed_window("year", 1_000_000, 366 * 86_400).unwrap(),
+            ],
+        )
+        .unwrap();
+        supports(&ok).unwrap();
+        let long = Plan::new(
+            "p",
+            vec![Policy::token_bucket("slow", 20, 31 * 86_400).unwrap()],
+        )
+        .unwrap();
+        assert!(supports(&long).unwrap_err().contains("\"slow\""));
+        let big = Plan::new(
+            "p",
+            vec![Policy::sliding_counter("c", 1 << 32, 60).unwrap()],
+        )
+        .unwrap();
+        assert!(supports(&big).is_err());
+    }
+
+    #[test]
+    fn scaled_plans_keep_everything_but_the_quota() {
+        let plan = Plan::new(
+            "p",
+            vec![
+                Policy::token_bucket("b", 20, 2).unwrap(),
+                Policy::concurrency("c", 2)
+                    .unwrap()
+                    .with_fail_mode(FailMode::Open),
+            ],
+        )
+        .unwrap();
+        let s = scale(&plan, 1.0 / 3.0).unwrap();
+        assert_eq!(s.policy(0).quota(), 6);
+        assert_eq!(s.policy(1).quota(), 1);
+        assert_eq!(s.layout_fingerprint(), plan.layout_fingerprint());
+    }
+}

@@ -1,0 +1,382 @@
+//! The store against a real redis-server: the server's clock, both ways of
+//! invoking the Lua and their reloads, the deadline, a server killed and
+//! restarted, bounded queues, batching, the deny cache, the degraded local
+//! limiter, and several instances sharing one count.
+
+#[path = "../src/testing.rs"]
+mod testing;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use paceline_core::{FailMode, Nanos, Plan, Policy, Store, StoreError};
+use paceline_redis::{ClockSource, Degraded, RedisStore, RedisStoreConfig, Scripting};
+
+fn burst(q: u64, w: u64) -> Plan {
+    Plan::new("free", vec![Policy::token_bucket("burst", q, w).unwrap()]).unwrap()
+}
+
+fn config(url: String) -> RedisStoreConfig {
+    RedisStoreConfig {
+        urls: vec![url],
+        deadline: Duration::from_millis(200),
+        key_secret: b"test".to_vec(),
+        ..RedisStoreConfig::default()
+    }
+}
+
+async fn store(c: RedisStoreConfig) -> RedisStore {
+    RedisStore::connect(c).await.unwrap()
+}
+
+/// The first call connects and loads the functions, which may outlast a
+/// short deadline: try again for up to two seconds.
+async fn warm(s: &RedisStore, plan: &Plan) {
+    let until = Instant::now() + Duration::from_secs(2);
+    while s.check(plan, "k:warm", 1, Nanos::ZERO).await.is_err() {
+        assert!(Instant::now() < until, "Redis did not answer within 2 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn admitted(s: &RedisStore, plan: &Plan, key: &str, n: usize) -> usize {
+    let mut ok = 0;
+    for _ in 0..n {
+        if s.check(plan, key, 1, Nanos::ZERO)
+            .await
+            .unwrap()
+            .is_allowed()
+        {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_clock_decides() {
+    let server = testing::RedisServer::start();
+    let s = store(config(server.url())).await;
+    // the caller's instant is ignored: zero here, and still a fresh burst
+    let plan = burst(20, 3_600);
+    assert_eq!(admitted(&s, &plan, "k:a", 25).await, 20);
+    let d = s.check(&plan, "k:b", 1, Nanos::ZERO).await.unwrap();
+    assert_eq!(d.statuses[0].remaining, 19);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_are_reloaded_when_the_server_lost_them() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        scripting: Scripting::Functions,
+        ..config(server.url())
+    })
+    .await;
+    let plan = burst(5, 3_600);
+    assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v1"));
+    assert!(server.cli("FUNCTION FLUSH").starts_with("+OK"));
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v1"));
+    // loaded again on the next call, and the count went on
+    assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_on_noscript() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        scripting: Scripting::Eval,
+        ..config(server.url())
+    })
+    .await;
+    let plan = burst(5, 3_600);
+    assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v1"));
+    assert!(server.cli("SCRIPT FLUSH").starts_with("+OK"));
+    assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_fails_within_the_deadline_and_the_queue_stays_bounded() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        deadline: Duration::from_millis(20),
+        queue: 16,
+        ..config(server.url())
+    })
+    .await;
+    let plan = burst(1_000, 1);
+    warm(&s, &plan).await;
+    server.pause();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..500 {
+        let (s, plan) = (s.clone(), plan.clone());
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let r = s.check(&plan, &format!("k:{i}"), 1, Nanos::ZERO).await;
+            (r, t.elapsed())
+        }));
+    }
+    let mut full = 0;
+    for t in tasks {
+        let (r, took) = t.await.unwrap();
+        match r {
+            Err(StoreError::Unavailable(m)) => full += usize::from(m.contains("queue")),
+            other => panic!("a paused server answered {other:?}"),
+        }
+        assert!(took < Duration::from_millis(500), "waited {took:?}");
+    }
+    assert!(full > 0, "500 decisions never filled a queue of 16");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    server.resume();
+    // back at once
+    let until = Instant::now() + Duration::from_secs(1);
+    while s.check(&plan, "k:a", 1, Nanos::ZERO).await.is_err() {
+        assert!(Instant::now() < until, "not back within 1 s of resuming");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_is_used_again_within_a_second() {
+    let mut server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        deadline: Duration::from_millis(20),
+        ..config(server.url())
+    })
+    .await;
+    let plan = burst(1_000, 1);
+    warm(&s, &plan).await;
+    server.kill();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let r = s.check(&plan, "k:a", 1, Nanos::ZERO).await;
+        assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+        assert!(
+            t.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+    server.restart();
+    let back = Instant::now();
+    loop {
+        if s.check(&plan, "k:a", 1, Nanos::ZERO).await.is_ok() {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(1),
+            "not back within 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // the restarted server had no functions: they were loaded again
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_over_their_limit_are_answered_without_a_round_trip() {
+    let server = testing::RedisServer::start();
+    let s = store(config(server.url())).await;
+    let plan = burst(3, 3_600);
+    assert_eq!(admitted(&s, &plan, "k:hot", 4).await, 3);
+    let before = s.stats();
+    for _ in 0..100 {
+        let d = s
+            .check(&plan, "k:hot", 1, Nanos::from_secs(1))
+            .await
+            .unwrap();
+        assert!(!d.is_allowed());
+    }
+    let after = s.stats();
+    assert_eq!(after.calls, before.calls, "a cached denial made a call");
+    assert_eq!(after.cache_hits - before.cache_hits, 100);
+    // a read of its standing too, as the denial left it
+    let d = s
+        .check(&plan, "k:hot", 0, Nanos::from_secs(1))
+        .await
+        .unwrap();
+    assert!(d.is_allowed() && d.statuses[0].remaining == 0, "{d:?}");
+    assert_eq!(s.stats().calls, after.calls);
+    // another key goes to Redis
+    s.check(&plan, "k:cold", 1, Nanos::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(s.stats().calls, after.calls + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_share_calls() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        max_in_flight: 2,
+        ..config(server.url())
+    })
+    .await;
+    let plan = burst(10_000, 1);
+    let mut tasks = Vec::new();
+    for i in 0..400 {
+        let (s, plan) = (s.clone(), plan.clone());
+        tasks.push(tokio::spawn(async move {
+            s.check(&plan, &format!("k:{}", i % 7), 1, Nanos::ZERO)
+                .await
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap().unwrap().is_allowed());
+    }
+    let st = s.stats();
+    assert_eq!(st.sent, 400);
+    assert!(st.calls < 200, "{st:?}: decisions were not batched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_degraded_limiter_grants_a_share_while_redis_is_away() {
+    let mut server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        deadline: Duration::from_millis(20),
+        degraded: Some(Degraded { share: 0.25 }),
+        ..config(server.url())
+    })
+    .await;
+    let open = burst(20, 3_600);
+    let closed = Plan::new(
+        "strict",
+        vec![Policy::token_bucket("burst", 20, 3_600)
+            .unwrap()
+            .with_fail_mode(FailMode::Closed)],
+    )
+    .unwrap();
+    server.kill();
+    let now = Nanos::from_secs(1_000);
+    let mut ok = 0;
+    for _ in 0..20 {
+        if s.check(&open, "k:a", 1, now).await.unwrap().is_allowed() {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 5, "a quarter of the burst");
+    assert_eq!(s.stats().degraded, 20);
+    // a fail-closed plan is not decided locally
+    assert!(s.check(&closed, "k:a", 1, now).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_one_count() {
+    let server = testing::RedisServer::start();
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(
+            store(RedisStoreConfig {
+                clock: ClockSource::Caller,
+                deny_cache: 0,
+                ..config(server.url())
+            })
+            .await,
+        );
+    }
+    let plan = Arc::new(
+        Plan::new(
+            "free",
+            vec![
+                Policy::token_bucket("burst", 20, 2).unwrap(),
+                Policy::daily("daily", 10_000).unwrap(),
+            ],
+        )
+        .unwrap(),
+    );
+    // 1,000 requests, 5 ms apart, round-robin: 20 + 5 s × 10/s
+    let t0 = 1_790_000_000u64 * 1_000_000_000;
+    let mut ok = 0;
+    let mut last = None;
+    for i in 0..1_000u64 {
+        let now = Nanos::new(t0 + i * 5_000_000);
+        let d = stores[i as usize % 3]
+            .check(&plan, "k:one", 1, now)
+            .await
+            .unwrap();
+        if d.is_allowed() {
+            ok += 1;
+        }
+        last = Some(d);
+    }
+    let memory = paceline_core::MemoryStore::new();
+    let mut one = 0;
+    for i in 0..1_000u64 {
+        let now = Nanos::new(t0 + i * 5_000_000);
+        one += usize::from(
+            memory
+                .check_sync(&plan, "k:one", 1, now)
+                .unwrap()
+                .is_allowed(),
+        );
+    }
+    assert_eq!(ok, one, "three instances admitted what one does");
+    assert!((69..=71).contains(&ok), "{ok}");
+    // the daily quota is one count across the three
+    assert_eq!(last.unwrap().statuses[1].remaining, 10_000 - ok as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_left_behind_expires_even_on_a_busy_key() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        clock: ClockSource::Caller,
+        lease_ttl: Duration::from_secs(10),
+        deny_cache: 0,
+        ..config(server.url())
+    })
+    .await;
+    let plan = Plan::new("c", vec![Policy::concurrency("inflight", 2).unwrap()]).unwrap();
+    let t0 = 1_790_000_000u64;
+    // one lease is never given back (its instance died)
+    assert!(s
+        .check(&plan, "k:a", 1, Nanos::from_secs(t0))
+        .await
+        .unwrap()
+        .is_allowed());
+    // the key stays busy: a lease taken and given back every second
+    for i in 1..10 {
+        let now = Nanos::from_secs(t0 + i);
+        assert!(s.check(&plan, "k:a", 1, now).await.unwrap().is_allowed());
+        let d = s.check(&plan, "k:a", 1, now).await.unwrap();
+        assert!(!d.is_allowed(), "two leases out at {i} s");
+        s.release(&plan, "k:a", 1, now).await.unwrap();
+    }
+    // the lost lease has outlived the lease ttl: both fit again
+    let now = Nanos::from_secs(t0 + 11);
+    assert!(s.check(&plan, "k:a", 1, now).await.unwrap().is_allowed());
+    assert!(s.check(&plan, "k:a", 1, now).await.unwrap().is_allowed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linger_gathers_decisions_that_arrive_apart() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        batch_linger: Duration::from_millis(10),
+        batch_max: 8,
+        ..config(server.url())
+    })
+    .await;
+    let plan = burst(1_000, 1);
+    // one call to warm the connection (and load the functions)
+    s.check(&plan, "k:warm", 1, Nanos::ZERO).await.unwrap();
+    let before = s.stats().calls;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (s, plan) = (s.clone(), plan.clone());
+        tasks.push(tokio::spawn(async move {
+            s.check(&plan, &format!("k:{i}"), 1, Nanos::ZERO).await
+        }));
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    for t in tasks {
+        assert!(t.await.unwrap().unwrap().is_allowed());
+    }
+    // eight decisions about a millisecond apart share a few 10 ms lingers
+    // (without one, each is its own call)
+    let calls = s.stats().calls - before;
+    assert!(calls <= 4, "{calls} calls for 8 decisions");
+}
