@@ -2,7 +2,8 @@
 //! limiter and Redis store) admit what one gateway does; the daily quota
 //! is one count; with Redis killed, fail-open policies keep admitting and
 //! fail-closed ones answer 503 `overloaded` with Retry-After within the
-//! deadline; a restarted Redis counts again within a second.
+//! deadline; a restarted Redis counts again within a second; a charge
+//! whose upstream answer never came is given back in Redis too.
 #![cfg(feature = "redis")]
 
 use std::net::SocketAddr;
@@ -263,5 +264,31 @@ async fn a_hot_key_over_its_limit_is_answered_without_redis() {
         before,
         "a 429 of the hot key asked Redis"
     );
+    gw.handle.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_failure_gives_its_charge_back_in_redis() {
+    // an upstream nobody listens on: every admitted request ends in 502
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = gone.local_addr().unwrap();
+    drop(gone);
+    let server = RedisServer::start();
+    let clock = ManualClock::at_unix_secs(1_790_000_000);
+    let text = config(upstream, &redis_table_with(&server.url(), 2_000), "open");
+    let gw = start(&text, Arc::new(clock.clone()), true).await;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    for _ in 0..30 {
+        let (s, h, _) = get(&client, gw.addr, "/v1/rates").await;
+        assert_eq!(s, 502);
+        // the answer shows the budget as it stands after the refund
+        let rl = h.get("ratelimit").unwrap().to_str().unwrap().to_string();
+        assert!(rl.contains("\"burst\";r=20"), "{rl}");
+    }
+    // thirty failures later the burst is whole and the day untouched
+    let (s, h, _) = get(&client, gw.addr, "/v1/rates").await;
+    assert_eq!(s, 502);
+    let rl = h.get("ratelimit").unwrap().to_str().unwrap();
+    assert!(rl.contains("\"daily\";r=10000"), "{rl}");
     gw.handle.shutdown();
 }
