@@ -165,7 +165,11 @@ fn record(acc: &Shared, id: u64, e: Expect, got: Result<Answer, Ended>) {
                         true => a.closed.insert(id),
                         false => a.rejected.insert(id),
                     };
-                    let label = format!("rejected: {s} {}", ans.problem.as_deref().unwrap_or("?"));
+                    let problem = ans.problem.as_deref().unwrap_or("?");
+                    let label = match e.close_ok {
+                        true => format!("closed: {}, answered {s} {problem}", e.what),
+                        false => format!("rejected: {s} {problem}"),
+                    };
                     a.labels.insert(id, format!("{label} ({})", e.what));
                     a.count(label);
                 }
