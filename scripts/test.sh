@@ -42,3 +42,49 @@ echo "== cargo test"
 cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.txt
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
+
+# ---------------------------------------------------------------------------
+# Fuzzing: the targets of crates/paceline-wire/fuzz (its own workspace, so
+# the builds above never compile it): `parse` (rate-limit answers), `config`
+# (the gateway's file, as `paceline gateway --check` reads it) and
+# `identity` (keys and client addresses from hostile heads). Each runs for
+# FUZZ_SECONDS (60 by default; 0 skips this step) from its committed seeds
+# (fuzz/seeds/) and what earlier runs found (target/fuzz-corpus/). A crash
+# or a hang fails the script; the input is kept in fuzz/artifacts/.
+# cargo-fuzz needs -Z flags: RUSTC_BOOTSTRAP=1 allows them on stable.
+# From cold (no cargo-fuzz, no fuzz build; crates already downloaded) the
+# step took 354 s on a quiet 2-core machine: installing cargo-fuzz 36 s,
+# the build 132 s, the three runs 3 min; 977 s with the cores shared with
+# other builds (load average 6-10).
+# ---------------------------------------------------------------------------
+fuzz_seconds="${FUZZ_SECONDS:-60}"
+if [ "$fuzz_seconds" -gt 0 ]; then
+    echo "== cargo fuzz (${fuzz_seconds} s per target)"
+    fuzz_start=$(date +%s)
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        echo "installing cargo-fuzz"
+        cargo install cargo-fuzz --locked
+    fi
+    fuzz_dir="${CARGO_TARGET_DIR:-target}"
+    case "$fuzz_dir" in /*) ;; *) fuzz_dir="$(pwd)/$fuzz_dir" ;; esac
+    fuzz_passed=0
+    fuzz_failed=0
+    export RUSTC_BOOTSTRAP=1
+    (cd crates/paceline-wire && cargo fuzz build -O --target-dir "$fuzz_dir/fuzz")
+    for t in parse config identity; do
+        mkdir -p "$fuzz_dir/fuzz-corpus/$t"
+        if (cd crates/paceline-wire && cargo fuzz run -O --target-dir "$fuzz_dir/fuzz" "$t" \
+            "$fuzz_dir/fuzz-corpus/$t" "fuzz/seeds/$t" -- \
+            -max_total_time="$fuzz_seconds" -timeout=10 -max_len=8192) \
+            >"$fuzz_dir/fuzz-$t.txt" 2>&1; then
+            fuzz_passed=$((fuzz_passed + 1))
+            echo "fuzz $t: ok, $(grep -m1 -o 'Done [0-9]* runs' "$fuzz_dir/fuzz-$t.txt" || echo 'runs unknown')"
+        else
+            fuzz_failed=$((fuzz_failed + 1))
+            echo "fuzz $t: FAILED (last lines of $fuzz_dir/fuzz-$t.txt):"
+            grep -v '# Uses:' "$fuzz_dir/fuzz-$t.txt" | tail -n 25
+        fi
+    done
+    echo "fuzz: $fuzz_passed passed, $fuzz_failed failed ($((fuzz_passed + fuzz_failed)) targets, ${fuzz_seconds} s each, $(($(date +%s) - fuzz_start)) s in all)"
+    [ "$fuzz_failed" -eq 0 ]
+fi

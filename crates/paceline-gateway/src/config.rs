@@ -542,7 +542,10 @@ impl<'a> Source<'a> {
     }
 
     fn toml_error(&self, e: &toml::de::Error) -> ConfigFileError {
-        let msg = e.message().trim().to_string();
+        let mut msg = e.message().trim().to_string();
+        if let (true, Some(span)) = (msg.is_empty(), e.span()) {
+            msg = crate::locate::unexpected_at(self.text, span.start);
+        }
         match e.span() {
             // a syntax error (the text did not parse) has no field
             Some(span) if !self.doc.is_parsed() => {

@@ -190,6 +190,19 @@ pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
+/// What is wrong at byte `offset` of `text` when the TOML parser says
+/// nothing (it gives no message for some characters, such as a control
+/// character in a comment on the last line): the character found there.
+pub(crate) fn unexpected_at(text: &str, offset: usize) -> String {
+    match text.get(offset..).and_then(|rest| rest.chars().next()) {
+        Some(c) if c.is_control() => format!(
+            "unexpected control character {c:?}; comments, keys and strings may not hold one (write it as an escape in a string)"
+        ),
+        Some(c) => format!("unexpected character {c:?}"),
+        None => "unexpected end of the file".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,6 +249,22 @@ path = "/v1/login"
         assert_eq!(line_col("ab\ncd", 0), (1, 1));
         assert_eq!(line_col("ab\ncd", 4), (2, 2));
         assert_eq!(line_col("ab", 99), (1, 3));
+    }
+
+    #[test]
+    fn a_syntax_error_the_parser_leaves_unsaid_is_described() {
+        assert!(unexpected_at("#\0", 1).contains("control character '\\0'"));
+        assert_eq!(unexpected_at("a", 0), "unexpected character 'a'");
+        assert_eq!(unexpected_at("a", 1), "unexpected end of the file");
+        assert_eq!(unexpected_at("a", 7), "unexpected end of the file");
+        // through the whole parser: a message, on the line and column
+        for text in ["#\0", "[gateway]\n# \u{7}"] {
+            let e = crate::GatewayConfig::parse(text, "gw.toml", None).unwrap_err();
+            assert!(e.message().contains("control character"), "{e}");
+            assert_eq!(e.kind(), paceline_server::ConfigErrorKind::Syntax);
+        }
+        let e = crate::GatewayConfig::parse("#\0", "gw.toml", None).unwrap_err();
+        assert_eq!((e.line(), e.column()), (1, 2));
     }
 
     #[test]
