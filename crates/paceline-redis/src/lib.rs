@@ -84,6 +84,7 @@
 mod batch;
 mod cache;
 mod config;
+mod idempotency;
 mod keys;
 mod link;
 mod script;
@@ -95,6 +96,7 @@ pub use config::{
     check_url, redact, ClockSource, ConfigError, Degraded, RedisStoreConfig, Scripting,
     DEFAULT_DEADLINE, MAX_BATCH, MAX_DEADLINE, MAX_LEASE_TTL, MAX_LINGER,
 };
+pub use idempotency::{RedisIdempotencyStore, ANSWER_HEAD_ROOM, DEFAULT_IDEMPOTENCY_DEADLINE};
 pub use store::{
     supports, RedisStats, RedisStore, MAX_CONCURRENCY_QUOTA, MAX_COUNTER_QUOTA,
     MAX_SLIDING_WINDOW_SECS,
