@@ -384,3 +384,31 @@ async fn the_layer_on_redis_replays_across_instances_and_refuses_conflicts() {
     assert_eq!(p.status, 409);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_step_on_a_cluster() {
+    let cluster = testing::RedisCluster::start();
+    let s = RedisIdempotencyStore::connect(RedisStoreConfig {
+        urls: cluster.urls(),
+        cluster: true,
+        key_secret: b"secret".to_vec(),
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap()
+    .with_deadline(Duration::from_secs(2));
+    // keys spread over the slots of all three masters
+    for i in 0..30 {
+        let key = EntryKey::of("k:sk_1", "labels", &format!("c-{i}"));
+        let t = acquired(s.begin(key, 1, LEASE, NOW).await.unwrap());
+        assert!(s.complete(key, t, done(1, b"{}"), TTL, NOW).await.unwrap());
+        assert!(matches!(
+            s.fetch(key, NOW).await.unwrap(),
+            Some(Entry::Done(_))
+        ));
+        let other = EntryKey::of("k:sk_1", "labels", &format!("r-{i}"));
+        let t = acquired(s.begin(other, 1, LEASE, NOW).await.unwrap());
+        s.release(other, t).await.unwrap();
+        assert_eq!(s.fetch(other, NOW).await.unwrap(), None);
+    }
+}
