@@ -3,12 +3,14 @@
 //! `Idempotency-Key` spread round-robin over them, to the demo API: one
 //! upstream execution, one label, and every caller gets that label
 //! (replayed) or a 409 in-flight answer. With a memory store each, the
-//! same load runs the request once per gateway. Every wait is bounded.
+//! same load runs the request once per gateway. A Redis that does not
+//! answer makes a keyed write `503 overloaded` within the deadline, never
+//! a second execution. Every wait is bounded.
 #![cfg(feature = "redis")]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Request;
@@ -35,7 +37,7 @@ watch = false
 max_in_flight = 0
 
 [plans.free]
-policies = [{{ name = "burst", algorithm = "token_bucket", q = 1000, w = 3600 }}]
+policies = [{{ name = "burst", algorithm = "token_bucket", q = 1000, w = 3600, fail = "open" }}]
 
 [keys]
 sk_a = "free"
@@ -176,4 +178,30 @@ async fn with_a_memory_store_each_the_same_posts_run_once_per_gateway() {
     for (_, h) in &gateways {
         h.shutdown();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_redis_makes_a_keyed_write_503_not_a_second_run() {
+    let server = RedisServer::start();
+    let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    let (addr, handle) = start(&config(api.addr(), &redis_table(&server.url()))).await;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let (status, _, v) = post(&client, addr).await;
+    assert_eq!(status, 201, "{v}");
+    server.pause();
+    let t = Instant::now();
+    // the limiter fails open; the idempotency store cannot answer
+    let (status, _, v) = post(&client, addr).await;
+    let took = t.elapsed();
+    server.resume();
+    assert_eq!((status, code(&v)), (503, "overloaded"), "{v}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(api.hits_on("/v1/labels"), 1);
+    // back: the retry is the first answer, replayed
+    let (status, replayed, _) = post(&client, addr).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(api.hits_on("/v1/labels"), 1);
+    handle.shutdown();
 }
