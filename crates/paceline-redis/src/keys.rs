@@ -31,11 +31,22 @@ impl KeyNamer {
         }
     }
 
+    /// What every name starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The keyed hash of a client key.
     pub(crate) fn hash(&self, key: &str) -> u128 {
         let mut h = SipHasher13::new_with_keys(self.k0, self.k1);
         h.write(key.as_bytes());
         h.finish128().as_u128()
+    }
+
+    /// The name of an idempotency entry (by its entry key's hex): the
+    /// keyed hash is its own hash tag, so each entry has its slot.
+    pub(crate) fn idempotency_name(&self, entry: &str) -> String {
+        format!("{}:idem:{{{:032x}}}", self.prefix, self.hash(entry))
     }
 
     /// The hash tag of a client key: 32 hex digits.

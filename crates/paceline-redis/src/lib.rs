@@ -21,6 +21,18 @@
 //! nothing it has to wrap twice (`fred` would do as well; its own
 //! pipelining and pooling would sit under the batcher here unused).
 //!
+//! [`RedisIdempotencyStore`] is the idempotency layer's store
+//! (`paceline_server::idempotency`) in Redis, so a retried write that
+//! lands on another instance finds the first answer: one Redis key per
+//! entry, named by a keyed hash of the caller, the route and the
+//! `Idempotency-Key` (a secret of its own; [`RedisStore::idempotency_store`]
+//! puts it on the limiter's connections), each step one round trip (a
+//! small script for `begin`, `complete` and `release`, a `GET` for
+//! `fetch`), leases and answers expiring by `PX` on the server's clock,
+//! answers bounded ([`RedisIdempotencyStore::for_settings`]), and every
+//! step cut at a deadline ([`DEFAULT_IDEMPOTENCY_DEADLINE`]) that fails
+//! as unavailable (the layer answers `503`).
+//!
 //! ## The parts
 //!
 //! ```text
@@ -40,6 +52,9 @@
 //!     │          exact integers; rows kept with a TTL)
 //!     ▼
 //!  script.rs (the reply lines → Decisions)
+//!
+//!  RedisIdempotencyStore (idempotency.rs): pl:idem:{keyed hash} → a
+//!     lease or an answer, one script call or GET per step, PX expiry
 //!
 //!  Redis away: StoreError::Unavailable within the deadline → the
 //!  limiter's fail open/closed per policy, or (config.rs: Degraded) a
@@ -84,6 +99,7 @@
 mod batch;
 mod cache;
 mod config;
+mod idempotency;
 mod keys;
 mod link;
 mod script;
@@ -95,6 +111,7 @@ pub use config::{
     check_url, redact, ClockSource, ConfigError, Degraded, RedisStoreConfig, Scripting,
     DEFAULT_DEADLINE, MAX_BATCH, MAX_DEADLINE, MAX_LEASE_TTL, MAX_LINGER,
 };
+pub use idempotency::{RedisIdempotencyStore, ANSWER_HEAD_ROOM, DEFAULT_IDEMPOTENCY_DEADLINE};
 pub use store::{
     supports, RedisStats, RedisStore, MAX_CONCURRENCY_QUOTA, MAX_COUNTER_QUOTA,
     MAX_SLIDING_WINDOW_SECS,

@@ -177,6 +177,34 @@ impl Link {
         }
     }
 
+    /// Runs a small script on one key by its digest, sending its source
+    /// once more on `NOSCRIPT` (a new or restarted server).
+    pub(crate) async fn script(
+        &self,
+        sha: &str,
+        source: &str,
+        key: &str,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        let mut conn = self.conn();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha).arg(1).arg(key);
+        for a in args {
+            cmd.arg(*a);
+        }
+        match conn.query(&cmd).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(source).arg(1).arg(key);
+                for a in args {
+                    eval.arg(*a);
+                }
+                conn.query(&eval).await.map_err(|e| classify(&e))
+            }
+            other => other.map_err(|e| classify(&e)),
+        }
+    }
+
     /// Sends one plain command (tests and diagnostics).
     pub(crate) async fn command(&self, cmd: &Cmd) -> Result<Value, StoreError> {
         self.conn().query(cmd).await.map_err(|e| classify(&e))

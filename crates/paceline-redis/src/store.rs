@@ -171,6 +171,17 @@ impl RedisStore {
         })
     }
 
+    /// An idempotency store on this store's connections and key prefix,
+    /// its entries named under `key_secret` (a secret of its own, not the
+    /// limiter's rows' one).
+    pub fn idempotency_store(&self, key_secret: &[u8]) -> crate::RedisIdempotencyStore {
+        crate::idempotency::RedisIdempotencyStore::on_link(
+            self.inner.link.clone(),
+            key_secret,
+            self.inner.namer.prefix(),
+        )
+    }
+
     /// What the store has done so far.
     pub fn stats(&self) -> RedisStats {
         let i = &self.inner;
