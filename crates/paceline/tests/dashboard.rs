@@ -202,11 +202,17 @@ impl Ws {
         r["result"]["value"].clone()
     }
 
-    /// Evaluates `expr` until it is true, or fails after `secs`.
+    /// Evaluates `expr` until it is true, or fails after `secs`. While the
+    /// page is still loading (no `document.body` yet, say) the expression
+    /// may throw: that counts as not yet.
     fn until(&mut self, expr: &str, secs: u64) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < deadline {
-            if self.eval(expr) == json!(true) {
+            let r = self.call(
+                "Runtime.evaluate",
+                json!({"expression": expr, "awaitPromise": true, "returnByValue": true}),
+            );
+            if r["exceptionDetails"].is_null() && r["result"]["value"] == json!(true) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
