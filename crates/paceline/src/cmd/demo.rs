@@ -6,6 +6,9 @@
 //! an edge capacity) with the real SDK, prints the result
 //! table and keeps serving (the dashboard can run the race again) until
 //! interrupted. `--json` prints the race's result as JSON and exits.
+//! `--instances N` races through N gateway instances behind a round-robin
+//! front, each counting alone (`--store memory`) or all in one Redis
+//! (`--store redis`, at `--redis-url` or a `redis-server` the demo starts).
 //! With `--no-race` it only serves: the gateway's URL and the demo keys go
 //! to stdout, and it keeps serving until interrupted. With
 //! `--upstream-only` it serves the demo API alone, without the gateway
@@ -53,6 +56,29 @@ pub(crate) struct Args {
     /// Exit after the race instead of serving on.
     #[arg(long, conflicts_with_all = ["no_race", "upstream_only"])]
     exit: bool,
+    /// Race through this many gateway instances (1 to 16) behind a
+    /// round-robin front.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(race::MAX_INSTANCES)),
+          conflicts_with_all = ["no_race", "upstream_only"])]
+    instances: u32,
+    /// Where the race's gateways count: each in its own memory, or in one
+    /// shared Redis.
+    #[arg(long, value_enum, default_value_t = StoreArg::Memory, conflicts_with_all = ["no_race", "upstream_only"])]
+    store: StoreArg,
+    /// With --store redis: the Redis to count in (without it, the demo
+    /// starts a redis-server of its own on a free loopback port).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["no_race", "upstream_only"])]
+    redis_url: Option<String>,
+}
+
+/// `--store`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum StoreArg {
+    /// Each instance counts alone, in its own memory.
+    Memory,
+    /// Every instance counts in one Redis.
+    Redis,
 }
 
 /// Runs `paceline demo`.
@@ -98,7 +124,31 @@ async fn race_demo(
     let params = RaceParams::default();
     let floor_s = params.floor_s();
     let (workers, jobs) = (params.workers, params.jobs);
-    let race = race::Race::new(params);
+    let race = race::Race::new(params.clone());
+    anyhow::ensure!(
+        args.redis_url.is_none() || args.store == StoreArg::Redis,
+        "--redis-url is read only with --store redis"
+    );
+    // a redis-server of our own lives as long as the demo
+    let mut own_redis = None;
+    let redis_url = match (args.store, &args.redis_url) {
+        (StoreArg::Memory, _) => None,
+        (StoreArg::Redis, Some(url)) => {
+            paceline_demo::local_redis::reachable(url)?;
+            Some(url.clone())
+        }
+        (StoreArg::Redis, None) => {
+            let r = paceline_demo::local_redis::LocalRedis::start()?;
+            let url = r.url();
+            own_redis = Some(r);
+            Some(url)
+        }
+    };
+    race.set_deployment(race::Deployment {
+        instances: args.instances,
+        redis_url,
+    })
+    .map_err(anyhow::Error::msg)?;
     if let Some(ms) = args.pace_margin_ms {
         race.set_pace_margin(paceline_core::Nanos::from_millis(ms));
     }
@@ -110,6 +160,17 @@ async fn race_demo(
     if !args.json {
         print_banner(stack);
         println!("paceline demo: race dashboard on {url}/");
+        let d = race.deployment();
+        if d.instances > 1 || d.redis_url.is_some() {
+            println!(
+                "paceline demo: the race goes through {} gateway instance(s), {}",
+                d.instances,
+                match &d.redis_url {
+                    Some(url) => format!("counting in one Redis ({url})"),
+                    None => "each counting alone in its own memory".to_string(),
+                }
+            );
+        }
         println!(
             "paceline demo: racing two fleets of {workers} workers, {jobs} jobs each (floor {floor_s:.1} s)…"
         );
@@ -117,17 +178,21 @@ async fn race_demo(
     let report = race::run(race.clone()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
+        drop(own_redis);
         return Ok(0);
     }
     println!();
     print!("{}", scenario::table(&report.fleets));
     println!("floor for the jobs: {floor_s:.1} s");
+    print!("{}", race::admitted_lines(&params, &report));
     if args.exit {
+        drop(own_redis);
         return Ok(0);
     }
     println!();
     println!("paceline demo: still serving; open {url}/ to run the race again, Ctrl-C to stop");
     interrupted.await;
+    drop(own_redis);
     Ok(0)
 }
 
