@@ -228,7 +228,7 @@ pub struct RaceStack {
 /// A fresh key-hash secret: one per run, shared by its instances (so they
 /// name a key's row in Redis alike, and a run does not find the last
 /// run's counts).
-fn run_secret() -> String {
+pub(crate) fn run_secret() -> String {
     let bytes: [u8; 32] = rand::random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -243,3 +243,78 @@ fn many_instances_are_bounded_and_redis_is_asked_for_clearly() {
     let e = run(&["--redis-url", &url], None);
     assert!(e.contains("only with --store redis"), "{e}");
 }
+
+/// `paceline demo --no-race` with `extra`: the `RateLimit` field of each
+/// of `n` requests with one key, sent to the address it prints.
+fn no_race_fields(extra: &[&str], n: usize) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["demo", "--no-race", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("paceline runs");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("paceline demo: gateway on http://")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    let fields = (0..n)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            write!(
+                s,
+                "GET /v1/rates HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer sk_demo_bob\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut answer = String::new();
+            let _ = s.read_to_string(&mut answer);
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            answer
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("ratelimit: ").map(str::to_string))
+                .unwrap_or_else(|| panic!("no RateLimit field: {answer}"))
+        })
+        .collect();
+    // SIGTERM: the demo stops its gateways and its redis-server
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let _ = child.wait();
+    fields
+}
+
+#[test]
+fn a_curl_user_meets_the_front_over_three_instances() {
+    let burst = |f: &String| {
+        f.split("r=")
+            .nth(1)
+            .and_then(|r| r.split(';').next())
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    // three in a row, round robin: each instance has seen one
+    let alone = no_race_fields(&["--instances", "3"], 3);
+    assert_eq!(
+        alone.iter().map(burst).collect::<Vec<_>>(),
+        [19, 19, 19],
+        "{alone:?}"
+    );
+    if !Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        panic!("this test needs redis-server on PATH (Debian: apt-get install redis-server)");
+    }
+    // one count: the burst spent one by one (20 refill in 2 s: none back
+    // between three quick requests, at most one on a slow machine)
+    let shared = no_race_fields(&["--instances", "3", "--store", "redis"], 3);
+    let left: Vec<u64> = shared.iter().map(burst).collect();
+    assert_eq!(left[0], 19, "{shared:?}");
+    assert!(left[2] <= 18 && left[1] < 19, "{shared:?}");
+}

@@ -60,15 +60,15 @@ pub(crate) struct Args {
     /// round-robin front.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(race::MAX_INSTANCES)),
-          conflicts_with_all = ["no_race", "upstream_only"])]
+          conflicts_with = "upstream_only")]
     instances: u32,
     /// Where the race's gateways count: each in its own memory, or in one
     /// shared Redis.
-    #[arg(long, value_enum, default_value_t = StoreArg::Memory, conflicts_with_all = ["no_race", "upstream_only"])]
+    #[arg(long, value_enum, default_value_t = StoreArg::Memory, conflicts_with = "upstream_only")]
     store: StoreArg,
     /// With --store redis: the Redis to count in (without it, the demo
     /// starts a redis-server of its own on a free loopback port).
-    #[arg(long, value_name = "URL", conflicts_with_all = ["no_race", "upstream_only"])]
+    #[arg(long, value_name = "URL", conflicts_with = "upstream_only")]
     redis_url: Option<String>,
 }
 
@@ -92,44 +92,43 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
         if args.upstream_only {
             return upstream_only(args, interrupted).await;
         }
+        // a redis-server of our own lives as long as the demo
+        let (deployment, own_redis) = deployment(&args)?;
         // a busy default port should not stop the demo: fall back to any
-        let stack = match DemoStack::start(args.listen).await {
+        let stack = match DemoStack::start_in(args.listen, &deployment).await {
             Ok(stack) => stack,
             Err(e) if args.listen.port() != 0 && !args.no_race => {
                 eprintln!("paceline demo: {e:#}; using a free port instead");
-                DemoStack::start(SocketAddr::new(args.listen.ip(), 0)).await?
+                DemoStack::start_in(SocketAddr::new(args.listen.ip(), 0), &deployment).await?
             }
             Err(e) => return Err(e),
         };
         if args.no_race {
-            print_banner(&stack);
+            print_banner(&stack, &deployment);
             interrupted.await;
             stack.stop().await?;
+            drop(own_redis);
             return Ok(0);
         }
-        let code = race_demo(&args, &stack, interrupted).await?;
+        let code = race_demo(&args, &stack, deployment.clone(), interrupted).await?;
         stack.stop().await?;
+        drop(own_redis);
         Ok(code)
     })
 }
 
-/// Runs the race through the real gateway (its own instance, with the
-/// race's keys and an edge capacity), prints the result, and serves the
-/// dashboard on.
-async fn race_demo(
+/// The gateways `args` ask for, and the `redis-server` started for them
+/// (kept until the demo ends), if one was.
+fn deployment(
     args: &Args,
-    stack: &DemoStack,
-    interrupted: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<i32> {
-    let params = RaceParams::default();
-    let floor_s = params.floor_s();
-    let (workers, jobs) = (params.workers, params.jobs);
-    let race = race::Race::new(params.clone());
+) -> anyhow::Result<(
+    race::Deployment,
+    Option<paceline_demo::local_redis::LocalRedis>,
+)> {
     anyhow::ensure!(
         args.redis_url.is_none() || args.store == StoreArg::Redis,
         "--redis-url is read only with --store redis"
     );
-    // a redis-server of our own lives as long as the demo
     let mut own_redis = None;
     let redis_url = match (args.store, &args.redis_url) {
         (StoreArg::Memory, _) => None,
@@ -144,11 +143,29 @@ async fn race_demo(
             Some(url)
         }
     };
-    race.set_deployment(race::Deployment {
+    let d = race::Deployment {
         instances: args.instances,
         redis_url,
-    })
-    .map_err(anyhow::Error::msg)?;
+    };
+    d.check().map_err(anyhow::Error::msg)?;
+    Ok((d, own_redis))
+}
+
+/// Runs the race through the real gateway (its own instance, with the
+/// race's keys and an edge capacity), prints the result, and serves the
+/// dashboard on.
+async fn race_demo(
+    args: &Args,
+    stack: &DemoStack,
+    deployment: race::Deployment,
+    interrupted: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<i32> {
+    let params = RaceParams::default();
+    let floor_s = params.floor_s();
+    let (workers, jobs) = (params.workers, params.jobs);
+    let race = race::Race::new(params.clone());
+    race.set_deployment(deployment.clone())
+        .map_err(anyhow::Error::msg)?;
     if let Some(ms) = args.pace_margin_ms {
         race.set_pace_margin(paceline_core::Nanos::from_millis(ms));
     }
@@ -158,9 +175,9 @@ async fn race_demo(
     };
     tokio::spawn(race::serve(listener, race.clone()));
     if !args.json {
-        print_banner(stack);
+        print_banner(stack, &deployment);
         println!("paceline demo: race dashboard on {url}/");
-        let d = race.deployment();
+        let d = &deployment;
         if d.instances > 1 || d.redis_url.is_some() {
             println!(
                 "paceline demo: the race goes through {} gateway instance(s), {}",
@@ -178,7 +195,6 @@ async fn race_demo(
     let report = race::run(race.clone()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-        drop(own_redis);
         return Ok(0);
     }
     println!();
@@ -186,13 +202,11 @@ async fn race_demo(
     println!("floor for the jobs: {floor_s:.1} s");
     print!("{}", race::admitted_lines(&params, &report));
     if args.exit {
-        drop(own_redis);
         return Ok(0);
     }
     println!();
     println!("paceline demo: still serving; open {url}/ to run the race again, Ctrl-C to stop");
     interrupted.await;
-    drop(own_redis);
     Ok(0)
 }
 
@@ -211,9 +225,19 @@ async fn upstream_only(
     Ok(0)
 }
 
-fn print_banner(stack: &DemoStack) {
+fn print_banner(stack: &DemoStack, d: &race::Deployment) {
     let url = format!("http://{}", stack.gateway());
     println!("paceline demo: gateway on {url}");
+    if d.instances > 1 {
+        let how = match d.store() {
+            race::Store::Redis => "counting as one in Redis",
+            race::Store::Memory => "each counting alone",
+        };
+        println!(
+            "paceline demo: (a round-robin front over {} gateway instances, {how})",
+            d.instances
+        );
+    }
     println!("paceline demo: keys (Free plan: burst 20 per 2 s, 10,000 per UTC day):");
     for k in DEMO_KEYS {
         println!("  {k}");
