@@ -726,6 +726,10 @@ pub fn admitted_lines(p: &RaceParams, r: &RunReport) -> String {
             a.name, a.admitted, a.one_limit_allows, a.times_the_limit
         );
     }
+    out.push_str(
+        "  (admitted: requests served; one limit allows: the depth plus the refill until the \
+         fleet finished; about 1x: the instances count as one, about Nx: each counts alone)\n",
+    );
     out
 }
 

@@ -169,7 +169,8 @@ function deployment() {
     : n > 1 ? "each counting alone in its own memory, so a key gets the published limit once per gateway"
     : "which counts in its own memory";
   const front = n > 1 ? `${n} gateways behind a round-robin front, ` : "one gateway, ";
-  $("deployment").textContent = `The fleets send to ${front}${where}. Look at "admitted vs one limit" once the race ends.`;
+  const each = n > 1 ? ` Each gateway passes ${S.capacity} requests a second, and the bucket chart shows gateway 1's buckets.` : "";
+  $("deployment").textContent = `The fleets send to ${front}${where}.${each} Look at "admitted vs one limit" once the race ends.`;
   document.body.dataset.instances = n;
   document.body.dataset.store = S.store || "memory";
 }
