@@ -320,7 +320,7 @@ async fn not_found() -> Response {
 /// Where the demo API's problem types live.
 const PROBLEM_BASE: &str = "https://docs.shiplane.example/errors/";
 
-fn problem(kind: ProblemKind, detail: &str) -> Response {
+pub(crate) fn problem(kind: ProblemKind, detail: &str) -> Response {
     problem::answer(&Problem::new(kind, PROBLEM_BASE, detail)).map(axum::body::Body::from)
 }
 

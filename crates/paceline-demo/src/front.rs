@@ -15,8 +15,10 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
-use http::StatusCode;
+use axum::response::Response;
+use paceline_wire::problem::ProblemKind;
+
+use crate::api::problem;
 
 /// The most request body the front forwards.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -90,7 +92,12 @@ async fn forward(State(turns): State<Arc<Turns>>, req: Request) -> Response {
     let url = format!("{}{path}", turns.instances[i]);
     let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
-        Err(_) => return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response(),
+        Err(_) => {
+            return problem(
+                ProblemKind::PayloadTooLarge,
+                &format!("The front forwards bodies of at most {MAX_BODY_BYTES} bytes."),
+            )
+        }
     };
     let mut out = turns.http.request(head.method, url).body(body);
     for (k, v) in &head.headers {
@@ -100,17 +107,13 @@ async fn forward(State(turns): State<Arc<Turns>>, req: Request) -> Response {
     }
     let answer = match out.send().await {
         Ok(a) => a,
-        Err(e) => {
-            return (StatusCode::BAD_GATEWAY, format!("instance {}: {e}", i + 1)).into_response()
-        }
+        Err(e) => return problem(ProblemKind::BadGateway, &format!("Gateway {}: {e}", i + 1)),
     };
     let status = answer.status();
     let headers = answer.headers().clone();
     let bytes = match answer.bytes().await {
         Ok(b) => b,
-        Err(e) => {
-            return (StatusCode::BAD_GATEWAY, format!("instance {}: {e}", i + 1)).into_response()
-        }
+        Err(e) => return problem(ProblemKind::BadGateway, &format!("Gateway {}: {e}", i + 1)),
     };
     let mut resp = Response::new(Body::from(bytes));
     *resp.status_mut() = status;
@@ -169,6 +172,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(r.status(), 502);
+        assert_eq!(
+            r.headers()["content-type"],
+            paceline_wire::problem::PROBLEM_CONTENT_TYPE
+        );
         front.stop();
     }
 }
