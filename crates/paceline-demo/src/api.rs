@@ -60,6 +60,35 @@ pub fn shiplane_config(
     Ok(cfg)
 }
 
+/// [`shiplane_config`] with the counters in the Redis at `redis_url`
+/// (`None`: in memory), keys named under `secret` (the same for every
+/// instance that should count as one).
+pub fn shiplane_config_in(
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    redis_url: Option<&str>,
+    secret: &str,
+) -> Result<GatewayConfig, ConfigFileError> {
+    let text = match redis_url {
+        Some(url) => format!(
+            "{}\n[gateway.redis]\nurl = \"{url}\"\ndeadline_ms = {}\n",
+            SHIPLANE_TOML.replacen("store = \"memory\"", "store = \"redis\"", 1),
+            crate::race::REDIS_DEADLINE_MS
+        ),
+        None => SHIPLANE_TOML.to_string(),
+    };
+    let env =
+        |var: &str| (var == paceline_gateway::KEY_HASH_SECRET_ENV).then(|| secret.to_string());
+    let mut cfg = GatewayConfig::parse_with_env(&text, "examples/shiplane.toml", None, &env)?;
+    cfg.settings.listen = listen;
+    cfg.settings.upstream = format!("http://{upstream}")
+        .parse()
+        .expect("a socket address makes a URI");
+    cfg.settings.metrics_listen = None;
+    cfg.settings.soft_limit_webhook = None;
+    Ok(cfg)
+}
+
 /// How the demo API behaves.
 #[derive(Clone, Debug, Default)]
 pub struct DemoOptions {
@@ -291,7 +320,7 @@ async fn not_found() -> Response {
 /// Where the demo API's problem types live.
 const PROBLEM_BASE: &str = "https://docs.shiplane.example/errors/";
 
-fn problem(kind: ProblemKind, detail: &str) -> Response {
+pub(crate) fn problem(kind: ProblemKind, detail: &str) -> Response {
     problem::answer(&Problem::new(kind, PROBLEM_BASE, detail)).map(axum::body::Body::from)
 }
 

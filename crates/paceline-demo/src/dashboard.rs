@@ -89,6 +89,8 @@ pub(crate) fn hello(race: &Race) -> Value {
         "jobs": p.jobs,
         "naive_retry_ms": p.naive_retry.as_u64() / 1_000_000,
         "floor_s": p.floor_s(),
+        "instances": race.deployment().instances,
+        "store": race.deployment().store(),
         "running": race.is_running(),
         "runs": race.runs(),
         "run": run.as_ref().map(|r| json!({
@@ -97,6 +99,7 @@ pub(crate) fn hello(race: &Race) -> Value {
             "ticks": ticks,
             "last_response": last,
             "fleets": results,
+            "admitted": json!(*r.admitted.lock()),
             "table": r.results.lock().as_ref().map(|f| paceline_sim::scenario::race::table(f)),
         })),
     })

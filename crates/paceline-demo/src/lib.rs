@@ -12,6 +12,9 @@
 //!   [`RaceParams`](paceline_sim::scenario::race::RaceParams) and reported
 //!   as its [`FleetReport`](paceline_sim::report::FleetReport)s, so
 //!   `paceline demo` and `paceline sim race` run and report one race;
+//! - [`front`]: the round-robin front of several gateway instances
+//!   (`paceline demo --instances N`), and [`local_redis`]: a
+//!   `redis-server` of the demo's own for `--store redis`;
 //! - the race's live dashboard (`dashboard.rs`, pages embedded), pushed
 //!   by server-sent events.
 //!
@@ -43,5 +46,7 @@
 
 pub mod api;
 mod dashboard;
+pub mod front;
+pub mod local_redis;
 pub mod race;
 pub mod stack;

@@ -53,6 +53,64 @@ pub const MAX_LISTENERS: usize = 64;
 /// The most round trips of the cooperative fleet one run keeps.
 const MAX_ROUND_TRIPS: usize = 100_000;
 
+/// The most gateway instances one race goes through.
+pub const MAX_INSTANCES: u32 = 16;
+
+/// How long a gateway waits for Redis before deciding without it: long
+/// enough that a busy machine's late answer is not taken for an outage
+/// (which would admit the request uncounted).
+pub const REDIS_DEADLINE_MS: u64 = 250;
+
+/// Where the race's gateways keep their counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Store {
+    /// Each instance in its own memory: each counts alone.
+    Memory,
+    /// One Redis shared by every instance: one count.
+    Redis,
+}
+
+/// How many gateways the race goes through, and where they count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deployment {
+    /// Gateway instances, behind a round-robin front when more than one
+    /// (1..=[`MAX_INSTANCES`]).
+    pub instances: u32,
+    /// The Redis every instance counts in; `None`: the memory store.
+    pub redis_url: Option<String>,
+}
+
+impl Default for Deployment {
+    fn default() -> Self {
+        Deployment {
+            instances: 1,
+            redis_url: None,
+        }
+    }
+}
+
+impl Deployment {
+    /// Where the instances count.
+    pub fn store(&self) -> Store {
+        match self.redis_url {
+            Some(_) => Store::Redis,
+            None => Store::Memory,
+        }
+    }
+
+    /// Why this deployment cannot be run, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=MAX_INSTANCES).contains(&self.instances) {
+            return Err(format!(
+                "instances = {} is outside 1..={MAX_INSTANCES}",
+                self.instances
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What a person may change between runs (the dashboard's controls).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -109,7 +167,18 @@ impl Controls {
 
 /// The gateway configuration of a race on `p` in front of `upstream`:
 /// what a deployment would write.
-pub fn gateway_toml(p: &RaceParams, upstream: std::net::SocketAddr) -> String {
+pub fn gateway_toml(
+    p: &RaceParams,
+    upstream: std::net::SocketAddr,
+    redis_url: Option<&str>,
+) -> String {
+    let (store, redis) = match redis_url {
+        Some(url) => (
+            "store = \"redis\"\n",
+            format!("\n[gateway.redis]\nurl = \"{url}\"\ndeadline_ms = {REDIS_DEADLINE_MS}\n"),
+        ),
+        None => ("", String::new()),
+    };
     let keys: String = FLEETS
         .iter()
         .map(|(_, k)| format!("{k} = \"race\"\n"))
@@ -119,10 +188,10 @@ pub fn gateway_toml(p: &RaceParams, upstream: std::net::SocketAddr) -> String {
 listen = "127.0.0.1:0"
 upstream = "http://{upstream}"
 watch = false
-
+{store}
 [gateway.shedding]
 max_rps = {capacity}
-
+{redis}
 [plans.race]
 policies = [{{ name = "burst", algorithm = "token_bucket", q = {q}, w = {w} }}]
 
@@ -146,49 +215,78 @@ struct Instance {
     served: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// What one run races against: the demo API and the gateway in front of
-/// it. Kept as a list of instances so several behind a front can be
-/// added; today there is one, and its URL is the entry.
+/// What one run races against: the demo API and the gateways in front of
+/// it; with more than one, a round-robin front is the entry.
 pub struct RaceStack {
     api: DemoUpstream,
     instances: Vec<Instance>,
+    front: Option<crate::front::Front>,
+    entry: String,
     params: RaceParams,
 }
 
+/// A fresh key-hash secret: one per run, shared by its instances (so they
+/// name a key's row in Redis alike, and a run does not find the last
+/// run's counts).
+pub(crate) fn run_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl RaceStack {
-    /// Starts the demo API and a gateway configured for `p`, both on free
+    /// Starts the demo API and the gateways of `d` configured for `p`
+    /// (behind a round-robin front when more than one), all on free
     /// loopback ports.
-    pub async fn start(p: &RaceParams) -> anyhow::Result<RaceStack> {
+    pub async fn start(p: &RaceParams, d: &Deployment) -> anyhow::Result<RaceStack> {
+        d.check().map_err(anyhow::Error::msg)?;
         let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions::default())
             .await
             .context("starting the demo API")?;
-        let text = gateway_toml(p, api.addr());
-        let config = GatewayConfig::parse(&text, "race.toml", None)
-            .map_err(|e| anyhow::anyhow!("the race's gateway configuration: {e}"))?;
-        let gateway = Gateway::bind(config)
-            .await
-            .context("starting the race's gateway")?;
-        let url = format!("http://{}", gateway.local_addr());
-        let handle = gateway.handle();
-        let served = tokio::spawn(gateway.run(std::future::pending()));
-        Ok(RaceStack {
-            api,
-            instances: vec![Instance {
+        let text = gateway_toml(p, api.addr(), d.redis_url.as_deref());
+        let secret = run_secret();
+        let env =
+            |var: &str| (var == paceline_gateway::KEY_HASH_SECRET_ENV).then(|| secret.clone());
+        let mut instances = Vec::new();
+        for n in 1..=d.instances {
+            let config = GatewayConfig::parse_with_env(&text, "race.toml", None, &env)
+                .map_err(|e| anyhow::anyhow!("the race's gateway configuration: {e}"))?;
+            let gateway = Gateway::bind(config)
+                .await
+                .with_context(|| format!("starting the race's gateway {n}"))?;
+            let url = format!("http://{}", gateway.local_addr());
+            let handle = gateway.handle();
+            let served = tokio::spawn(gateway.run(std::future::pending()));
+            instances.push(Instance {
                 url,
                 handle,
                 served,
-            }],
+            });
+        }
+        let (front, entry) = if instances.len() > 1 {
+            let urls = instances.iter().map(|i| i.url.clone()).collect();
+            let front = crate::front::Front::start(([127, 0, 0, 1], 0).into(), urls).await?;
+            let entry = format!("http://{}", front.addr());
+            (Some(front), entry)
+        } else {
+            (None, instances[0].url.clone())
+        };
+        Ok(RaceStack {
+            api,
+            instances,
+            front,
+            entry,
             params: p.clone(),
         })
     }
 
-    /// Where the fleets send.
+    /// Where the fleets send: the front, or the one gateway.
     pub fn entry(&self) -> &str {
-        &self.instances[0].url
+        &self.entry
     }
 
-    /// The tokens in `key`'s bucket as the gateway sees them now
-    /// (fractional; `None` for a key it does not know).
+    /// The tokens in `key`'s bucket as the (first) gateway sees them now
+    /// (fractional; `None` for a key it does not know, or when the count
+    /// is in Redis).
     pub fn tokens(&self, key: &str) -> Option<f64> {
         let (_, d) = self.instances[0].handle.limiter().peek_key(key)?;
         let to_full = d.statuses.first()?.reset_after.as_secs_f64();
@@ -210,6 +308,9 @@ impl RaceStack {
 
     /// Stops every gateway, letting requests in flight finish.
     pub async fn stop(self) -> anyhow::Result<()> {
+        if let Some(front) = self.front {
+            front.stop();
+        }
         for i in self.instances {
             i.handle.shutdown();
             i.served.await.context("a gateway task failed")??;
@@ -234,6 +335,9 @@ pub(crate) struct Counters {
     pub(crate) retries: AtomicU64,
     pub(crate) jobs_done: AtomicU64,
     pub(crate) finished_at_ms: AtomicU64,
+    /// Whole tokens left by the last answer's `RateLimit` field, plus one
+    /// (0: none yet): the bucket as published, when it cannot be read.
+    pub(crate) published_left: AtomicU64,
 }
 
 /// One fleet at one tick.
@@ -299,6 +403,8 @@ pub(crate) struct Run {
     round_trips_us: Mutex<Vec<u64>>,
     sdk: Mutex<Option<paceline_client::Client>>,
     pub(crate) results: Mutex<Option<Vec<FleetReport>>>,
+    /// What each fleet was admitted against one limit, once done.
+    pub(crate) admitted: Mutex<Option<Vec<Admitted>>>,
 }
 
 impl Run {
@@ -312,6 +418,7 @@ impl Run {
             round_trips_us: Mutex::new(Vec::new()),
             sdk: Mutex::new(None),
             results: Mutex::new(None),
+            admitted: Mutex::new(None),
         }
     }
 
@@ -337,7 +444,13 @@ impl Run {
                 served: c.served.load(Ordering::Relaxed),
                 rejected_429: c.rejected_429.load(Ordering::Relaxed),
                 dropped: c.dropped.load(Ordering::Relaxed),
-                tokens: stack.tokens(key).unwrap_or(0.0),
+                tokens: stack
+                    .tokens(key)
+                    .or_else(|| {
+                        let left = c.published_left.load(Ordering::Relaxed);
+                        (left > 0).then(|| (left - 1) as f64)
+                    })
+                    .unwrap_or(0.0),
                 finished_at_s: self.finished_at_s(f),
             }
         });
@@ -408,6 +521,8 @@ pub struct Race {
     /// The cooperative fleet's SDK pace margin (the SDK's default unless
     /// set, to measure what it must be).
     margin: Mutex<paceline_core::Nanos>,
+    /// The gateways each run goes through.
+    deployment: Mutex<Deployment>,
 }
 
 impl Race {
@@ -421,6 +536,7 @@ impl Race {
             runs: AtomicU64::new(0),
             feed: Mutex::new(Vec::new()),
             margin: Mutex::new(paceline_client::DEFAULT_PACE_MARGIN),
+            deployment: Mutex::new(Deployment::default()),
         })
     }
 
@@ -447,6 +563,22 @@ impl Race {
 
     fn pace_margin(&self) -> paceline_core::Nanos {
         *self.margin.lock()
+    }
+
+    /// Sets the gateways each run goes through; refused when out of
+    /// bounds or while a run is under way.
+    pub fn set_deployment(&self, d: Deployment) -> Result<(), String> {
+        d.check()?;
+        if self.is_running() {
+            return Err("a race is running; wait for it to finish".into());
+        }
+        *self.deployment.lock() = d;
+        Ok(())
+    }
+
+    /// The gateways each run goes through.
+    pub fn deployment(&self) -> Deployment {
+        self.deployment.lock().clone()
     }
 
     /// Whether a run is under way.
@@ -526,6 +658,79 @@ pub struct RunReport {
     pub fleets: Vec<FleetReport>,
     /// What the cooperative fleet's pacing had to cover.
     pub pacing: Pacing,
+    /// Gateway instances the fleets went through (behind a round-robin
+    /// front when more than one).
+    pub instances: u32,
+    /// Where the instances counted.
+    pub store: Store,
+    /// Per fleet, what was admitted against what the published limit
+    /// allows over the same time.
+    pub admitted: Vec<Admitted>,
+}
+
+/// One fleet's admitted requests against the published limit.
+#[derive(Clone, Debug, Serialize)]
+pub struct Admitted {
+    /// The fleet.
+    pub name: String,
+    /// Requests the API served (admitted by the gateways).
+    pub admitted: u64,
+    /// The most one published limit admits from a full bucket over the
+    /// fleet's run (until it finished, or the race ended): the depth plus
+    /// the refill over that time.
+    pub one_limit_allows: f64,
+    /// `admitted / one_limit_allows`: about 1 when the instances count as
+    /// one, about the instance count when each counts alone.
+    pub times_the_limit: f64,
+}
+
+/// Each fleet's admitted requests against what one limit of `p` allows
+/// over its run (`ended_s` for a fleet that did not finish).
+pub fn admitted(p: &RaceParams, fleets: &[FleetReport], ended_s: f64) -> Vec<Admitted> {
+    fleets
+        .iter()
+        .map(|f| {
+            let t = f.finished_at_s.unwrap_or(ended_s);
+            let allows = p.quota as f64 + p.rate_per_s() * t;
+            let admitted = f.served.unwrap_or(0);
+            Admitted {
+                name: f.name.clone(),
+                admitted,
+                one_limit_allows: (allows * 10.0).round() / 10.0,
+                times_the_limit: (admitted as f64 / allows.max(1.0) * 100.0).round() / 100.0,
+            }
+        })
+        .collect()
+}
+
+/// The lines under the result table saying what the admitted numbers
+/// mean.
+pub fn admitted_lines(p: &RaceParams, r: &RunReport) -> String {
+    use std::fmt::Write;
+    let store = match r.store {
+        Store::Memory if r.instances > 1 => "each in its own memory, each counting alone",
+        Store::Memory => "in memory",
+        Store::Redis => "in one shared Redis, counting as one",
+    };
+    let mut out = format!(
+        "{} gateway instance{} ({store}); published limit per key: {} tokens, refilled {}/s\n",
+        r.instances,
+        if r.instances == 1 { "" } else { "s" },
+        p.quota,
+        p.rate_per_s(),
+    );
+    for a in &r.admitted {
+        let _ = writeln!(
+            out,
+            "  {:<12} admitted {:>4}; one limit allows {:>6.1} over its run: {:.2}x the limit",
+            a.name, a.admitted, a.one_limit_allows, a.times_the_limit
+        );
+    }
+    out.push_str(
+        "  (admitted: requests served; one limit allows: the depth plus the refill until the \
+         fleet finished; about 1x: the instances count as one, about Nx: each counts alone)\n",
+    );
+    out
 }
 
 /// What the cooperative fleet's pacing had to cover, measured in one run.
@@ -580,7 +785,8 @@ pub async fn run(race: Arc<Race>) -> anyhow::Result<RunReport> {
     }
     let _running = Running(&race.running);
     let params = race.params();
-    let stack = Arc::new(RaceStack::start(&params).await?);
+    let deployment = race.deployment();
+    let stack = Arc::new(RaceStack::start(&params, &deployment).await?);
     let run = Arc::new(Run::new(params.clone()));
     *race.run.lock() = Some(run.clone());
     race.runs.fetch_add(1, Ordering::Relaxed);
@@ -591,6 +797,8 @@ pub async fn run(race: Arc<Race>) -> anyhow::Result<RunReport> {
         "capacity_per_s": params.capacity,
         "jobs": params.jobs,
         "floor_s": params.floor_s(),
+        "instances": deployment.instances,
+        "store": deployment.store(),
     }));
     let sampler = tokio::spawn(sample(race.clone(), run.clone(), stack.clone()));
     let entry = stack.entry().to_string();
@@ -606,6 +814,7 @@ pub async fn run(race: Arc<Race>) -> anyhow::Result<RunReport> {
     push_tick(&race, &run, &stack);
     let fleets = run.reports();
     *run.results.lock() = Some(fleets.clone());
+    *run.admitted.lock() = Some(admitted(&params, &fleets, run.elapsed_s()));
     let (gateway_moved, client_moved) = (
         stack.clock_now().saturating_sub(gateway_t0).as_secs_f64(),
         client_t0.elapsed().as_secs_f64(),
@@ -620,6 +829,9 @@ pub async fn run(race: Arc<Race>) -> anyhow::Result<RunReport> {
             min_headroom_ms: min_headroom_ms(&arrivals, params.quota, params.window_s),
             clock_drift_ms: ((gateway_moved - client_moved) * 1e6).round() / 1e3,
         },
+        instances: deployment.instances,
+        store: deployment.store(),
+        admitted: run.admitted.lock().clone().unwrap_or_default(),
     };
     race.send(serde_json::json!({
         "type": "done",
@@ -684,13 +896,16 @@ impl reqwest_middleware::Middleware for Tap {
             503 => c.dropped.fetch_add(1, Ordering::Relaxed),
             _ => 0,
         };
+        let last = read_answer(self.run.elapsed_s(), resp);
+        if let Some(left) = last.remaining {
+            c.published_left.store(left + 1, Ordering::Relaxed);
+        }
         if self.fleet == 0 {
             let mut trips = self.run.round_trips_us.lock();
             if trips.len() < MAX_ROUND_TRIPS {
                 trips.push(sent.elapsed().as_micros() as u64);
             }
             drop(trips);
-            let last = read_answer(self.run.elapsed_s(), resp);
             *self.run.last_response.lock() = Some(last);
         }
         res
@@ -889,9 +1104,106 @@ mod tests {
     }
 
     #[test]
+    fn admitted_is_measured_against_one_limit_over_the_fleets_run() {
+        let p = RaceParams::default();
+        let mut fleets = Race::new(p.clone()).results();
+        // one bucket: 50 at the floor is the limit exactly
+        fleets[0].served = Some(50);
+        fleets[0].finished_at_s = Some(10.5);
+        // three alone: 50 by 2.17 s is three times what one allows
+        fleets[1].served = Some(50);
+        fleets[1].finished_at_s = Some(26.0 / 12.0);
+        let a = admitted(&p, &fleets, 20.0);
+        assert_eq!((a[0].one_limit_allows, a[0].times_the_limit), (50.0, 1.0));
+        assert_eq!((a[1].one_limit_allows, a[1].times_the_limit), (16.7, 3.0));
+        // a fleet that did not finish is measured to the race's end
+        fleets[1].finished_at_s = None;
+        fleets[1].served = Some(20);
+        let a = admitted(&p, &fleets, 3.0);
+        assert_eq!((a[1].one_limit_allows, a[1].times_the_limit), (20.0, 1.0));
+        let report = RunReport {
+            floor_s: p.floor_s(),
+            fleets,
+            pacing: Pacing {
+                margin_ms: 20.0,
+                round_trip_ms: None,
+                min_headroom_ms: None,
+                clock_drift_ms: 0.0,
+            },
+            instances: 3,
+            store: Store::Memory,
+            admitted: a,
+        };
+        let text = admitted_lines(&p, &report);
+        assert!(text.starts_with("3 gateway instances (each in its own memory, each counting alone); published limit per key: 8 tokens, refilled 4/s"), "{text}");
+        assert!(
+            text.contains(
+                "naive        admitted   20; one limit allows   20.0 over its run: 1.00x the limit"
+            ),
+            "{text}"
+        );
+        let v = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            (v["instances"].as_u64(), v["store"].as_str()),
+            (Some(3), Some("memory"))
+        );
+    }
+
+    #[test]
+    fn deployments_are_bounded() {
+        let d = |instances| Deployment {
+            instances,
+            redis_url: None,
+        };
+        assert_eq!(Deployment::default(), d(1));
+        assert!(d(1).check().is_ok() && d(MAX_INSTANCES).check().is_ok());
+        assert!(d(0).check().unwrap_err().contains("instances = 0"));
+        assert!(d(17).check().unwrap_err().contains("1..=16"));
+        let race = Race::new(RaceParams::default());
+        assert!(race.set_deployment(d(0)).is_err());
+        assert_eq!(race.deployment(), d(1));
+        let redis = Deployment {
+            instances: 3,
+            redis_url: Some("redis://127.0.0.1:6379".into()),
+        };
+        race.set_deployment(redis.clone()).unwrap();
+        assert_eq!((race.deployment(), redis.store()), (redis, Store::Redis));
+    }
+
+    #[test]
+    fn the_redis_race_configuration_names_the_store_and_a_patient_deadline() {
+        let p = RaceParams::default();
+        let text = gateway_toml(
+            &p,
+            "127.0.0.1:9".parse().unwrap(),
+            Some("redis://127.0.0.1:6390"),
+        );
+        assert!(
+            text.contains("[gateway]\nlisten = \"127.0.0.1:0\""),
+            "{text}"
+        );
+        assert!(text.contains("store = \"redis\"\n"), "{text}");
+        assert!(
+            text.contains("[gateway.redis]\nurl = \"redis://127.0.0.1:6390\"\ndeadline_ms = 250\n"),
+            "{text}"
+        );
+        // without the redis feature the gateway refuses it by name; with
+        // it, the run's secret makes it valid
+        let secret = run_secret();
+        assert_eq!(secret.len(), 64);
+        assert_ne!(secret, run_secret(), "one secret per run");
+        let env = |v: &str| (v == paceline_gateway::KEY_HASH_SECRET_ENV).then(|| secret.clone());
+        match GatewayConfig::parse_with_env(&text, "race.toml", None, &env) {
+            Ok(cfg) => assert_eq!(cfg.settings.store, paceline_gateway::StoreKind::Redis),
+            Err(e) => assert!(e.to_string().contains("redis"), "{e}"),
+        }
+        assert!(!gateway_toml(&p, "127.0.0.1:9".parse().unwrap(), None).contains("redis"));
+    }
+
+    #[test]
     fn the_race_configuration_is_a_valid_gateway_file() {
         let p = RaceParams::default();
-        let text = gateway_toml(&p, "127.0.0.1:9".parse().unwrap());
+        let text = gateway_toml(&p, "127.0.0.1:9".parse().unwrap(), None);
         let cfg = GatewayConfig::parse(&text, "race.toml", None).unwrap();
         assert_eq!(cfg.settings.shedding.max_rps, 40);
         for (_, key) in FLEETS {

@@ -84,6 +84,7 @@ function onMessage(m) {
   switch (m.type) {
     case "hello":
       S.jobs = m.jobs; S.capacity = m.capacity_per_s; S.runs = m.runs; S.running = m.running;
+      S.instances = m.instances || 1; S.store = m.store || "memory";
       $("capacity").textContent = m.capacity_per_s;
       $("naive-retry").textContent = m.naive_retry_ms;
       setControls(m.controls);
@@ -91,11 +92,13 @@ function onMessage(m) {
         S.run = m.run.controls; S.floor = m.run.floor_s;
         S.ticks = m.run.ticks || []; S.last = m.run.last_response;
         S.fleets = m.run.fleets; $("table").textContent = m.run.table || "";
+        S.admitted = m.run.admitted;
       }
       break;
     case "start":
       S.run = m.controls; S.floor = m.floor_s; S.jobs = m.jobs; S.runs = m.run;
-      S.ticks = []; S.last = null; S.fleets = null; S.running = true;
+      S.ticks = []; S.last = null; S.fleets = null; S.running = true; S.admitted = null;
+      S.instances = m.instances || 1; S.store = m.store || "memory";
       $("table").textContent = "";
       setControls(m.controls);
       break;
@@ -104,7 +107,7 @@ function onMessage(m) {
       if (m.last_response) S.last = m.last_response;
       break;
     case "done":
-      S.fleets = m.report.fleets; S.running = false;
+      S.fleets = m.report.fleets; S.running = false; S.admitted = m.report.admitted;
       $("table").textContent = m.table;
       break;
   }
@@ -142,6 +145,7 @@ function render() {
   if (!S.running && finish > xmax * 0.95) xmax = finish * 1.1;
   S.xmax = Math.ceil(xmax);
   status(t, done, last);
+  deployment();
   tokens(c);
   perSecond(0); perSecond(1);
   counters(c, last);
@@ -155,6 +159,20 @@ function status(t, done, last) {
   }
   const word = S.running ? "running" : done ? "finished" : "stopped";
   $("status").textContent = `elapsed ${t.toFixed(1)} s · ${word} · gateway capacity ${S.capacity} req/s · floor ${S.floor.toFixed(1)} s`;
+}
+
+// How many gateways the fleets go through, and where they count.
+function deployment() {
+  const n = S.instances || 1;
+  const where = S.store === "redis"
+    ? "all counting in one shared Redis, so together they hold each key to the one published limit"
+    : n > 1 ? "each counting alone in its own memory, so a key gets the published limit once per gateway"
+    : "which counts in its own memory";
+  const front = n > 1 ? `${n} gateways behind a round-robin front, ` : "one gateway, ";
+  const each = n > 1 ? ` Each gateway passes ${S.capacity} requests a second, and the bucket chart shows gateway 1's buckets.` : "";
+  $("deployment").textContent = `The fleets send to ${front}${where}.${each} Look at "admitted vs one limit" once the race ends.`;
+  document.body.dataset.instances = n;
+  document.body.dataset.store = S.store || "memory";
 }
 
 function markers() {
@@ -220,6 +238,8 @@ function counters(c, last) {
     cell("tokens", i, `${tok.toFixed(1)}/${c.depth}`);
     const fin = final ? final.finished_at_s : t ? t.finished_at_s : null;
     cell("finished", i, fin == null ? "—" : `${fin.toFixed(2)} s`);
+    const a = S.admitted && !S.running ? S.admitted[i] : null;
+    cell("admitted", i, a ? `${a.admitted} of ${a.one_limit_allows.toFixed(1)} (${a.times_the_limit.toFixed(2)}×)` : "—");
   }
 }
 

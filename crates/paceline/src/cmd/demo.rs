@@ -6,6 +6,9 @@
 //! an edge capacity) with the real SDK, prints the result
 //! table and keeps serving (the dashboard can run the race again) until
 //! interrupted. `--json` prints the race's result as JSON and exits.
+//! `--instances N` races through N gateway instances behind a round-robin
+//! front, each counting alone (`--store memory`) or all in one Redis
+//! (`--store redis`, at `--redis-url` or a `redis-server` the demo starts).
 //! With `--no-race` it only serves: the gateway's URL and the demo keys go
 //! to stdout, and it keeps serving until interrupted. With
 //! `--upstream-only` it serves the demo API alone, without the gateway
@@ -53,6 +56,29 @@ pub(crate) struct Args {
     /// Exit after the race instead of serving on.
     #[arg(long, conflicts_with_all = ["no_race", "upstream_only"])]
     exit: bool,
+    /// Race through this many gateway instances (1 to 16) behind a
+    /// round-robin front.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(race::MAX_INSTANCES)),
+          conflicts_with = "upstream_only")]
+    instances: u32,
+    /// Where the race's gateways count: each in its own memory, or in one
+    /// shared Redis.
+    #[arg(long, value_enum, default_value_t = StoreArg::Memory, conflicts_with = "upstream_only")]
+    store: StoreArg,
+    /// With --store redis: the Redis to count in (without it, the demo
+    /// starts a redis-server of its own on a free loopback port).
+    #[arg(long, value_name = "URL", conflicts_with = "upstream_only")]
+    redis_url: Option<String>,
+}
+
+/// `--store`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum StoreArg {
+    /// Each instance counts alone, in its own memory.
+    Memory,
+    /// Every instance counts in one Redis.
+    Redis,
 }
 
 /// Runs `paceline demo`.
@@ -66,25 +92,63 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
         if args.upstream_only {
             return upstream_only(args, interrupted).await;
         }
+        // a redis-server of our own lives as long as the demo
+        let (deployment, own_redis) = deployment(&args)?;
         // a busy default port should not stop the demo: fall back to any
-        let stack = match DemoStack::start(args.listen).await {
+        let stack = match DemoStack::start_in(args.listen, &deployment).await {
             Ok(stack) => stack,
             Err(e) if args.listen.port() != 0 && !args.no_race => {
                 eprintln!("paceline demo: {e:#}; using a free port instead");
-                DemoStack::start(SocketAddr::new(args.listen.ip(), 0)).await?
+                DemoStack::start_in(SocketAddr::new(args.listen.ip(), 0), &deployment).await?
             }
             Err(e) => return Err(e),
         };
         if args.no_race {
-            print_banner(&stack);
+            print_banner(&stack, &deployment);
             interrupted.await;
             stack.stop().await?;
+            drop(own_redis);
             return Ok(0);
         }
-        let code = race_demo(&args, &stack, interrupted).await?;
+        let code = race_demo(&args, &stack, deployment.clone(), interrupted).await?;
         stack.stop().await?;
+        drop(own_redis);
         Ok(code)
     })
+}
+
+/// The gateways `args` ask for, and the `redis-server` started for them
+/// (kept until the demo ends), if one was.
+fn deployment(
+    args: &Args,
+) -> anyhow::Result<(
+    race::Deployment,
+    Option<paceline_demo::local_redis::LocalRedis>,
+)> {
+    anyhow::ensure!(
+        args.redis_url.is_none() || args.store == StoreArg::Redis,
+        "--redis-url is read only with --store redis"
+    );
+    let mut own_redis = None;
+    let redis_url = match (args.store, &args.redis_url) {
+        (StoreArg::Memory, _) => None,
+        (StoreArg::Redis, Some(url)) => {
+            paceline_demo::local_redis::reachable(url)?;
+            Some(url.clone())
+        }
+        (StoreArg::Redis, None) => {
+            let r = paceline_demo::local_redis::LocalRedis::start()?;
+            let url = r.url();
+            own_redis = Some(r);
+            Some(url)
+        }
+    };
+    let d = race::Deployment {
+        instances: args.instances,
+        redis_url,
+    };
+    d.check().map_err(anyhow::Error::msg)?;
+    Ok((d, own_redis))
 }
 
 /// Runs the race through the real gateway (its own instance, with the
@@ -93,12 +157,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
 async fn race_demo(
     args: &Args,
     stack: &DemoStack,
+    deployment: race::Deployment,
     interrupted: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<i32> {
     let params = RaceParams::default();
     let floor_s = params.floor_s();
     let (workers, jobs) = (params.workers, params.jobs);
-    let race = race::Race::new(params);
+    let race = race::Race::new(params.clone());
+    race.set_deployment(deployment.clone())
+        .map_err(anyhow::Error::msg)?;
     if let Some(ms) = args.pace_margin_ms {
         race.set_pace_margin(paceline_core::Nanos::from_millis(ms));
     }
@@ -108,8 +175,19 @@ async fn race_demo(
     };
     tokio::spawn(race::serve(listener, race.clone()));
     if !args.json {
-        print_banner(stack);
+        print_banner(stack, &deployment);
         println!("paceline demo: race dashboard on {url}/");
+        let d = &deployment;
+        if d.instances > 1 || d.redis_url.is_some() {
+            println!(
+                "paceline demo: the race goes through {} gateway instance(s), {}",
+                d.instances,
+                match &d.redis_url {
+                    Some(url) => format!("counting in one Redis ({url})"),
+                    None => "each counting alone in its own memory".to_string(),
+                }
+            );
+        }
         println!(
             "paceline demo: racing two fleets of {workers} workers, {jobs} jobs each (floor {floor_s:.1} s)…"
         );
@@ -122,6 +200,7 @@ async fn race_demo(
     println!();
     print!("{}", scenario::table(&report.fleets));
     println!("floor for the jobs: {floor_s:.1} s");
+    print!("{}", race::admitted_lines(&params, &report));
     if args.exit {
         return Ok(0);
     }
@@ -146,9 +225,19 @@ async fn upstream_only(
     Ok(0)
 }
 
-fn print_banner(stack: &DemoStack) {
+fn print_banner(stack: &DemoStack, d: &race::Deployment) {
     let url = format!("http://{}", stack.gateway());
     println!("paceline demo: gateway on {url}");
+    if d.instances > 1 {
+        let how = match d.store() {
+            race::Store::Redis => "counting as one in Redis",
+            race::Store::Memory => "each counting alone",
+        };
+        println!(
+            "paceline demo: (a round-robin front over {} gateway instances, {how})",
+            d.instances
+        );
+    }
     println!("paceline demo: keys (Free plan: burst 20 per 2 s, 10,000 per UTC day):");
     for k in DEMO_KEYS {
         println!("  {k}");
