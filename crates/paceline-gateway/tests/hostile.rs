@@ -302,7 +302,8 @@ async fn an_upload_aborted_half_way_leaves_no_upstream_connection_half_used() {
         let mut s = TcpStream::connect(rig.addr).await.unwrap();
         let head = "POST /upload HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_big_91c2\r\ncontent-length: 100000\r\n\r\n";
         s.write_all(head.as_bytes()).await.unwrap();
-        s.write_all(&[b'x'; 3000]).await.unwrap();
+        // past the intake's first 16 KiB, so the request goes upstream
+        s.write_all(&[b'x'; 20_000]).await.unwrap();
         // the head reached the upstream, its body is under way: abort
         let started = Instant::now();
         while !rig.seen().iter().any(|x| x.path == "/upload") {
