@@ -194,12 +194,17 @@ impl Ws {
 
     /// Evaluates `expr` in the page (promises awaited) and returns its value.
     fn eval(&mut self, expr: &str) -> Value {
-        let r = self.call(
-            "Runtime.evaluate",
-            json!({"expression": expr, "awaitPromise": true, "returnByValue": true}),
-        );
+        let r = self.evaluate(expr);
         assert!(r["exceptionDetails"].is_null(), "{expr}: {r}");
         r["result"]["value"].clone()
+    }
+
+    /// The page's whole answer to `expr`, an exception included.
+    fn evaluate(&mut self, expr: &str) -> Value {
+        self.call(
+            "Runtime.evaluate",
+            json!({"expression": expr, "awaitPromise": true, "returnByValue": true}),
+        )
     }
 
     /// Evaluates `expr` until it is true, or fails after `secs`. While the
@@ -208,10 +213,7 @@ impl Ws {
     fn until(&mut self, expr: &str, secs: u64) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < deadline {
-            let r = self.call(
-                "Runtime.evaluate",
-                json!({"expression": expr, "awaitPromise": true, "returnByValue": true}),
-            );
+            let r = self.evaluate(expr);
             if r["exceptionDetails"].is_null() && r["result"]["value"] == json!(true) {
                 return;
             }
