@@ -40,6 +40,11 @@ echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test"
 cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.txt
+# The noisy-neighbour bound is about what users run, a release build (in
+# the debug run above it is ignored, so it counts once as skipped there and
+# once here). It runs alone, after the rest, since it measures latency.
+echo "== noisy neighbour (release)"
+cargo test --release -p paceline-gateway --test noisy -- --ignored --nocapture 2>&1 | tee -a target/test-output.txt
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
 
