@@ -6,6 +6,7 @@
 #   DURATION=5s ROUNDS=1 scripts/bench-gateway.sh
 #   RUNS="429 0" scripts/bench-gateway.sh   # only the 429 path and +0 ms
 #   RUNS=shipped scripts/bench-gateway.sh   # examples/shiplane.toml as shipped
+#   RUNS=redis scripts/bench-gateway.sh     # the 429 paths on the memory store and on Redis
 #
 # Every round measures every server once, in turn; the summary at the end
 # gives each one's median over the rounds (runs on a shared machine move by
@@ -24,6 +25,12 @@
 #                  shedding and escalation on), one Free key sending as
 #                  fast as it can; the peers keyed by the same header with
 #                  the same 10 r/s, burst 20.
+#   redis:         the 429 path and the shipped 429 path of the gateway
+#                  alone, once on the memory store and once on a local
+#                  redis-server (pinned to the servers' core, started here
+#                  on REDIS_PORT): the hot key's 429s are answered from the
+#                  store's local cache of denials, so the two should be
+#                  within a few percent.
 # The limit is per client IP for all three in the first two (HAProxy's is a
 # request rate over the burst window, the closest it has to a token
 # bucket); there the gateway's escalation is off, as the peers have none.
@@ -41,6 +48,7 @@ UP_PORT=${UP_PORT:-18181}
 GW_PORT=${GW_PORT:-18182}
 NGX_PORT=${NGX_PORT:-18183}
 HAP_PORT=${HAP_PORT:-18184}
+REDIS_PORT=${REDIS_PORT:-18185}
 PATH_Q=/v1/rates
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,8 +63,10 @@ need() {
   }
 }
 need wrk wrk
-need nginx nginx
-need haproxy haproxy
+case " $RUNS " in *" 429 "* | *" shipped "* | *" 0 "* | *" 2 "*)
+  need nginx nginx
+  need haproxy haproxy ;;
+esac
 need taskset util-linux
 if [ ! -x "$bin" ]; then
   (cd "$root" && cargo build --release -p paceline)
@@ -240,6 +250,44 @@ run_shipped() {
   stop_all
 }
 
+to_redis() { # to_redis FILE: the gateway's file, with store = "redis" on REDIS_PORT
+  local secret
+  secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  printf '%s' "$secret" >"$work/key-hash-secret"
+  awk -v port="$REDIS_PORT" -v secret="$work/key-hash-secret" '
+    /^store = / { next }
+    /^\[gateway\]$/ { print; print "store = \"redis\""; print "key_hash_secret_file = \"" secret "\""; next }
+    { print }
+    END { print ""; print "[gateway.redis]"; print "url = \"redis://127.0.0.1:" port "\"" }' "$1" >"$1.redis"
+  mv "$1.redis" "$1"
+}
+
+start_redis() {
+  need redis-server redis-server
+  mkdir -p "$work/redis"
+  start redis "$REDIS_PORT" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 \
+    --save '' --appendonly no --dir "$work/redis" --loglevel warning
+}
+
+run_redis() {
+  for store in memory redis; do
+    start_upstream 0
+    [ "$store" = redis ] && start_redis
+    gateway_conf 10 20
+    [ "$store" = redis ] && to_redis "$work/gateway.toml"
+    start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
+    measure "429 path (10 r/s, burst 20)" "paceline $store" "$GW_PORT"
+    stop_all
+    start_upstream 0
+    [ "$store" = redis ] && start_redis
+    shipped_gateway_config "$GW_PORT" "$UP_PORT" >"$work/gateway.toml"
+    [ "$store" = redis ] && to_redis "$work/gateway.toml"
+    start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
+    measure "shipped 429 (Free key)" "paceline $store" "$GW_PORT" "Authorization: Bearer sk_demo_alice"
+    stop_all
+  done
+}
+
 run_admitted() { # run_admitted DELAY_MS
   local name="admitted, upstream +$1 ms"
   start_upstream "$1"
@@ -268,6 +316,7 @@ for round in $(seq 1 "$ROUNDS"); do
     case $r in
       429) run_429 ;;
       shipped) run_shipped ;;
+      redis) run_redis ;;
       *) run_admitted "$r" ;;
     esac
   done

@@ -40,7 +40,8 @@ pub struct RedisStats {
     pub sent: u64,
     /// Calls that failed.
     pub errors: u64,
-    /// Denials answered by the local cache, with no round trip.
+    /// Denials (and reads of a key's recent standing) answered by the
+    /// local cache, with no round trip.
     pub cache_hits: u64,
     /// Decisions made by the degraded local limiter.
     pub degraded: u64,
@@ -255,6 +256,14 @@ impl RedisStore {
             metrics::counter!("paceline_redis_deny_cache_hits_total").increment(1);
             return Ok(d);
         }
+        let read = cost.requests == 0 && cost.bytes == 0;
+        if read {
+            if let Some(d) = i.cache.standing(plan, hash, now) {
+                i.cache_hits.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("paceline_redis_standing_cache_hits_total").increment(1);
+                return Ok(d);
+            }
+        }
         let op = Op::Check {
             requests: cost.requests,
             bytes: cost.bytes,
@@ -264,6 +273,7 @@ impl RedisStore {
                 self.recovered();
                 let d = script::parse_decision(&line, plan, cost.requests, cost.bytes)?;
                 i.cache.put(plan, hash, cost.requests, cost.bytes, now, &d);
+                i.cache.told(plan, hash, read, now, &d);
                 Ok(d)
             }
             Err(e @ StoreError::Unavailable(_)) => match self.degraded(plan, key, cost, now) {
@@ -374,6 +384,7 @@ impl Store for RedisStore {
         now: Nanos,
     ) -> Result<(), StoreError> {
         let hash = self.inner.namer.hash(key);
+        self.inner.cache.forget(plan, hash);
         let r = self.submit(plan, hash, Op::Release { amount }, now).await;
         if let Some(dg) = &self.inner.degraded {
             // a lease the degraded limiter took goes back there (a release
@@ -399,6 +410,8 @@ impl Store for RedisStore {
         now: Nanos,
     ) -> Result<(), StoreError> {
         let hash = self.inner.namer.hash(key);
+        // a read after the refund must see it
+        self.inner.cache.forget(plan, hash);
         let op = Op::Refund {
             requests: cost.requests,
             bytes: cost.bytes,
