@@ -117,6 +117,24 @@ pub trait Store: Send + Sync + 'static {
     fn memory(&self) -> Option<&MemoryStore> {
         None
     }
+
+    /// The decision [`check_cost`](Store::check_cost) would give, if the
+    /// store can give it at once from what this process holds (no I/O, no
+    /// waiting): the memory store always can; a remote store can for a
+    /// key its local cache answers (one over its limit until its retry
+    /// time). `None` means: ask `check_cost`. Whatever it answers counts
+    /// as that call (a charge made here is made).
+    ///
+    /// The default answers through [`memory`](Store::memory).
+    fn check_local(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) -> Option<Result<Decision, StoreError>> {
+        self.memory().map(|m| m.check_sync(plan, key, cost, now))
+    }
 }
 
 /// Settings of a [`MemoryStore`].

@@ -2,7 +2,8 @@
 //! (with the `redis` feature) a Redis store every instance shares. One
 //! enum, dispatched statically; the memory arm is handed out through
 //! [`Store::memory`], so the limiter decides on it synchronously exactly as
-//! before.
+//! before, and so does [`Store::check_local`] for a denial the Redis
+//! store's local cache answers.
 
 use std::future::Future;
 
@@ -25,6 +26,20 @@ impl Store for GatewayStore {
             GatewayStore::Memory(m) => Some(m),
             #[cfg(feature = "redis")]
             GatewayStore::Redis(_) => None,
+        }
+    }
+
+    fn check_local(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) -> Option<Result<Decision, StoreError>> {
+        match self {
+            GatewayStore::Memory(m) => Some(m.check_sync(plan, key, cost, now)),
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(r) => r.check_local(plan, key, cost, now),
         }
     }
 

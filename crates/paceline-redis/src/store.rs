@@ -241,6 +241,26 @@ impl RedisStore {
         }
     }
 
+    /// The answer the local cache holds for this decision: a denial that
+    /// stands until its retry time, or (for a read) a recent standing.
+    /// Only a plan Redis answered for can be there.
+    fn cached(&self, plan: &Plan, hash: u128, cost: Cost, now: Nanos) -> Option<Decision> {
+        let i = &self.inner;
+        if let Some(d) = i.cache.get(plan, hash, cost.requests, cost.bytes, now) {
+            i.cache_hits.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("paceline_redis_deny_cache_hits_total").increment(1);
+            return Some(d);
+        }
+        if cost.requests == 0 && cost.bytes == 0 {
+            if let Some(d) = i.cache.standing(plan, hash, now) {
+                i.cache_hits.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("paceline_redis_standing_cache_hits_total").increment(1);
+                return Some(d);
+            }
+        }
+        None
+    }
+
     async fn decide(
         &self,
         plan: &Plan,
@@ -248,22 +268,13 @@ impl RedisStore {
         cost: Cost,
         now: Nanos,
     ) -> Result<Decision, StoreError> {
-        supports(plan).map_err(StoreError::Protocol)?;
         let i = &self.inner;
         let hash = i.namer.hash(key);
-        if let Some(d) = i.cache.get(plan, hash, cost.requests, cost.bytes, now) {
-            i.cache_hits.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("paceline_redis_deny_cache_hits_total").increment(1);
+        if let Some(d) = self.cached(plan, hash, cost, now) {
             return Ok(d);
         }
+        supports(plan).map_err(StoreError::Protocol)?;
         let read = cost.requests == 0 && cost.bytes == 0;
-        if read {
-            if let Some(d) = i.cache.standing(plan, hash, now) {
-                i.cache_hits.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("paceline_redis_standing_cache_hits_total").increment(1);
-                return Ok(d);
-            }
-        }
         let op = Op::Check {
             requests: cost.requests,
             bytes: cost.bytes,
@@ -356,6 +367,18 @@ fn scale(plan: &Plan, share: f64) -> Option<Plan> {
 }
 
 impl Store for RedisStore {
+    /// A denial (or a read) the local cache answers, with no round trip.
+    fn check_local(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) -> Option<Result<Decision, StoreError>> {
+        let hash = self.inner.namer.hash(key);
+        self.cached(plan, hash, cost, now).map(Ok)
+    }
+
     fn check(
         &self,
         plan: &Plan,

@@ -158,6 +158,10 @@ enum Stage {
 }
 
 /// What to ask the store, and what to remember meanwhile.
+/// A decision that must wait for the store (see
+/// [`RateLimiter::decide_now`]).
+pub(crate) struct Later(Ask);
+
 struct Ask {
     plan: usize,
     cost: Cost,
@@ -430,36 +434,37 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         }
     }
 
-    /// Decides at once when the store is in this process (no I/O, so no
-    /// future and no allocation for it); `None` for a remote store.
-    pub(crate) fn decide_now(&self, p: &Prepared) -> Option<Verdict> {
-        let mem = self.shared.store.memory()?;
+    /// Decides at once when the store can answer without waiting (the
+    /// memory store always; a remote one from its local cache, as for a
+    /// key over its limit): no future and no allocation for it. Otherwise
+    /// the question for [`decide_later`](Self::decide_later).
+    pub(crate) fn decide_now(&self, p: &Prepared) -> Result<Verdict, Later> {
         let span = self.span(p);
         let _entered = span.enter();
-        Some(match self.stage(p) {
-            Stage::Done(v) => v,
+        match self.stage(p) {
+            Stage::Done(v) => Ok(v),
             Stage::Ask(ask) => {
-                let r = mem.check_sync(ask.plan(p), ask.key(p), ask.cost, ask.now);
-                self.conclude(p, ask, r)
-            }
-        })
-    }
-
-    /// Decides from the head alone, with any store.
-    pub(crate) async fn decide(&self, p: &Prepared) -> Verdict {
-        let span = self.span(p);
-        match span.in_scope(|| self.stage(p)) {
-            Stage::Done(v) => v,
-            Stage::Ask(ask) => {
-                let r = self
-                    .shared
-                    .store
-                    .check_cost(ask.plan(p), ask.key(p), ask.cost, ask.now)
-                    .instrument(span.clone())
-                    .await;
-                span.in_scope(|| self.conclude(p, ask, r))
+                let store = &self.shared.store;
+                match store.check_local(ask.plan(p), ask.key(p), ask.cost, ask.now) {
+                    Some(r) => Ok(self.conclude(p, ask, r)),
+                    None => Err(Later(ask)),
+                }
             }
         }
+    }
+
+    /// Decides what [`decide_now`](Self::decide_now) could not, asking the
+    /// store.
+    pub(crate) async fn decide_later(&self, p: &Prepared, later: Later) -> Verdict {
+        let span = self.span(p);
+        let Later(ask) = later;
+        let r = self
+            .shared
+            .store
+            .check_cost(ask.plan(p), ask.key(p), ask.cost, ask.now)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| self.conclude(p, ask, r))
     }
 
     /// Everything before the store: who, escalation holds, the cost.
@@ -962,7 +967,7 @@ mod tests {
             .unwrap();
         for _ in 0..3 {
             let p = limiter.prepare(&req, None, None);
-            assert!(limiter.decide_now(&p).is_some());
+            assert!(limiter.decide_now(&p).is_ok());
         }
         assert_eq!(left(&limiter), (5, Nanos::from_millis(750)));
         assert!(limiter.peek_key("sk_unknown").is_none());

@@ -141,3 +141,90 @@ async fn an_unreachable_store_fails_open_or_closed_per_policy() {
     let p: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert!(p["type"].as_str().unwrap().ends_with("overloaded"));
 }
+
+/// A remote store with a local cache of denials: it answers a key over
+/// its limit at once (`check_local`), everything else only later.
+#[derive(Clone, Default)]
+struct Cached {
+    inner: Later,
+    asked: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Store for Cached {
+    fn check(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: u64,
+        now: Nanos,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.check(plan, key, cost, now)
+    }
+    fn release(
+        &self,
+        plan: &Plan,
+        key: &str,
+        amount: u64,
+        now: Nanos,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.release(plan, key, amount, now)
+    }
+    fn check_local(
+        &self,
+        plan: &Plan,
+        key: &str,
+        cost: paceline_core::Cost,
+        now: Nanos,
+    ) -> Option<Result<Decision, StoreError>> {
+        // a peek: a denial is answered here, anything else is asked for
+        let d = self
+            .inner
+            .0
+            .check_sync(plan, key, paceline_core::Cost::requests(0), now);
+        match d {
+            Ok(d) if d.statuses.iter().any(|s| s.remaining < cost.requests) => {
+                Some(self.inner.0.check_sync(plan, key, cost, now))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_denial_the_store_answers_locally_never_waits_for_it() {
+    let clock = ManualClock::at_unix_secs(1_790_769_600);
+    let store = Cached::default();
+    let limiter = RateLimiter::new(limits(FailMode::Open), store.clone(), clock.clone());
+    let svc = limiter.layer().layer(ok());
+    for _ in 0..20 {
+        let res = svc.clone().oneshot(req("/v1/rates")).await.unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    let asked = store.asked.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(asked, 20);
+    // over the limit: answered by the local cache, as a ready future
+    for _ in 0..5 {
+        let fut = svc.clone().oneshot(req("/v1/rates"));
+        let res = ready_now(fut)
+            .expect("a local denial is answered at once")
+            .unwrap();
+        assert_eq!(res.status(), 429);
+        assert_eq!(res.headers()["retry-after"], "1");
+    }
+    assert_eq!(
+        store.asked.load(std::sync::atomic::Ordering::Relaxed),
+        asked
+    );
+}
+
+/// Polls a future once: its output if it was ready.
+fn ready_now<F: Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let waker = std::task::Waker::noop();
+    match f.as_mut().poll(&mut std::task::Context::from_waker(waker)) {
+        std::task::Poll::Ready(r) => Some(r),
+        std::task::Poll::Pending => None,
+    }
+}

@@ -204,8 +204,8 @@ impl<I, S, C> RateLimit<I, S, C> {
         match now {
             // answered without the inner service; the request and its
             // unread body are dropped here, the inner readiness is kept
-            Some(Verdict::Respond(r)) => return ResponseFuture::ready(r.map(RateLimitBody::full)),
-            Some(Verdict::Reject(mut r)) => {
+            Ok(Verdict::Respond(r)) => return ResponseFuture::ready(r.map(RateLimitBody::full)),
+            Ok(Verdict::Reject(mut r)) => {
                 if prepared.close {
                     close_connection(&mut r);
                 }
@@ -219,8 +219,8 @@ impl<I, S, C> RateLimit<I, S, C> {
         let limiter = self.limiter.clone();
         let fut = async move {
             let verdict = match now {
-                Some(v) => v,
-                None => limiter.decide(&prepared).await,
+                Ok(v) => v,
+                Err(later) => limiter.decide_later(&prepared, later).await,
             };
             match verdict {
                 Verdict::Pass => {
