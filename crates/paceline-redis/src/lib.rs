@@ -38,7 +38,9 @@
 //! ```text
 //!  Store::check (store.rs: RedisStore)
 //!     │ 1. deny cache (cache.rs): a key already over its limit, until its
-//!     │    retry time → the cached denial, no round trip
+//!     │    retry time → the cached denial, no round trip (and for a read,
+//!     │    cost 0, the key's standing Redis gave in the last 100 ms); the
+//!     │    layer asks this part first, synchronously (Store::check_local)
 //!     │ 2. row name (keys.rs): pl:{keyed hash of the key}:plan — one
 //!     │    hash tag per client key, so one cluster slot
 //!     ▼
@@ -71,7 +73,8 @@
 //! `script.rs` turns the line into a [`Decision`](paceline_core::Decision)
 //! whose denial names the policy, and `store.rs` keeps it in the deny
 //! cache until the wait is over, so the client's next tries are answered
-//! without Redis.
+//! without Redis, and without a future: the layer's `check_local` finds
+//! them there before it would wait on the store.
 //!
 //! ```no_run
 //! use paceline_core::{Nanos, Plan, Policy, Store};
