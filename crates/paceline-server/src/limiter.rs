@@ -160,7 +160,7 @@ enum Stage {
 /// What to ask the store, and what to remember meanwhile.
 /// A decision that must wait for the store (see
 /// [`RateLimiter::decide_now`]).
-pub(crate) struct Later(Ask);
+pub(crate) struct Later(Ask, tracing::Span);
 
 struct Ask {
     plan: usize,
@@ -447,7 +447,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 let store = &self.shared.store;
                 match store.check_local(ask.plan(p), ask.key(p), ask.cost, ask.now) {
                     Some(r) => Ok(self.conclude(p, ask, r)),
-                    None => Err(Later(ask)),
+                    None => Err(Later(ask, span.clone())),
                 }
             }
         }
@@ -456,8 +456,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// Decides what [`decide_now`](Self::decide_now) could not, asking the
     /// store.
     pub(crate) async fn decide_later(&self, p: &Prepared, later: Later) -> Verdict {
-        let span = self.span(p);
-        let Later(ask) = later;
+        let Later(ask, span) = later;
         let r = self
             .shared
             .store
