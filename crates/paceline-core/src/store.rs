@@ -135,6 +135,21 @@ pub trait Store: Send + Sync + 'static {
     ) -> Option<Result<Decision, StoreError>> {
         self.memory().map(|m| m.check_sync(plan, key, cost, now))
     }
+
+    /// A key's standing as this store can tell it at once — no I/O, no
+    /// charge — for the fields of an answer that does not ask the store
+    /// (a shed `503`, a dashboard): what a cost-0 [`Store::check`] would
+    /// answer, or `None` when the store cannot say without asking.
+    ///
+    /// The default reads the [`Store::memory`] arm, if any. A remote store
+    /// may answer what it last heard for the key (its reset times aged to
+    /// `now`), and `None` for a key it has not heard of: never an invented
+    /// count.
+    fn peek_local(&self, plan: &Plan, key: &str, now: Nanos) -> Option<Decision> {
+        self.memory()?
+            .check_sync(plan, key, Cost::requests(0), now)
+            .ok()
+    }
 }
 
 /// Settings of a [`MemoryStore`].

@@ -157,6 +157,17 @@ pub struct RedisSettings {
     pub prefix: String,
     /// The degraded limiter's share of each quota, if wanted.
     pub degraded_share: Option<f64>,
+    /// The most keys whose last answer is kept for a shed answer's fields
+    /// (`standing_keys`; 0: none).
+    pub standing_keys: usize,
+    /// The deadline of one idempotency step in Redis
+    /// (`idempotency_deadline_ms`): past it a keyed write is answered
+    /// `503`.
+    pub idempotency_deadline: Duration,
+    /// The CA certificates (PEM) a `rediss://` server's certificate must
+    /// chain to, read from `tls_ca_file` (relative to the config's
+    /// directory); `None`: the built-in web roots.
+    pub tls_ca: Option<Vec<u8>>,
     /// The secret of the keyed hash naming rows (set by the deployment,
     /// not read from the file).
     pub key_secret: Vec<u8>,
@@ -172,6 +183,7 @@ impl fmt::Debug for RedisSettings {
             .field("servers", &self.urls.len())
             .field("cluster", &self.cluster)
             .field("deadline", &self.deadline)
+            .field("tls_ca", &self.tls_ca.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -196,6 +208,9 @@ impl RedisSettings {
             degraded: self
                 .degraded_share
                 .map(|share| paceline_redis::Degraded { share }),
+            standing_keys: self.standing_keys,
+            idempotency_deadline: self.idempotency_deadline,
+            tls_ca: self.tls_ca.clone(),
             clock: match self.caller_clock {
                 true => paceline_redis::ClockSource::Caller,
                 false => paceline_redis::ClockSource::Server,
@@ -480,6 +495,9 @@ struct RedisModel {
     deny_cache: Option<u64>,
     prefix: Option<String>,
     degraded_share: Option<f64>,
+    standing_keys: Option<u64>,
+    idempotency_deadline_ms: Option<u64>,
+    tls_ca_file: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -644,7 +662,7 @@ impl GatewayConfig {
             gateway,
             limits: mut model,
         } = src.parse()?;
-        let settings = settings(&src, &gateway)?;
+        let settings = settings(&src, &gateway, dir)?;
         let mut sources = Vec::new();
         let keys_text;
         let keys_name;
@@ -765,7 +783,11 @@ fn key_hasher(
     Ok(KeyHasher::per_process().clone())
 }
 
-fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileError> {
+fn settings(
+    src: &Source<'_>,
+    g: &GatewayModel,
+    dir: Option<&Path>,
+) -> Result<Settings, ConfigFileError> {
     let addr = |field: &str, s: &str| {
         s.parse::<SocketAddr>().map_err(|_| {
             src.at_field(
@@ -798,7 +820,7 @@ fn settings(src: &Source<'_>, g: &GatewayModel) -> Result<Settings, ConfigFileEr
     };
     let redis =
         match (store, &g.redis) {
-            (StoreKind::Redis, Some(r)) => Some(redis_settings(src, r)?),
+            (StoreKind::Redis, Some(r)) => Some(redis_settings(src, r, dir)?),
             (StoreKind::Redis, None) => return Err(src.at_field(
                 Kind::InvalidValue,
                 "gateway.store",
@@ -906,7 +928,11 @@ fn limits(src: &Source<'_>, l: &LimitsModel) -> Result<GatewayLimits, ConfigFile
 }
 
 #[cfg(not(feature = "redis"))]
-fn redis_settings(src: &Source<'_>, _: &RedisModel) -> Result<RedisSettings, ConfigFileError> {
+fn redis_settings(
+    src: &Source<'_>,
+    _: &RedisModel,
+    _: Option<&Path>,
+) -> Result<RedisSettings, ConfigFileError> {
     Err(src.at_field(
         Kind::InvalidValue,
         "gateway.store",
@@ -917,8 +943,35 @@ fn redis_settings(src: &Source<'_>, _: &RedisModel) -> Result<RedisSettings, Con
 /// The `[gateway.redis]` table, checked by the store's own bounds (each
 /// error names its field).
 #[cfg(feature = "redis")]
-fn redis_settings(src: &Source<'_>, r: &RedisModel) -> Result<RedisSettings, ConfigFileError> {
+fn redis_settings(
+    src: &Source<'_>,
+    r: &RedisModel,
+    dir: Option<&Path>,
+) -> Result<RedisSettings, ConfigFileError> {
     let d = paceline_redis::RedisStoreConfig::default();
+    const CA_FIELD: &str = "gateway.redis.tls_ca_file";
+    let tls_ca = match &r.tls_ca_file {
+        None => None,
+        Some(file) => {
+            let path = dir.unwrap_or(Path::new("")).join(file);
+            let shown = path.display().to_string();
+            let pem = std::fs::read(&path).map_err(|e| {
+                src.at_field(
+                    Kind::Unreadable,
+                    CA_FIELD,
+                    format!("cannot read {shown}: {e}; expected a PEM file of CA certificates"),
+                )
+            })?;
+            paceline_redis::check_ca(&pem).map_err(|e| {
+                src.at_field(
+                    Kind::InvalidValue,
+                    CA_FIELD,
+                    format!("{shown}: {}", e.message),
+                )
+            })?;
+            Some(pem)
+        }
+    };
     let url_field = match (&r.url, &r.urls) {
         (Some(_), Some(_)) => {
             return Err(src.at_field(
@@ -960,12 +1013,18 @@ fn redis_settings(src: &Source<'_>, r: &RedisModel) -> Result<RedisSettings, Con
         deny_cache: n(r.deny_cache, d.deny_cache),
         prefix: r.prefix.clone().unwrap_or(d.prefix.clone()),
         degraded_share: r.degraded_share,
+        standing_keys: n(r.standing_keys, d.standing_keys),
+        idempotency_deadline: r
+            .idempotency_deadline_ms
+            .map_or(d.idempotency_deadline, Duration::from_millis),
+        tls_ca,
         key_secret: Vec::new(),
         caller_clock: false,
     };
     settings.store_config().validate().map_err(|e| {
         let field = match e.field {
             "urls" => url_field.to_string(),
+            "tls_ca" => CA_FIELD.to_string(),
             f => format!("gateway.redis.{f}"),
         };
         src.at_field(Kind::InvalidValue, &field, e.message)
@@ -1245,6 +1304,79 @@ criticality = "SHEDDABLE"
         // the table without the store
         let e = err(&GOOD.replacen("[gateway.shedding]\nmax_in_flight = 64\n", table, 1));
         assert_eq!(e.field(), "gateway.redis");
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_redis_table_bounds_its_idempotency_deadline_and_views_and_reads_its_ca() {
+        const PEM: &[u8] = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let env =
+            |v: &str| (v == KEY_HASH_SECRET_ENV).then(|| "a shared secret of 24 b".to_string());
+        let text = |url: &str, extra: &str| {
+            GOOD.replacen("[gateway]\n", "[gateway]\nstore = \"redis\"\n", 1)
+                .replacen(
+                    "[gateway.shedding]\nmax_in_flight = 64\n",
+                    &format!(
+                        "[gateway.shedding]\nmax_in_flight = 64\n\n[gateway.redis]\nurl = \"{url}\"\n{extra}"
+                    ),
+                    1,
+                )
+        };
+        let dir = std::env::temp_dir().join(format!("pl-gw-redis-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let parse = |t: &str| GatewayConfig::parse_with_env(t, "t.toml", Some(&dir), &env);
+        let plain = "redis://127.0.0.1:6379";
+        let r = parse(&text(plain, "")).unwrap().settings.redis.unwrap();
+        assert_eq!(r.idempotency_deadline, Duration::from_millis(250));
+        assert_eq!(r.standing_keys, 10_000);
+        assert!(r.tls_ca.is_none());
+        let set = "idempotency_deadline_ms = 40\nstanding_keys = 0\n";
+        let r = parse(&text(plain, set)).unwrap().settings.redis.unwrap();
+        assert_eq!(r.idempotency_deadline, Duration::from_millis(40));
+        assert_eq!(
+            r.store_config().idempotency_deadline,
+            Duration::from_millis(40)
+        );
+        assert_eq!(r.standing_keys, 0);
+        for bad in [
+            "idempotency_deadline_ms = 0\n",
+            "idempotency_deadline_ms = 10001\n",
+        ] {
+            let e = parse(&text(plain, bad)).unwrap_err();
+            assert_eq!(e.field(), "gateway.redis.idempotency_deadline_ms", "{e}");
+        }
+        let e = parse(&text(plain, "standing_keys = 10000001\n")).unwrap_err();
+        assert_eq!(e.field(), "gateway.redis.standing_keys");
+        // the CA file: read relative to the config, checked as PEM
+        let tls = "rediss://127.0.0.1:6380";
+        let e = parse(&text(tls, "tls_ca_file = \"missing.pem\"\n")).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.field()),
+            (Kind::Unreadable, "gateway.redis.tls_ca_file")
+        );
+        std::fs::write(dir.join("ca.pem"), PEM).unwrap();
+        std::fs::write(dir.join("bad.pem"), "not a certificate").unwrap();
+        let ca = "tls_ca_file = \"ca.pem\"\n";
+        #[cfg(feature = "redis-tls")]
+        {
+            let r = parse(&text(tls, ca)).unwrap().settings.redis.unwrap();
+            assert_eq!(r.tls_ca.as_deref(), Some(PEM));
+            assert_eq!(r.store_config().tls_ca.as_deref(), Some(PEM));
+            // a CA is for rediss:// servers only
+            let e = parse(&text(plain, ca)).unwrap_err();
+            assert_eq!(e.field(), "gateway.redis.tls_ca_file");
+            assert!(e.message().contains("rediss://"), "{e}");
+            let e = parse(&text(tls, "tls_ca_file = \"bad.pem\"\n")).unwrap_err();
+            assert_eq!(e.field(), "gateway.redis.tls_ca_file");
+            assert!(e.message().contains("no PEM certificate"), "{e}");
+        }
+        #[cfg(not(feature = "redis-tls"))]
+        {
+            let e = parse(&text(tls, ca)).unwrap_err();
+            assert_eq!(e.field(), "gateway.redis.tls_ca_file");
+            assert!(e.message().contains("`tls` feature"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -99,7 +99,8 @@ pub(crate) struct GatewayIdempotency {
 }
 
 /// The layer for the gateway of `limiter`: its store in Redis when the
-/// limiter's is (answers bounded by the settings), else in memory bounded
+/// limiter's is (answers bounded by the settings, each step cut at
+/// `gateway.redis.idempotency_deadline_ms`), else in memory bounded
 /// by the settings' `max_store_bytes`; its time the limiter's clock.
 pub(crate) fn layer(limiter: &GatewayLimiter) -> GatewayIdempotency {
     let limits = limiter.limits();

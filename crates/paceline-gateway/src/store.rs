@@ -43,6 +43,14 @@ impl Store for GatewayStore {
         }
     }
 
+    fn peek_local(&self, plan: &Plan, key: &str, now: Nanos) -> Option<Decision> {
+        match self {
+            GatewayStore::Memory(m) => m.peek_local(plan, key, now),
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(r) => r.peek_local(plan, key, now),
+        }
+    }
+
     fn check(
         &self,
         plan: &Plan,

@@ -205,3 +205,153 @@ async fn a_silent_redis_makes_a_keyed_write_503_not_a_second_run() {
     assert_eq!(api.hits_on("/v1/labels"), 1);
     handle.shutdown();
 }
+
+/// POSTs with `key` as its `Idempotency-Key`: the status, whether
+/// replayed, and how long the answer took.
+async fn post_key(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    key: &str,
+) -> (u16, bool, Duration) {
+    let req = Request::post(format!("http://{addr}/v1/labels"))
+        .header("authorization", "Bearer sk_a")
+        .header("content-type", "application/json")
+        .header("idempotency-key", format!("\"{key}\""))
+        .body(Full::new(Bytes::from_static(br#"{"to":"NYC"}"#)))
+        .unwrap();
+    let t = Instant::now();
+    let res = tokio::time::timeout(LIMIT, client.request(req))
+        .await
+        .expect("answer in time")
+        .expect("a response");
+    let (parts, body) = res.into_parts();
+    tokio::time::timeout(LIMIT, body.collect())
+        .await
+        .expect("body in time")
+        .expect("a body");
+    let replayed = parts
+        .headers
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    (parts.status.as_u16(), replayed, t.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idempotency_deadline_is_the_configured_one() {
+    let server = RedisServer::start();
+    let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    // the limiter gives up after 20 ms (and fails open); an idempotency
+    // step waits a whole second, not the default 250 ms
+    let table = format!(
+        "store = \"redis\"\n\n[gateway.redis]\nurl = \"{}\"\ndeadline_ms = 20\nidempotency_deadline_ms = 1000\n",
+        server.url()
+    );
+    let (addr, handle) = start(&config(api.addr(), &table)).await;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let (status, _, _) = post_key(&client, addr, "warm-1").await;
+    assert_eq!(status, 201);
+    server.pause();
+    let (status, _, took) = post_key(&client, addr, "slow-1").await;
+    server.resume();
+    assert_eq!(status, 503);
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    handle.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_load_answers_in_time_and_runs_a_stored_key_once() {
+    // every write on disk before it is answered, so a restart keeps what
+    // was stored
+    let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    let table = format!(
+        "store = \"redis\"\n\n[gateway.redis]\nurl = \"{}\"\ndeadline_ms = 50\nidempotency_deadline_ms = 200\n",
+        server.url()
+    );
+    let (addr, handle) = start(&config(api.addr(), &table)).await;
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    // five keys whose first answers are stored (their retries replay)
+    let stored: Vec<String> = (0..5).map(|i| format!("done-{i}")).collect();
+    for k in &stored {
+        assert_eq!(post_key(&client, addr, k).await.0, 201);
+        assert_eq!(post_key(&client, addr, k).await.0, 201);
+        let (status, replayed, _) = post_key(&client, addr, k).await;
+        assert_eq!((status, replayed), (201, true), "{k}");
+    }
+    let runs = api.hits_on("/v1/labels");
+    assert_eq!(runs, 5);
+
+    // the load: four callers, new keys and the stored ones' retries; Redis
+    // killed a little way in
+    let mut callers = Vec::new();
+    for c in 0..4 {
+        let (client, stored) = (client.clone(), stored.clone());
+        callers.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for i in 0..30 {
+                let key = match i % 3 {
+                    0 => stored[(c + i) % stored.len()].clone(),
+                    _ => format!("load-{c}-{i}"),
+                };
+                let (status, replayed, took) = post_key(&client, addr, &key).await;
+                seen.push((key, status, replayed, took));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            seen
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    server.kill();
+    let mut seen = Vec::new();
+    for c in callers {
+        seen.extend(c.await.expect("a caller panicked"));
+    }
+    let mut refused = 0;
+    for (key, status, replayed, took) in &seen {
+        // bounded: the limiter's and the idempotency deadline, and more
+        assert!(*took < Duration::from_secs(2), "{key}: {took:?}");
+        match status {
+            201 => {}
+            503 => refused += 1,
+            other => panic!("{key}: {other}"),
+        }
+        // a stored key is replayed or refused, never run again
+        if key.starts_with("done-") && *status == 201 {
+            assert!(replayed, "{key} ran a second time");
+        }
+    }
+    assert!(refused > 0, "Redis was killed: some writes are refused");
+    let executed_in_load = api.hits_on("/v1/labels") - runs;
+    let new_ok = seen
+        .iter()
+        .filter(|(k, s, r, _)| k.starts_with("load-") && *s == 201 && !r)
+        .count() as u64;
+    assert_eq!(executed_in_load, new_ok, "only new keys ran, once each");
+
+    // Redis back with what it had stored: every stored key is replayed
+    server.restart();
+    let before = api.hits_on("/v1/labels");
+    let until = Instant::now() + Duration::from_secs(5);
+    for k in &stored {
+        loop {
+            let (status, replayed, _) = post_key(&client, addr, k).await;
+            if status == 201 {
+                assert!(replayed, "{k} ran again after the restart");
+                break;
+            }
+            assert_eq!(status, 503);
+            assert!(Instant::now() < until, "Redis not back within 5 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(api.hits_on("/v1/labels"), before, "no second execution");
+    handle.shutdown();
+}

@@ -2,13 +2,6 @@
 //! with no round trip, until its retry time (and so is a read of its
 //! standing, cost 0, which a held request's headers need).
 //!
-//! Beside the denials, the standing of a key as Redis last told it is kept
-//! for [`STANDING_TTL`], for reads only (a request held by escalation
-//! reads its key's standing for its answer's fields, and a key being held
-//! is one that keeps sending: without this, every held request would be a
-//! round trip). A read may be that much behind what other instances
-//! charged since; this instance's own answers for the key replace it.
-//!
 //! Only denials that only time can lift are kept (a concurrency cap can
 //! free up whenever a request ends). A later request of the same plan and
 //! key costing at least as much cannot fit before that time either: every
@@ -23,9 +16,6 @@ use parking_lot::Mutex;
 use paceline_core::{Algorithm, Decision, Nanos, Outcome, Plan};
 
 const SHARDS: usize = 16;
-
-/// How long a key's standing answers reads (cost 0) without a round trip.
-pub(crate) const STANDING_TTL: Nanos = Nanos::from_millis(100);
 
 struct Entry {
     plan: Plan,
@@ -46,31 +36,6 @@ struct Shard {
     map: HashMap<(u128, u64), Entry>,
     /// No sweep before this instant (a sweep that freed nothing).
     next_sweep: Nanos,
-    /// Standings, for reads: `until` is when each stops answering.
-    standing: HashMap<(u128, u64), Entry>,
-    next_standing_sweep: Nanos,
-}
-
-/// Room for one more entry in `map` (bounded by `per_shard`): sweeps what
-/// has expired, at most once a second when a sweep frees nothing.
-fn make_room(
-    map: &mut HashMap<(u128, u64), Entry>,
-    next_sweep: &mut Nanos,
-    per_shard: usize,
-    now: Nanos,
-) -> bool {
-    if map.len() < per_shard {
-        return true;
-    }
-    if now < *next_sweep {
-        return false;
-    }
-    map.retain(|_, e| e.until > now);
-    if map.len() >= per_shard {
-        *next_sweep = now.saturating_add(Nanos::SECOND);
-        return false;
-    }
-    true
 }
 
 impl DenyCache {
@@ -154,8 +119,15 @@ impl DenyCache {
         }
         let mut g = self.shard(hash).lock();
         let g = &mut *g;
-        if !make_room(&mut g.map, &mut g.next_sweep, self.per_shard, now) {
-            return;
+        if g.map.len() >= self.per_shard {
+            if now < g.next_sweep {
+                return;
+            }
+            g.map.retain(|_, e| e.until > now);
+            if g.map.len() >= self.per_shard {
+                g.next_sweep = now.saturating_add(Nanos::SECOND);
+                return;
+            }
         }
         g.map.insert(
             (hash, plan.identity()),
@@ -168,81 +140,6 @@ impl DenyCache {
                 decision: d.clone(),
             },
         );
-    }
-
-    /// The key's standing as Redis last told it, adjusted to `now`, for a
-    /// read (cost 0), if it is younger than [`STANDING_TTL`].
-    pub(crate) fn standing(&self, plan: &Plan, hash: u128, now: Nanos) -> Option<Decision> {
-        if !self.enabled() {
-            return None;
-        }
-        let mut g = self.shard(hash).lock();
-        let k = (hash, plan.identity());
-        let e = g.standing.get(&k)?;
-        if now >= e.until || now < e.at {
-            g.standing.remove(&k);
-            return None;
-        }
-        if e.plan != *plan {
-            return None;
-        }
-        let gone = now.saturating_sub(e.at);
-        let mut d = e.decision.clone();
-        for s in &mut d.statuses {
-            s.reset_after = s.reset_after.saturating_sub(gone);
-        }
-        Some(d)
-    }
-
-    /// Keeps what Redis answered for a key: as its standing when the
-    /// answer was a read (or a standing is already kept, which it then
-    /// replaces), so reads can be answered locally for a while.
-    pub(crate) fn told(&self, plan: &Plan, hash: u128, read: bool, now: Nanos, d: &Decision) {
-        if !self.enabled() {
-            return;
-        }
-        let mut g = self.shard(hash).lock();
-        let g = &mut *g;
-        let k = (hash, plan.identity());
-        if !read && !g.standing.contains_key(&k) {
-            return;
-        }
-        if !g.standing.contains_key(&k)
-            && !make_room(
-                &mut g.standing,
-                &mut g.next_standing_sweep,
-                self.per_shard,
-                now,
-            )
-        {
-            return;
-        }
-        // a read's view: nothing is charged, nothing would be refused
-        let mut decision = d.clone();
-        decision.outcome = Outcome::Allowed;
-        decision
-            .statuses
-            .iter_mut()
-            .for_each(|s| s.would_deny = false);
-        g.standing.insert(
-            k,
-            Entry {
-                plan: plan.clone(),
-                until: now.saturating_add(STANDING_TTL),
-                at: now,
-                requests: 0,
-                bytes: 0,
-                decision,
-            },
-        );
-    }
-
-    /// Drops the key's standing (a release or refund changes it).
-    pub(crate) fn forget(&self, plan: &Plan, hash: u128) {
-        if self.enabled() {
-            let mut g = self.shard(hash).lock();
-            g.standing.remove(&(hash, plan.identity()));
-        }
     }
 
     #[cfg(test)]
@@ -321,39 +218,6 @@ mod tests {
         assert!(c
             .get(&plan, 20_000, 1, 0, t.saturating_add(Nanos::from_secs(2)))
             .is_some());
-    }
-
-    #[test]
-    fn a_standing_answers_reads_for_a_while_and_follows_later_answers() {
-        let plan = Plan::new("p", vec![Policy::token_bucket("b", 2, 1).unwrap()]).unwrap();
-        let c = DenyCache::new(100);
-        let t = Nanos::from_secs(100);
-        let mut d = denied(1_000_000_000);
-        assert!(c.standing(&plan, 7, t).is_none());
-        // a check's answer alone keeps no standing
-        c.told(&plan, 7, false, t, &d);
-        assert!(c.standing(&plan, 7, t).is_none());
-        c.told(&plan, 7, true, t, &d);
-        let later = t.saturating_add(Nanos::from_millis(40));
-        let s = c.standing(&plan, 7, later).unwrap();
-        assert!(s.is_allowed() && !s.statuses[0].would_deny, "{s:?}");
-        assert_eq!(s.statuses[0].reset_after, Nanos::from_millis(1_960));
-        // a later answer for the key (a check) replaces it
-        d.statuses[0].remaining = 1;
-        c.told(&plan, 7, false, later, &d);
-        assert_eq!(
-            c.standing(&plan, 7, later).unwrap().statuses[0].remaining,
-            1
-        );
-        // and it ends
-        let gone = later.saturating_add(STANDING_TTL);
-        assert!(c.standing(&plan, 7, gone).is_none());
-        // bounded like the denials
-        for h in 0..10_000u128 {
-            c.told(&plan, h, true, gone, &d);
-        }
-        let n: usize = c.shards.iter().map(|s| s.lock().standing.len()).sum();
-        assert!(n <= 112, "{n}");
     }
 
     #[test]

@@ -84,6 +84,19 @@ pub struct RedisStoreConfig {
     pub lease_ttl: Duration,
     /// The degraded local limiter, when wanted.
     pub degraded: Option<Degraded>,
+    /// The most keys whose last answer is kept for a peek without a round
+    /// trip (the fields of an answer that did not ask Redis, such as a
+    /// shed `503`); 0 turns the view off. At most 10,000,000.
+    pub standing_keys: usize,
+    /// The deadline of one step of the idempotency store made on this
+    /// store's connections ([`crate::RedisStore::idempotency_store`]).
+    /// Between 1 ms and 10 s; [`crate::DEFAULT_IDEMPOTENCY_DEADLINE`] by
+    /// default.
+    pub idempotency_deadline: Duration,
+    /// The certificates (PEM) a `rediss://` server's must chain to, in
+    /// place of the built-in web roots: a private CA's, say. Needs the
+    /// `tls` feature and `rediss://` URLs.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisStoreConfig {
@@ -96,6 +109,7 @@ impl fmt::Debug for RedisStoreConfig {
             .field("clock", &self.clock)
             .field("scripting", &self.scripting)
             .field("batch_max", &self.batch_max)
+            .field("tls_ca", &self.tls_ca.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -131,6 +145,9 @@ impl Default for RedisStoreConfig {
             ttl_slack: Duration::from_secs(1),
             lease_ttl: Duration::from_secs(600),
             degraded: None,
+            standing_keys: 10_000,
+            idempotency_deadline: crate::DEFAULT_IDEMPOTENCY_DEADLINE,
+            tls_ca: None,
         }
     }
 }
@@ -212,8 +229,91 @@ impl RedisStoreConfig {
                 return Err(err("degraded_share", "must be in (0, 1]"));
             }
         }
+        if self.standing_keys > 10_000_000 {
+            return Err(err("standing_keys", "must be at most 10,000,000"));
+        }
+        if self.idempotency_deadline.is_zero() || self.idempotency_deadline > MAX_DEADLINE {
+            return Err(err(
+                "idempotency_deadline_ms",
+                "must be between 1 ms and 10 s",
+            ));
+        }
+        if let Some(ca) = &self.tls_ca {
+            check_ca(ca)?;
+            if let Some(u) = self.urls.iter().find(|u| !u.starts_with("rediss://")) {
+                return Err(err(
+                    "tls_ca",
+                    format!(
+                        "a CA is for rediss:// servers, but {:?} is not one",
+                        redact(u)
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
+
+    /// The client of one server URL, trusting [`Self::tls_ca`] when set.
+    pub(crate) fn client(&self, url: &str) -> Result<redis::Client, redis::RedisError> {
+        #[cfg(feature = "tls")]
+        {
+            if let Some(ca) = &self.tls_ca {
+                return redis::Client::build_with_tls(url, certificates(ca));
+            }
+        }
+        redis::Client::open(url)
+    }
+
+    /// The cluster client's builder for [`Self::urls`], trusting
+    /// [`Self::tls_ca`] when set.
+    pub(crate) fn cluster_builder(&self) -> redis::cluster::ClusterClientBuilder {
+        let b = redis::cluster::ClusterClient::builder(self.urls.clone());
+        #[cfg(feature = "tls")]
+        {
+            if let Some(ca) = &self.tls_ca {
+                return b.certs(certificates(ca));
+            }
+        }
+        b
+    }
+}
+
+/// The client's certificates: no client certificate, `ca` as the roots.
+#[cfg(feature = "tls")]
+fn certificates(ca: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca.to_vec()),
+    }
+}
+
+/// Checks a CA bundle: TLS built in, and at least one PEM certificate,
+/// every one readable.
+#[cfg(feature = "tls")]
+pub fn check_ca(pem: &[u8]) -> Result<(), ConfigError> {
+    use rustls_pki_types::pem::PemObject;
+    let mut n = 0;
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(pem) {
+        c.map_err(|e| err("tls_ca", format!("a certificate does not read as PEM: {e}")))?;
+        n += 1;
+    }
+    match n {
+        0 => Err(err(
+            "tls_ca",
+            "holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a CA bundle: this build has no TLS, so none can be used.
+#[cfg(not(feature = "tls"))]
+pub fn check_ca(pem: &[u8]) -> Result<(), ConfigError> {
+    let _ = pem;
+    Err(err(
+        "tls_ca",
+        "a CA for rediss:// needs a build with the `tls` feature",
+    ))
 }
 
 /// Checks one server URL: scheme, host, and TLS only when built in.
@@ -290,6 +390,52 @@ mod tests {
             bad(|c| c.degraded = Some(Degraded { share: 0.0 })),
             "degraded_share"
         );
+        assert_eq!(bad(|c| c.standing_keys = 10_000_001), "standing_keys");
+        assert_eq!(
+            bad(|c| c.idempotency_deadline = Duration::ZERO),
+            "idempotency_deadline_ms"
+        );
+        assert_eq!(
+            bad(|c| c.idempotency_deadline = MAX_DEADLINE * 2),
+            "idempotency_deadline_ms"
+        );
+        assert_eq!(
+            bad(|c| c.tls_ca = Some(b"not a certificate".to_vec())),
+            "tls_ca"
+        );
+    }
+
+    #[test]
+    fn the_defaults_of_the_views_and_the_idempotency_deadline() {
+        let d = RedisStoreConfig::default();
+        assert_eq!(d.standing_keys, 10_000);
+        assert_eq!(d.idempotency_deadline, Duration::from_millis(250));
+        assert!(d.tls_ca.is_none());
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_ca_is_read_as_pem_and_only_for_rediss() {
+        // a syntactically valid PEM block (the contents are not checked here)
+        let pem = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        check_ca(pem).unwrap();
+        assert!(check_ca(b"")
+            .unwrap_err()
+            .message
+            .contains("no PEM certificate"));
+        let c = RedisStoreConfig {
+            tls_ca: Some(pem.to_vec()),
+            ..RedisStoreConfig::default()
+        };
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.field, "tls_ca");
+        assert!(e.message.contains("rediss://"), "{e}");
+        RedisStoreConfig {
+            urls: vec!["rediss://127.0.0.1:6380".into()],
+            ..c
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]

@@ -93,8 +93,8 @@ impl std::fmt::Debug for RedisIdempotencyStore {
 
 impl RedisIdempotencyStore {
     /// Connects with `config` (its URLs, cluster mode, connections,
-    /// prefix; its `key_secret` names the entries). Single servers are
-    /// connected lazily. Call inside a Tokio runtime.
+    /// prefix, idempotency deadline; its `key_secret` names the entries).
+    /// Single servers are connected lazily. Call inside a Tokio runtime.
     pub async fn connect(config: RedisStoreConfig) -> Result<RedisIdempotencyStore, ConfigError> {
         config.validate()?;
         let link = Link::connect(&config).await.map_err(|e| ConfigError {
@@ -105,16 +105,22 @@ impl RedisIdempotencyStore {
             Arc::new(link),
             &config.key_secret,
             &config.prefix,
+            config.idempotency_deadline,
         ))
     }
 
-    pub(crate) fn on_link(link: Arc<Link>, secret: &[u8], prefix: &str) -> RedisIdempotencyStore {
+    pub(crate) fn on_link(
+        link: Arc<Link>,
+        secret: &[u8],
+        prefix: &str,
+        deadline: Duration,
+    ) -> RedisIdempotencyStore {
         RedisIdempotencyStore {
             inner: Arc::new(Inner {
                 link,
                 namer: KeyNamer::new(secret, prefix),
                 sha: redis::Script::new(SCRIPT).get_hash().to_string(),
-                deadline: DEFAULT_IDEMPOTENCY_DEADLINE,
+                deadline: deadline.max(Duration::from_millis(1)),
                 max_value_bytes: DEFAULT_MAX_ANSWER_BYTES + ANSWER_HEAD_ROOM,
             }),
         }

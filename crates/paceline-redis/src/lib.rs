@@ -60,8 +60,27 @@
 //!
 //!  Redis away: StoreError::Unavailable within the deadline → the
 //!  limiter's fail open/closed per policy, or (config.rs: Degraded) a
-//!  local MemoryStore on a share of each quota for fail-open plans.
+//!  local MemoryStore on a share of each quota for fail-open plans;
+//!  degraded.rs keeps what it charged and leased, so each refund and
+//!  release goes back to the side that took it, never both.
+//!
+//!  Store::peek_local (standing.rs): the last answer Redis gave per key,
+//!  bounded, read with no round trip and no charge (a shed 503's
+//!  RateLimit fields); nothing for a key not heard of.
 //! ```
+//!
+//! ## Metrics
+//!
+//! Through the `metrics` facade (the gateway exports them for Prometheus):
+//! `paceline_redis_call_seconds` (histogram: each call's latency),
+//! `paceline_redis_batch_size` (histogram: decisions per call),
+//! `paceline_redis_errors_total{kind}` (`unavailable`, `protocol`,
+//! `queue_full`), `paceline_redis_deny_cache_hits_total`,
+//! `paceline_redis_degraded` (gauge: 1 while the degraded limiter
+//! decides), `paceline_redis_degraded_decisions_total`,
+//! `paceline_redis_degraded_seconds` (histogram: each degraded period's
+//! length, so its sum is the time spent degraded) and
+//! `paceline_redis_library_loads_total`.
 //!
 //! ## A 429, inside this crate
 //!
@@ -102,16 +121,18 @@
 mod batch;
 mod cache;
 mod config;
+mod degraded;
 mod idempotency;
 mod keys;
 mod link;
 mod script;
+mod standing;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use config::{
-    check_url, redact, ClockSource, ConfigError, Degraded, RedisStoreConfig, Scripting,
+    check_ca, check_url, redact, ClockSource, ConfigError, Degraded, RedisStoreConfig, Scripting,
     DEFAULT_DEADLINE, MAX_BATCH, MAX_DEADLINE, MAX_LEASE_TTL, MAX_LINGER,
 };
 pub use idempotency::{RedisIdempotencyStore, ANSWER_HEAD_ROOM, DEFAULT_IDEMPOTENCY_DEADLINE};

@@ -55,7 +55,8 @@ impl Link {
     pub(crate) async fn connect(config: &RedisStoreConfig) -> Result<Link, StoreError> {
         let mut conns = Vec::with_capacity(config.connections);
         if config.cluster {
-            let client = redis::cluster::ClusterClient::builder(config.urls.clone())
+            let client = config
+                .cluster_builder()
                 .connection_timeout(config.connect_timeout)
                 .response_timeout(Duration::from_secs(1))
                 .retries(2)
@@ -73,7 +74,8 @@ impl Link {
             }
         } else {
             let url = &config.urls[0];
-            let client = redis::Client::open(url.as_str())
+            let client = config
+                .client(url)
                 .map_err(|e| StoreError::Unavailable(format!("{}: {e}", redact(url))))?;
             let cm = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout))

@@ -17,9 +17,11 @@ use paceline_core::{
 use crate::batch::{self, Counters, Job, Settings};
 use crate::cache::DenyCache;
 use crate::config::{ClockSource, ConfigError, RedisStoreConfig};
+use crate::degraded::Taken;
 use crate::keys::KeyNamer;
 use crate::link::Link;
 use crate::script::{self, Op};
+use crate::standing::Standing;
 
 /// The longest window of a token bucket or sliding window the store
 /// takes: 30 days (its arithmetic stays exact below 2^53 nanoseconds).
@@ -40,8 +42,7 @@ pub struct RedisStats {
     pub sent: u64,
     /// Calls that failed.
     pub errors: u64,
-    /// Denials (and reads of a key's recent standing) answered by the
-    /// local cache, with no round trip.
+    /// Denials answered by the local cache, with no round trip.
     pub cache_hits: u64,
     /// Decisions made by the degraded local limiter.
     pub degraded: u64,
@@ -68,6 +69,8 @@ struct Inner {
     cache: DenyCache,
     cache_hits: AtomicU64,
     degraded: Option<Degraded>,
+    standing: Standing,
+    idempotency_deadline: std::time::Duration,
 }
 
 struct Degraded {
@@ -77,6 +80,8 @@ struct Degraded {
     plans: Mutex<HashMap<u64, (Plan, Plan)>>,
     decisions: AtomicU64,
     since: Mutex<Option<Instant>>,
+    /// What it charged and leased, so that only that goes back to it.
+    taken: Mutex<Taken>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -155,6 +160,7 @@ impl RedisStore {
             plans: Mutex::new(HashMap::new()),
             decisions: AtomicU64::new(0),
             since: Mutex::new(None),
+            taken: Mutex::new(Taken::default()),
         });
         Ok(RedisStore {
             inner: Arc::new(Inner {
@@ -168,18 +174,22 @@ impl RedisStore {
                 cache: DenyCache::new(config.deny_cache),
                 cache_hits: AtomicU64::new(0),
                 degraded,
+                standing: Standing::new(config.standing_keys),
+                idempotency_deadline: config.idempotency_deadline,
             }),
         })
     }
 
     /// An idempotency store on this store's connections and key prefix,
     /// its entries named under `key_secret` (a secret of its own, not the
-    /// limiter's rows' one).
+    /// limiter's rows' one), each step cut at the configured
+    /// [`RedisStoreConfig::idempotency_deadline`].
     pub fn idempotency_store(&self, key_secret: &[u8]) -> crate::RedisIdempotencyStore {
         crate::idempotency::RedisIdempotencyStore::on_link(
             self.inner.link.clone(),
             key_secret,
             self.inner.namer.prefix(),
+            self.inner.idempotency_deadline,
         )
     }
 
@@ -242,23 +252,14 @@ impl RedisStore {
     }
 
     /// The answer the local cache holds for this decision: a denial that
-    /// stands until its retry time, or (for a read) a recent standing.
-    /// Only a plan Redis answered for can be there.
+    /// stands until its retry time (only a plan Redis answered for can be
+    /// there).
     fn cached(&self, plan: &Plan, hash: u128, cost: Cost, now: Nanos) -> Option<Decision> {
         let i = &self.inner;
-        if let Some(d) = i.cache.get(plan, hash, cost.requests, cost.bytes, now) {
-            i.cache_hits.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("paceline_redis_deny_cache_hits_total").increment(1);
-            return Some(d);
-        }
-        if cost.requests == 0 && cost.bytes == 0 {
-            if let Some(d) = i.cache.standing(plan, hash, now) {
-                i.cache_hits.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("paceline_redis_standing_cache_hits_total").increment(1);
-                return Some(d);
-            }
-        }
-        None
+        let d = i.cache.get(plan, hash, cost.requests, cost.bytes, now)?;
+        i.cache_hits.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("paceline_redis_deny_cache_hits_total").increment(1);
+        Some(d)
     }
 
     async fn decide(
@@ -274,7 +275,6 @@ impl RedisStore {
             return Ok(d);
         }
         supports(plan).map_err(StoreError::Protocol)?;
-        let read = cost.requests == 0 && cost.bytes == 0;
         let op = Op::Check {
             requests: cost.requests,
             bytes: cost.bytes,
@@ -284,7 +284,7 @@ impl RedisStore {
                 self.recovered();
                 let d = script::parse_decision(&line, plan, cost.requests, cost.bytes)?;
                 i.cache.put(plan, hash, cost.requests, cost.bytes, now, &d);
-                i.cache.told(plan, hash, read, now, &d);
+                i.standing.put(plan, hash, now, &d);
                 Ok(d)
             }
             Err(e @ StoreError::Unavailable(_)) => match self.degraded(plan, key, cost, now) {
@@ -330,7 +330,31 @@ impl RedisStore {
         }
         dg.decisions.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("paceline_redis_degraded_decisions_total").increment(1);
-        dg.store.check_sync(&scaled, key, cost, now).ok()
+        let d = dg.store.check_sync(&scaled, key, cost, now).ok()?;
+        if d.is_allowed() && !(cost.requests == 0 && cost.bytes == 0) {
+            // remember what this side took, so only that comes back here
+            let hash = self.inner.namer.hash(key);
+            let mut taken = dg.taken.lock();
+            taken.charged(plan.identity(), hash, now);
+            if plan.has_concurrency()
+                && cost.requests > 0
+                && !taken.leased(plan.identity(), hash, cost.requests)
+            {
+                // no room to remember the lease: it is not taken
+                drop(taken);
+                dg.store.release_sync(&scaled, key, cost.requests, now);
+            }
+        }
+        Some(d)
+    }
+
+    /// The degraded limiter's plan for `plan` (made again if it was swept
+    /// from the table: scaling is deterministic).
+    fn scaled(dg: &Degraded, plan: &Plan) -> Option<Plan> {
+        match dg.plans.lock().get(&plan.identity()) {
+            Some((orig, scaled)) if orig == plan => Some(scaled.clone()),
+            _ => scale(plan, dg.share),
+        }
     }
 
     /// Redis answered: leave degraded mode if in it.
@@ -338,10 +362,12 @@ impl RedisStore {
         if let Some(dg) = &self.inner.degraded {
             let mut since = dg.since.lock();
             if let Some(t) = since.take() {
+                let secs = t.elapsed().as_secs_f64();
                 metrics::gauge!("paceline_redis_degraded").set(0.0);
-                metrics::counter!("paceline_redis_degraded_seconds_total")
-                    .increment(t.elapsed().as_secs());
-                tracing::info!(seconds = t.elapsed().as_secs_f64(), "Redis reachable again");
+                // each period whole, to the nanosecond: its sum is the time
+                // spent degraded, its count the periods
+                metrics::histogram!("paceline_redis_degraded_seconds").record(secs);
+                tracing::info!(seconds = secs, "Redis reachable again");
             }
         }
     }
@@ -399,6 +425,13 @@ impl Store for RedisStore {
         self.decide(plan, key, cost, now)
     }
 
+    /// What Redis last answered this instance for the key, aged to `now`
+    /// (see `standing.rs`); `None` for a key it has not answered.
+    fn peek_local(&self, plan: &Plan, key: &str, now: Nanos) -> Option<Decision> {
+        let i = &self.inner;
+        i.standing.get(plan, i.namer.hash(key), now)
+    }
+
     async fn release(
         &self,
         plan: &Plan,
@@ -407,20 +440,23 @@ impl Store for RedisStore {
         now: Nanos,
     ) -> Result<(), StoreError> {
         let hash = self.inner.namer.hash(key);
-        self.inner.cache.forget(plan, hash);
-        let r = self.submit(plan, hash, Op::Release { amount }, now).await;
+        self.inner.standing.forget(plan, hash);
+        let mut amount = amount;
         if let Some(dg) = &self.inner.degraded {
-            // a lease the degraded limiter took goes back there (a release
-            // where none was taken changes nothing)
-            let scaled = dg
-                .plans
-                .lock()
-                .get(&plan.identity())
-                .map(|(_, s)| s.clone());
-            if let Some(scaled) = scaled {
-                dg.store.release_sync(&scaled, key, amount, now);
+            // the units the degraded limiter leased go back there, the
+            // rest to Redis: neither side is given what it never lent
+            let local = dg.taken.lock().released(plan.identity(), hash, amount);
+            if local > 0 {
+                if let Some(scaled) = Self::scaled(dg, plan) {
+                    dg.store.release_sync(&scaled, key, local, now);
+                }
+                amount -= local;
+            }
+            if amount == 0 {
+                return Ok(());
             }
         }
+        let r = self.submit(plan, hash, Op::Release { amount }, now).await;
         r.map(|_| ())
     }
 
@@ -434,25 +470,23 @@ impl Store for RedisStore {
     ) -> Result<(), StoreError> {
         let hash = self.inner.namer.hash(key);
         // a read after the refund must see it
-        self.inner.cache.forget(plan, hash);
+        self.inner.standing.forget(plan, hash);
+        if let Some(dg) = &self.inner.degraded {
+            // a charge the degraded limiter made goes back there, and
+            // only there: Redis never took it
+            if dg.taken.lock().refunded(plan.identity(), hash, charged) {
+                if let Some(scaled) = Self::scaled(dg, plan) {
+                    dg.store.refund_sync(&scaled, key, cost, charged, now);
+                }
+                return Ok(());
+            }
+        }
         let op = Op::Refund {
             requests: cost.requests,
             bytes: cost.bytes,
             age_ns: now.saturating_sub(charged).as_u64(),
         };
         let r = self.submit(plan, hash, op, now).await;
-        if let Some(dg) = &self.inner.degraded {
-            // a charge the degraded limiter took goes back there too (a
-            // refund where none was taken gives nothing)
-            let scaled = dg
-                .plans
-                .lock()
-                .get(&plan.identity())
-                .map(|(_, s)| s.clone());
-            if let Some(scaled) = scaled {
-                dg.store.refund_sync(&scaled, key, cost, charged, now);
-            }
-        }
         r.map(|_| ())
     }
 }

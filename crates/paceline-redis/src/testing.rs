@@ -1,8 +1,8 @@
 //! Test support: `redis-server` processes of their own, on free loopback
+//! ports, without persistence, stopped (killed) when dropped, optionally
+//! with a TLS port beside the plain one; and a three-master Redis Cluster
+//! built with `redis-cli --cluster create`.
 #![allow(unreachable_pub)]
-//! ports, without persistence, stopped (killed) when dropped; and a
-//! three-master Redis Cluster built with `redis-cli --cluster create`.
-
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -45,9 +45,42 @@ fn free_port() -> u16 {
 /// One `redis-server`, killed on drop.
 pub struct RedisServer {
     port: u16,
+    tls_port: Option<u16>,
     dir: PathBuf,
     extra: Vec<String>,
     child: Option<Child>,
+}
+
+/// The files of a TLS port: the server's certificate and key, and the
+/// CA it trusts (PEM).
+pub struct TlsFiles {
+    /// The server's certificate chain.
+    pub cert: PathBuf,
+    /// The server's private key.
+    pub key: PathBuf,
+    /// The CA certificate.
+    pub ca: PathBuf,
+}
+
+/// Whether this `redis-server` was built with TLS (`--tls-port` works).
+pub fn tls_available() -> bool {
+    // the configuration is read in order and the first bad directive
+    // named: a build without TLS stops at tls-port, one with it at the
+    // made-up directive after it (and neither starts)
+    let Ok(out) = Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", "0"])
+        .args(["--paceline-no-such-directive", "1"])
+        .stdin(Stdio::null())
+        .output()
+    else {
+        return false;
+    };
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.contains("paceline-no-such-directive") && !text.contains("'tls-port")
 }
 
 impl RedisServer {
@@ -65,12 +98,49 @@ impl RedisServer {
         std::fs::create_dir_all(&dir).expect("create a scratch directory");
         let mut s = RedisServer {
             port,
+            tls_port: None,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
         s.spawn();
         s
+    }
+
+    /// Starts a server with a TLS port as well (clients not asked for a
+    /// certificate); the plain port stays for readiness and [`Self::cli`].
+    pub fn start_tls(files: &TlsFiles, extra: &[&str]) -> RedisServer {
+        need();
+        let tls_port = free_port();
+        let path = |p: &PathBuf| p.to_str().expect("a UTF-8 path").to_string();
+        let mut args: Vec<String> = vec![
+            "--tls-port".into(),
+            tls_port.to_string(),
+            "--tls-cert-file".into(),
+            path(&files.cert),
+            "--tls-key-file".into(),
+            path(&files.key),
+            "--tls-ca-cert-file".into(),
+            path(&files.ca),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut s = RedisServer::start_with(&refs);
+        s.tls_port = Some(tls_port);
+        s
+    }
+
+    /// `rediss://127.0.0.1:<tls port>`, for a server started with TLS.
+    pub fn tls_url(&self) -> String {
+        let port = self.tls_port.expect("a server started with start_tls");
+        format!("rediss://127.0.0.1:{port}")
+    }
+
+    /// The scratch directory the server runs in (its files, if any).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     fn spawn(&mut self) {

@@ -384,7 +384,6 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         peer: Option<std::net::IpAddr>,
         given: Option<RouteInfo>,
     ) -> Option<HeaderMap> {
-        let mem = self.shared.store.memory()?;
         let p = self.prepare(req, peer, given);
         let who = p
             .who
@@ -393,9 +392,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         let lim = &p.limits.inner;
         let compiled = &lim.plans[who.plan];
         let now = self.shared.clock.now();
-        let d = mem
-            .check_sync(&compiled.plan, who.key(lim), Cost::requests(0), now)
-            .ok()?;
+        // at once: the memory store reads the key, a remote one answers
+        // what it last heard of it (nothing for a key it has not)
+        let d = self
+            .shared
+            .store
+            .peek_local(&compiled.plan, who.key(lim), now)?;
         let mut h = HeaderMap::new();
         compiled
             .meta
@@ -405,21 +407,19 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
 
     /// The standing of the configured key `key` under its plan, read
     /// without charging: the plan and what the store holds for the key
-    /// now (each policy's whole units left and time to its full restore).
-    /// `None` for a key the configuration does not list, or a store
-    /// outside the process (the read would wait on it). For showing a
-    /// key's counters (a dashboard, a diagnostics page), not for
-    /// deciding.
+    /// now (each policy's whole units left and time to its full restore),
+    /// as the store can tell it without I/O ([`Store::peek_local`]: a
+    /// store outside the process answers what it last heard for the key).
+    /// `None` for a key the configuration does not list, or one the store
+    /// cannot tell at once. For showing a key's counters (a dashboard, a
+    /// diagnostics page, a shed answer), not for deciding.
     pub fn peek_key(&self, key: &str) -> Option<(Plan, Decision)> {
-        let mem = self.shared.store.memory()?;
         let limits = self.limits();
         let lim = &limits.inner;
         let entry = &lim.key_entries[*lim.keys.get(key)?];
         let plan = &lim.plans[entry.plan].plan;
         let now = self.shared.clock.now();
-        let d = mem
-            .check_sync(plan, &entry.stored, Cost::requests(0), now)
-            .ok()?;
+        let d = self.shared.store.peek_local(plan, &entry.stored, now)?;
         Some((plan.clone(), d))
     }
 
@@ -445,7 +445,17 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             Stage::Done(v) => Ok(v),
             Stage::Ask(ask) => {
                 let store = &self.shared.store;
-                match store.check_local(ask.plan(p), ask.key(p), ask.cost, ask.now) {
+                let (plan, key) = (ask.plan(p), ask.key(p));
+                let local = match ask.hold {
+                    // held: the answer is a refusal whatever the store
+                    // says; its fields come from what the store can tell
+                    // at once (a remote store: its last answer for the
+                    // key), so a key that keeps sending is no round trip
+                    // per refusal
+                    Some(_) => store.peek_local(plan, key, ask.now).map(Ok),
+                    None => None,
+                };
+                match local.or_else(|| store.check_local(plan, key, ask.cost, ask.now)) {
                     Some(r) => Ok(self.conclude(p, ask, r)),
                     None => Err(Later(ask, span.clone())),
                 }

@@ -148,6 +148,7 @@ async fn an_unreachable_store_fails_open_or_closed_per_policy() {
 struct Cached {
     inner: Later,
     asked: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    peeked: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Store for Cached {
@@ -178,7 +179,7 @@ impl Store for Cached {
         cost: paceline_core::Cost,
         now: Nanos,
     ) -> Option<Result<Decision, StoreError>> {
-        // a peek: a denial is answered here, anything else is asked for
+        // a denial is answered here, anything else is asked for
         let d = self
             .inner
             .0
@@ -189,6 +190,14 @@ impl Store for Cached {
             }
             _ => None,
         }
+    }
+    fn peek_local(&self, plan: &Plan, key: &str, now: Nanos) -> Option<Decision> {
+        self.peeked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner
+            .0
+            .check_sync(plan, key, paceline_core::Cost::requests(0), now)
+            .ok()
     }
 }
 
@@ -227,4 +236,44 @@ fn ready_now<F: Future>(f: F) -> Option<F::Output> {
         std::task::Poll::Ready(r) => Some(r),
         std::task::Poll::Pending => None,
     }
+}
+
+#[tokio::test]
+async fn a_held_key_takes_its_fields_from_a_peek_not_the_store() {
+    let clock = ManualClock::at_unix_secs(1_790_769_600);
+    let store = Cached::default();
+    let limiter = RateLimiter::new(limits(FailMode::Open), store.clone(), clock.clone());
+    let svc = limiter.layer().layer(ok());
+    for _ in 0..20 {
+        assert_eq!(
+            svc.clone()
+                .oneshot(req("/v1/rates"))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    let asked = |s: &Cached| s.asked.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(asked(&store), 20);
+    // inside its Retry-After the key keeps sending: escalation holds it
+    let mut held = 0;
+    for _ in 0..40 {
+        let res = ready_now(svc.clone().oneshot(req("/v1/rates")))
+            .expect("a refusal is answered at once")
+            .unwrap();
+        assert_eq!(res.status(), 429);
+        let rl = res.headers()["ratelimit"].to_str().unwrap().to_string();
+        assert!(rl.contains("\"burst\";r=0;"), "{rl}");
+        assert!(rl.contains("\"daily\";r=9980;"), "{rl}");
+        if res.headers()["retry-after"] != "1" {
+            held += 1;
+        }
+    }
+    assert!(held > 0, "escalation never held the key");
+    assert_eq!(asked(&store), 20, "a held refusal asked the store");
+    let peeked = store.peeked.load(std::sync::atomic::Ordering::Relaxed);
+    // the refusal that escalated the key was the store's own; every
+    // later one was held, its fields from a peek
+    assert_eq!(peeked + 1, held, "{peeked} peeks for {held} longer waits");
 }

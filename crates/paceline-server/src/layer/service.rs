@@ -145,8 +145,9 @@ impl<I, S: Store, C: Clock> RateLimit<I, S, C> {
     /// itself (a load shedder's `503`), so that it too carries
     /// `RateLimit-Policy` and `RateLimit`. `None` for a caller that is not
     /// told its counters (anonymous, or without a known key), for the
-    /// usage endpoint, and for a store outside the process (the read
-    /// would wait on it).
+    /// usage endpoint, and when the store cannot tell the key's standing
+    /// without I/O ([`Store::peek_local`]: a store outside the process
+    /// answers only keys it has heard of).
     pub fn standing<B>(
         &self,
         req: &Request<B>,

@@ -1,0 +1,154 @@
+//! Refunds and releases go back to the side that charged: a charge made in
+//! Redis does not credit the degraded local limiter (which never took it),
+//! and a charge or lease the degraded limiter made does not credit Redis.
+//! Against a redis-server of its own, killed and restarted.
+
+#[path = "../src/testing.rs"]
+mod testing;
+
+use std::time::{Duration, Instant};
+
+use paceline_core::{Cost, FailMode, Nanos, Plan, Policy, Store, StoreError};
+use paceline_redis::{Degraded, RedisStore, RedisStoreConfig};
+
+const T0: u64 = 1_790_000_000;
+
+fn at(ms: u64) -> Nanos {
+    Nanos::from_secs(T0).saturating_add(Nanos::from_millis(ms))
+}
+
+async fn store(url: String) -> RedisStore {
+    RedisStore::connect(RedisStoreConfig {
+        urls: vec![url],
+        deadline: Duration::from_millis(50),
+        key_secret: b"test".to_vec(),
+        // every decision asks Redis: a cached denial would hide a credit
+        deny_cache: 0,
+        degraded: Some(Degraded { share: 0.5 }),
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits (at most 5 s) until Redis answers a decision on another key.
+async fn reachable(s: &RedisStore, plan: &Plan) {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let before = s.stats().degraded;
+        let ok = s.check(plan, "k:probe", 0, at(0)).await.is_ok();
+        if ok && s.stats().degraded == before {
+            return;
+        }
+        assert!(Instant::now() < until, "Redis did not answer within 5 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn burst(q: u64) -> Plan {
+    Plan::new(
+        "free",
+        vec![Policy::token_bucket("burst", q, 3_600).unwrap()],
+    )
+    .unwrap()
+}
+
+async fn allowed(s: &RedisStore, plan: &Plan, key: &str, now: Nanos) -> bool {
+    s.check(plan, key, 1, now).await.unwrap().is_allowed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_goes_back_only_to_the_side_that_charged() {
+    let mut server = testing::RedisServer::start();
+    let s = store(server.url()).await;
+    // burst 4 in Redis; 2 for the degraded limiter (share 0.5)
+    let plan = burst(4);
+    reachable(&s, &plan).await;
+    let one = Cost::requests(1);
+
+    // charged in Redis at 1 ms
+    let before = s.stats().degraded;
+    assert!(allowed(&s, &plan, "k:a", at(1)).await);
+    server.kill();
+    // the degraded limiter's own two, at 2 ms, then it is empty
+    assert!(allowed(&s, &plan, "k:a", at(2)).await);
+    assert!(allowed(&s, &plan, "k:a", at(2)).await);
+    assert!(!allowed(&s, &plan, "k:a", at(2)).await);
+    assert_eq!(s.stats().degraded - before, 3);
+
+    // the Redis charge's refund: Redis cannot take it now, and the
+    // degraded bucket, which never had it, is not credited
+    let r = s.refund(&plan, "k:a", one, at(1), at(3)).await;
+    assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+    assert!(
+        !allowed(&s, &plan, "k:a", at(3)).await,
+        "the degraded bucket was credited a charge it never took"
+    );
+
+    // a degraded charge's refund goes back there, and needs no Redis
+    s.refund(&plan, "k:a", one, at(2), at(4)).await.unwrap();
+    assert!(
+        allowed(&s, &plan, "k:a", at(4)).await,
+        "its own charge back"
+    );
+
+    // Redis back, empty (nothing was saved): fill the burst there
+    server.restart();
+    reachable(&s, &plan).await;
+    for _ in 0..4 {
+        assert!(allowed(&s, &plan, "k:a", at(10)).await);
+    }
+    assert!(!allowed(&s, &plan, "k:a", at(10)).await);
+    // the other degraded charge's refund, now: Redis never took it, so
+    // Redis's bucket is not credited
+    s.refund(&plan, "k:a", one, at(2), at(11)).await.unwrap();
+    assert!(
+        !allowed(&s, &plan, "k:a", at(11)).await,
+        "Redis was credited a charge the degraded limiter made"
+    );
+    // while a Redis charge's refund still credits Redis
+    s.refund(&plan, "k:a", one, at(10), at(12)).await.unwrap();
+    assert!(allowed(&s, &plan, "k:a", at(12)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_lease_is_released_locally_not_in_redis() {
+    let mut server = testing::RedisServer::start();
+    let s = store(server.url()).await;
+    let plan = Plan::new(
+        "c",
+        vec![Policy::concurrency("inflight", 4)
+            .unwrap()
+            .with_fail_mode(FailMode::Open)],
+    )
+    .unwrap();
+    reachable(&s, &plan).await;
+    server.kill();
+    // the degraded limiter's cap is 2
+    assert!(allowed(&s, &plan, "k:c", at(1)).await);
+    assert!(allowed(&s, &plan, "k:c", at(1)).await);
+    assert!(!allowed(&s, &plan, "k:c", at(1)).await);
+    // Redis back, empty: four leases there fill the cap
+    server.restart();
+    reachable(&s, &plan).await;
+    for _ in 0..4 {
+        assert!(allowed(&s, &plan, "k:c", at(2)).await);
+    }
+    assert!(!allowed(&s, &plan, "k:c", at(2)).await);
+    // the degraded requests end: their leases go back to the degraded
+    // limiter; Redis's four are still out
+    s.release(&plan, "k:c", 1, at(3)).await.unwrap();
+    s.release(&plan, "k:c", 1, at(3)).await.unwrap();
+    assert!(
+        !allowed(&s, &plan, "k:c", at(3)).await,
+        "Redis gave back a lease the degraded limiter had taken"
+    );
+    // one of Redis's ends: that one goes to Redis
+    s.release(&plan, "k:c", 1, at(4)).await.unwrap();
+    assert!(allowed(&s, &plan, "k:c", at(4)).await);
+    // and the degraded limiter has its two places again
+    server.kill();
+    assert!(allowed(&s, &plan, "k:c", at(5)).await);
+    assert!(allowed(&s, &plan, "k:c", at(5)).await);
+    assert!(!allowed(&s, &plan, "k:c", at(5)).await);
+}
