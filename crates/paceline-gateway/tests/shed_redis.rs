@@ -36,7 +36,7 @@ reserve = 0.2
 
 [gateway.redis]
 url = "{redis}"
-deadline_ms = 500
+deadline_ms = 2000
 
 [plans.free]
 policies = [
@@ -47,6 +47,7 @@ policies = [
 [keys]
 sk_a = "free"
 sk_b = "free"
+sk_c = "free"
 
 [[routes]]
 method = "GET"
@@ -110,6 +111,9 @@ async fn a_shed_503_on_redis_tells_a_seen_key_its_counters_and_invents_none() {
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
 
+    // a first request connects and loads the functions (sk_c: neither
+    // key of the test)
+    assert_eq!(get(&client, addr, "/v1/rates", "sk_c").await.status(), 200);
     // sk_a's first request is decided in Redis and holds the one unit
     let slow = {
         let client = client.clone();
