@@ -38,9 +38,8 @@
 //! ```text
 //!  Store::check (store.rs: RedisStore)
 //!     │ 1. deny cache (cache.rs): a key already over its limit, until its
-//!     │    retry time → the cached denial, no round trip (and for a read,
-//!     │    cost 0, the key's standing Redis gave in the last 100 ms); the
-//!     │    layer asks this part first, synchronously (Store::check_local)
+//!     │    retry time → the cached denial, no round trip; the layer asks
+//!     │    this part first, synchronously (Store::check_local)
 //!     │ 2. row name (keys.rs): pl:{keyed hash of the key}:plan — one
 //!     │    hash tag per client key, so one cluster slot
 //!     ▼
