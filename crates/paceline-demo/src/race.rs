@@ -285,8 +285,9 @@ impl RaceStack {
     }
 
     /// The tokens in `key`'s bucket as the (first) gateway sees them now
-    /// (fractional; `None` for a key it does not know, or when the count
-    /// is in Redis).
+    /// (fractional; `None` for a key it does not know; with the count in
+    /// Redis, as Redis last answered that gateway for the key, `None`
+    /// before its first answer).
     pub fn tokens(&self, key: &str) -> Option<f64> {
         let (_, d) = self.instances[0].handle.limiter().peek_key(key)?;
         let to_full = d.statuses.first()?.reset_after.as_secs_f64();

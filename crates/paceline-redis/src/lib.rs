@@ -65,7 +65,8 @@
 //!
 //!  Store::peek_local (standing.rs): the last answer Redis gave per key,
 //!  bounded, read with no round trip and no charge (a shed 503's
-//!  RateLimit fields); nothing for a key not heard of.
+//!  RateLimit fields, a request held by escalation); nothing for a key
+//!  not heard of.
 //! ```
 //!
 //! ## Metrics
