@@ -706,17 +706,24 @@ impl Intake {
 }
 
 /// A body that streams on past its intake holds its [`READ_AHEAD`] in the
-/// gauge until it has all arrived; without room for it, it is refused.
-fn read_ahead<B>(rb: &mut RequestBody<B>) -> Result<(), Refusal> {
-    if rb.rest.is_none() {
+/// gauge until it has all arrived (less when fewer bytes are left to come:
+/// the frame and its copy hold at most twice those); without room for it,
+/// it is refused.
+fn read_ahead<B: Body>(rb: &mut RequestBody<B>) -> Result<(), Refusal> {
+    let Some(rest) = &rb.rest else {
         return Ok(());
-    }
+    };
+    let want = match rest.size_hint().upper() {
+        Some(left) => usize::try_from(left.saturating_mul(2).saturating_add(64))
+            .map_or(READ_AHEAD, |n| n.min(READ_AHEAD)),
+        None => READ_AHEAD,
+    };
     let gauge = rb.gauge.as_ref().expect("an intake has a gauge");
-    if !gauge.try_reserve(READ_AHEAD) {
+    if !gauge.try_reserve(want) {
         crate::metrics::intake_refused("memory");
         return Err(Refusal::Overloaded);
     }
-    rb.ahead = READ_AHEAD;
+    rb.ahead = want;
     Ok(())
 }
 
@@ -979,10 +986,12 @@ mod tests {
         assert_eq!(r.taken(), 3);
     }
 
-    /// A body whose frames come one per poll, each after a pending poll.
+    /// A body whose frames come one per poll, each after a pending poll;
+    /// `sized`: it says how much is left.
     struct Trickle {
         left: usize,
         ready: bool,
+        sized: bool,
     }
 
     impl Body for Trickle {
@@ -1007,6 +1016,12 @@ mod tests {
         fn is_end_stream(&self) -> bool {
             self.left == 0
         }
+        fn size_hint(&self) -> SizeHint {
+            match self.sized {
+                true => SizeHint::with_exact(self.left as u64 * 10),
+                false => SizeHint::default(),
+            }
+        }
     }
 
     #[tokio::test]
@@ -1021,6 +1036,7 @@ mod tests {
             .body(Trickle {
                 left: 10,
                 ready: false,
+                sized: false,
             })
             .unwrap();
         let peer: IpAddr = "127.0.0.1".parse().unwrap();
@@ -1038,6 +1054,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_body_with_little_left_holds_a_read_ahead_to_match() {
+        let clock: Arc<dyn Clock> = Arc::new(paceline_core::ManualClock::at_unix_secs(1_000));
+        let limits = GatewayLimits {
+            intake_bytes: 35,
+            ..GatewayLimits::default()
+        };
+        let intake = Intake::new(limits, Timeouts::default(), clock);
+        let req = Request::post("/")
+            .body(Trickle {
+                left: 10,
+                ready: false,
+                sized: true,
+            })
+            .unwrap();
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let body = intake.take(req, peer).await.unwrap().into_body();
+        // 40 bytes in, 60 to come: twice those and a little, not 128 KiB
+        assert_eq!(intake.buffered.held(), 40 + 2 * 60 + 64);
+        drop(body);
+        assert_eq!(intake.buffered.held(), 0);
+    }
+
+    #[tokio::test]
     async fn a_full_gauge_refuses_an_intake() {
         let clock: Arc<dyn Clock> = Arc::new(paceline_core::ManualClock::at_unix_secs(1_000));
         let intake = Intake::new(GatewayLimits::default(), Timeouts::default(), clock);
@@ -1046,6 +1085,7 @@ mod tests {
             .body(Trickle {
                 left: 10,
                 ready: false,
+                sized: false,
             })
             .unwrap();
         let peer: IpAddr = "127.0.0.1".parse().unwrap();
