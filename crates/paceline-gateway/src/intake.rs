@@ -30,7 +30,9 @@
 //!
 //! [`Buffered`] is the one gauge of bytes held for clients: unfinished
 //! request heads (counted by the connection's socket wrapper in `edge.rs`
-//! while no request is in flight on it), bodies in their intake, and, for
+//! while no request is in flight on it), the heads of requests in flight
+//! (until their answer's head; an HTTP/2 connection may have many), bodies
+//! in their intake, and, for
 //! every body still streaming up once its intake is done, its
 //! [`READ_AHEAD`]: what of it the gateway may hold at once on its way
 //! through, bounded per body by construction (a socket read of at most
@@ -823,8 +825,21 @@ impl Intake {
         >,
     {
         use tower::ServiceExt;
-        match self.take(req, peer).await {
-            Ok(req) => svc.oneshot(req).await,
+        // the head stays in memory while its request is in flight (an
+        // HTTP/2 connection has many): counted until the answer's head
+        let held = match HeadHeld::reserve(&self.buffered, head_size(&req)) {
+            Some(h) => Ok(h),
+            None => {
+                crate::metrics::intake_refused("memory");
+                Err(Refusal::Overloaded)
+            }
+        };
+        let taken = match held {
+            Ok(held) => self.take(req, peer).await.map(|r| (r, held)),
+            Err(r) => Err(r),
+        };
+        match taken {
+            Ok((req, _held)) => svc.oneshot(req).await,
             Err(r) => {
                 let res = refusal_answer(r, base().problem_base(), retry_after_s);
                 Ok(res.map(|data| crate::shed::ShedBody::Full {
@@ -833,6 +848,37 @@ impl Intake {
             }
         }
     }
+}
+
+/// The bytes of a request head in flight, held in the gauge until dropped.
+struct HeadHeld {
+    gauge: Arc<Buffered>,
+    n: usize,
+}
+
+impl HeadHeld {
+    fn reserve(gauge: &Arc<Buffered>, n: usize) -> Option<HeadHeld> {
+        gauge.try_reserve(n).then(|| HeadHeld {
+            gauge: gauge.clone(),
+            n,
+        })
+    }
+}
+
+impl Drop for HeadHeld {
+    fn drop(&mut self) {
+        self.gauge.give_back(self.n);
+    }
+}
+
+/// About the bytes `req`'s head takes: its target, and each field's name
+/// and value with the 32 bytes of overhead HTTP/2 counts for one.
+fn head_size<B>(req: &Request<B>) -> usize {
+    let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len())
+        + req.uri().authority().map_or(0, |a| a.as_str().len());
+    req.headers().iter().fold(target + 64, |n, (name, value)| {
+        n + name.as_str().len() + value.len() + 32
+    })
 }
 
 /// Whether a request body error is a broken deadline.

@@ -389,8 +389,9 @@ impl GatewayHandle {
         &self.inner.shedder
     }
 
-    /// The bytes held now for clients in unfinished request heads and in
-    /// request bodies waiting in their intake (bounded by
+    /// The bytes held now for clients in request heads (unfinished, or of
+    /// requests in flight), in request bodies waiting in their intake, and
+    /// as the read-ahead of bodies streaming upstream (bounded by
     /// `gateway.limits.max_buffered_bytes`).
     pub fn buffered_bytes(&self) -> usize {
         self.inner.intake.buffered.held()

@@ -26,7 +26,8 @@ fn find(buf: &[u8], what: &[u8]) -> Option<usize> {
     buf.windows(what.len()).position(|w| w == what)
 }
 
-/// An HTTP/1.1 upstream that answers every head `200 ok` and counts them.
+/// An HTTP/1.1 upstream that counts every head and answers it `200 ok`,
+/// but for `/stall`, which it never answers.
 async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -46,8 +47,11 @@ async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
                         }
                     }
                     let end = find(&buf, b"\r\n\r\n").unwrap() + 4;
-                    buf.drain(..end);
+                    let head: Vec<u8> = buf.drain(..end).collect();
                     count.fetch_add(1, Ordering::SeqCst);
+                    if head.starts_with(b"GET /stall ") {
+                        std::future::pending::<()>().await;
+                    }
                     let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
                     if s.write_all(ok).await.is_err() {
                         return;
@@ -115,7 +119,11 @@ sk_a = "free"
 
 /// A request whose head carries a field of `pad` bytes.
 fn get(pad: usize) -> Request<Empty<Bytes>> {
-    Request::get("http://gw/v1/rates")
+    get_at("/v1/rates", pad)
+}
+
+fn get_at(path: &str, pad: usize) -> Request<Empty<Bytes>> {
+    Request::get(format!("http://gw{path}"))
         .header("authorization", "Bearer sk_a")
         .header("x-pad", "a".repeat(pad))
         .body(Empty::new())
@@ -268,5 +276,58 @@ async fn many_streams_with_huge_heads_hold_nothing() {
     let mut fresh = rig.h2().await;
     assert_eq!(status(&mut fresh, get(100)).await, 200);
     assert_eq!(rig.seen.load(Ordering::SeqCst), 5);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_in_flight_are_counted_in_the_memory_bound() {
+    const CAP: usize = 1024 * 1024;
+    let rig = Rig::start(&format!(
+        "max_head_bytes = 16384\n[gateway.limits]\nmax_buffered_bytes = {CAP}\n[gateway.timeouts]\nupstream_header_ms = 2000\n"
+    ))
+    .await;
+    // two hundred streams over four connections, each head 15 KiB (within
+    // the bound) and each request held by the upstream: 3 MB of heads in
+    // flight against a bound of 1 MiB
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        conns.push(rig.h2().await);
+    }
+    let handle = rig.handle.clone();
+    let watching = tokio::spawn(async move {
+        let mut peak = 0;
+        for _ in 0..200 {
+            peak = peak.max(handle.buffered_bytes());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        peak
+    });
+    let mut streams = Vec::new();
+    for send in &conns {
+        for _ in 0..50 {
+            let mut send = send.clone();
+            streams.push(tokio::spawn(async move {
+                status(&mut send, get_at("/stall", 15 * 1024)).await
+            }));
+        }
+    }
+    let peak = watching.await.unwrap();
+    let mut refused = 0;
+    for s in streams {
+        match s.await.unwrap() {
+            503 => refused += 1,
+            504 => {}
+            other => panic!("{other}"),
+        }
+    }
+    assert!(peak <= CAP, "held {peak} bytes, bound {CAP}");
+    assert!(peak > CAP / 2, "the heads in flight were counted: {peak}");
+    assert!(refused >= 100, "{refused} of 200 refused");
+    assert!(
+        rig.seen.load(Ordering::SeqCst) <= 200 - refused,
+        "a refused request never went up"
+    );
+    // all given back once answered
+    assert_eq!(rig.handle.buffered_bytes(), 0);
     rig.stop().await;
 }
