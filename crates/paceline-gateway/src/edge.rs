@@ -2,10 +2,19 @@
 //! answers like every other refusal of the gateway.
 //!
 //! Why: hyper parses a request head before any service sees it. A head it
-//! cannot take — longer than `gateway.max_head_bytes`, a `Content-Length`
-//! that is not a number, a malformed field — gets hyper's bare answer
-//! (`400` or `431`, no body), and for the two largest 64-bit lengths,
-//! which it keeps as internal markers, a `431` that should be a `400`.
+//! cannot take gets hyper's bare answer (no body): `431` for a head longer
+//! than `gateway.max_head_bytes` or with more than [`MAX_FIELDS`] fields,
+//! `414` for a request target longer than [`MAX_TARGET`] bytes (hyper's
+//! own bound, which no setting moves), `400` for a `Content-Length` that is
+//! not a number or a malformed field, and for the two largest 64-bit
+//! lengths, which it keeps as internal markers, a `431` that should be a
+//! `400`. Each becomes a problem answer naming the bound it broke.
+//!
+//! HTTP/2 heads are refused by the `h2` layer below hyper: a field list
+//! past the bound it announces (`SETTINGS_MAX_HEADER_LIST_SIZE`, the same
+//! `gateway.max_head_bytes`) gets a bare `431` on its stream and the
+//! stream reset, the connection kept for the others. That answer is
+//! written inside `h2`, with no way for the gateway to replace it.
 //!
 //! [`EdgeIo`] wraps the client socket. Such an answer is the last thing
 //! hyper writes on a connection (it says `connection: close`, and nothing
@@ -21,7 +30,10 @@
 //! is in flight on its connection is a head in the making, held until the
 //! head is handed to the service ([`HeadBytes::dispatched`]). When the
 //! gauge is at its bound, such a read is refused and the connection closed
-//! before anything more is read.
+//! before anything more is read. While a request is in flight, a read
+//! takes at most [`BODY_READ`] bytes: what hyper holds of a body on its way
+//! up is bounded by that, and counted in the body's read-ahead (see
+//! `intake.rs`).
 
 use std::io;
 use std::pin::Pin;
@@ -44,13 +56,24 @@ use crate::intake::Buffered;
 #[derive(Debug)]
 pub(crate) struct HeadBytes {
     pending: AtomicUsize,
+    /// The most counted for one connection: what it can hold of heads not
+    /// handed on. HTTP/1: hyper's read buffer, bounded by the head bound
+    /// (its last read may overshoot it); HTTP/2: one header block being
+    /// decoded and a frame. Past it, bytes read are not kept (an HTTP/2
+    /// connection whose streams `h2` refuses for their heads discards
+    /// them), so they are not counted: a client cannot fill the gauge
+    /// for everyone from one connection that never gets a request in.
+    limit: usize,
     gauge: Arc<Buffered>,
 }
 
 impl HeadBytes {
-    pub(crate) fn new(gauge: Arc<Buffered>) -> Arc<HeadBytes> {
+    /// The head bytes of a connection whose heads are bounded by
+    /// `max_head` bytes.
+    pub(crate) fn new(gauge: Arc<Buffered>, max_head: usize) -> Arc<HeadBytes> {
         Arc::new(HeadBytes {
             pending: AtomicUsize::new(0),
+            limit: 2 * max_head + BODY_READ,
             gauge,
         })
     }
@@ -69,8 +92,22 @@ pub(crate) struct Metered {
     pub(crate) activity: Arc<Activity>,
 }
 
+/// The most bytes one read takes while a request is in flight: the part of
+/// a streaming body that hyper holds at once on an HTTP/1 connection.
+pub(crate) const BODY_READ: usize = 16 * 1024;
+
 /// The longest write taken for one of hyper's own answers.
 const MAX_OWN_ANSWER: usize = 256;
+
+/// The most fields a request head may have: hyper's HTTP/1 parser refuses
+/// more (its default, which the gateway keeps: each field costs it room
+/// for every head it parses).
+pub(crate) const MAX_FIELDS: usize = 100;
+
+/// The longest request target hyper's HTTP/1 parser takes, in bytes; not
+/// configurable. It matters only when `gateway.max_head_bytes` is above
+/// 64 KiB: a shorter head bound is met first.
+pub(crate) const MAX_TARGET: usize = u16::MAX as usize - 1;
 
 /// What a connection leaves behind for [`finish`]: the socket, the answer
 /// held back, and how much was read since the gateway last wrote.
@@ -78,6 +115,7 @@ pub(crate) struct Left {
     io: TcpStream,
     held: Vec<u8>,
     read_since_write: usize,
+    lines_since_write: usize,
 }
 
 /// A client socket that holds back hyper's own answers (see the module
@@ -88,6 +126,9 @@ pub(crate) struct EdgeIo {
     /// Bytes read since the last write: a head past the bound has filled
     /// the read buffer, a bad length has not.
     read_since_write: usize,
+    /// Line ends in the heads read since the last write: a head with too
+    /// many fields has more than [`MAX_FIELDS`] of them, a bad length not.
+    lines_since_write: usize,
     left: Option<oneshot::Sender<Left>>,
     metered: Option<Metered>,
 }
@@ -101,6 +142,7 @@ impl EdgeIo {
             io: Some(io),
             held: Vec::new(),
             read_since_write: 0,
+            lines_since_write: 0,
             left: Some(tx),
             metered: None,
         };
@@ -125,14 +167,24 @@ impl EdgeIo {
             let m = self.metered.as_ref().expect("metered");
             (m.head.gauge.clone(), m.head.clone())
         };
-        let want = buf.remaining();
+        let room = head
+            .limit
+            .saturating_sub(head.pending.load(Ordering::Acquire));
+        if room == 0 {
+            // bytes that are not kept (see `HeadBytes::limit`)
+            let before = buf.filled().len();
+            let r = self.io().poll_read(cx, buf);
+            self.read_since_write += buf.filled().len() - before;
+            return r;
+        }
+        let want = buf.remaining().min(room);
         let got = gauge.reserve_up_to(want);
         if got == 0 {
             tracing::debug!("buffered bytes at their bound: connection closed");
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
-        let r = if got == want {
+        let r = if got == buf.remaining() {
             self.io().poll_read(cx, buf)
         } else {
             // near the bound: read no more than the room there is
@@ -146,6 +198,8 @@ impl EdgeIo {
         head.pending.fetch_add(n, Ordering::AcqRel);
         gauge.give_back(got - n);
         self.read_since_write += n;
+        let read = &buf.filled()[before..];
+        self.lines_since_write += read.iter().filter(|&&b| b == b'\n').count();
         r
     }
 
@@ -213,7 +267,18 @@ impl AsyncRead for EdgeIo {
             return this.poll_read_head(cx, buf);
         }
         let before = buf.filled().len();
-        let r = this.io().poll_read(cx, buf);
+        let r = if buf.remaining() <= BODY_READ {
+            this.io().poll_read(cx, buf)
+        } else {
+            // a body's bytes, or the frames of an HTTP/2 connection: no
+            // more than `BODY_READ` at once
+            buf.initialize_unfilled_to(BODY_READ);
+            let mut part = buf.take(BODY_READ);
+            let r = this.io().poll_read(cx, &mut part);
+            let n = part.filled().len();
+            buf.advance(n);
+            r
+        };
         this.read_since_write += buf.filled().len() - before;
         r
     }
@@ -232,6 +297,7 @@ impl AsyncWrite for EdgeIo {
             return Poll::Ready(Ok(buf.len()));
         }
         this.read_since_write = 0;
+        this.lines_since_write = 0;
         this.io().poll_write(cx, buf)
     }
 
@@ -267,6 +333,7 @@ impl Drop for EdgeIo {
                 io,
                 held: std::mem::take(&mut self.held),
                 read_since_write: self.read_since_write,
+                lines_since_write: self.lines_since_write,
             });
         }
     }
@@ -286,9 +353,14 @@ pub(crate) async fn finish(
     let Ok(mut left) = left.await else {
         return;
     };
+    let read = Read {
+        filled: left.read_since_write >= max_head,
+        lines: left.lines_since_write,
+        max_head,
+    };
     let answer = error
         .as_deref()
-        .and_then(|e| refusal(e, left.read_since_write >= max_head))
+        .and_then(|e| refusal(e, &read))
         .map(|(kind, detail)| wire(&problem::answer(&Problem::new(kind, &base(), detail))));
     let bytes = answer.as_deref().unwrap_or(&left.held);
     let _ = tokio::time::timeout(bound, async {
@@ -298,39 +370,57 @@ pub(crate) async fn finish(
     .await;
 }
 
-/// The problem for a head hyper refused with `error`; `filled`: the
-/// connection's read buffer was full.
+/// What the connection had read of the head hyper refused.
+struct Read {
+    /// The connection's read buffer was full.
+    filled: bool,
+    /// Line ends read since the gateway last wrote.
+    lines: usize,
+    /// The head bound, `gateway.max_head_bytes`.
+    max_head: usize,
+}
+
+/// The problem for a head hyper refused with `error`, its detail naming
+/// the bound the head broke.
 fn refusal(
     error: &(dyn std::error::Error + 'static),
-    filled: bool,
-) -> Option<(ProblemKind, &'static str)> {
+    read: &Read,
+) -> Option<(ProblemKind, String)> {
+    const LENGTH: &str = "Content-Length must be one decimal number that fits in 64 bits.";
     let e = find_hyper(error)?;
-    if e.is_parse_too_large() {
-        return Some(match filled {
-            true => (
-                ProblemKind::HeadTooLarge,
-                "The request head is longer than this gateway accepts.",
-            ),
-            false => (
-                ProblemKind::BadRequest,
-                "Content-Length must be one decimal number that fits in 64 bits.",
-            ),
-        });
-    }
     if !e.is_parse() {
         return None;
     }
-    // hyper names the fault only in its message
+    // hyper names some faults only in its message
     let text = e.to_string();
+    if text.contains("URI too long") {
+        return Some((
+            ProblemKind::UriTooLong,
+            format!("The request target is longer than {MAX_TARGET} bytes."),
+        ));
+    }
+    if e.is_parse_too_large() {
+        // a full buffer, too many fields, or one of the two lengths hyper
+        // keeps as markers: told apart by what was read
+        return Some(if read.filled {
+            (
+                ProblemKind::HeadTooLarge,
+                format!("The request head is longer than {} bytes.", read.max_head),
+            )
+        } else if read.lines > MAX_FIELDS + 1 {
+            (
+                ProblemKind::HeadTooLarge,
+                format!("The request head has more than {MAX_FIELDS} fields."),
+            )
+        } else {
+            (ProblemKind::BadRequest, LENGTH.to_string())
+        });
+    }
     Some(match text.contains("content-length") {
-        true => (
-            ProblemKind::BadRequest,
-            "Content-Length must be one decimal number that fits in 64 bits.",
-        ),
-        false if text.contains("URI too long") => return None,
+        true => (ProblemKind::BadRequest, LENGTH.to_string()),
         false => (
             ProblemKind::BadRequest,
-            "The request head could not be parsed.",
+            "The request head could not be parsed.".to_string(),
         ),
     })
 }

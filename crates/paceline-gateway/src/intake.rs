@@ -30,10 +30,21 @@
 //!
 //! [`Buffered`] is the one gauge of bytes held for clients: unfinished
 //! request heads (counted by the connection's socket wrapper in `edge.rs`
-//! while no request is in flight on it) and bodies in their intake. Past
+//! while no request is in flight on it), the heads of requests in flight
+//! (until their answer's head; an HTTP/2 connection may have many), bodies
+//! in their intake, and, for
+//! every body still streaming up once its intake is done, its
+//! [`READ_AHEAD`]: what of it the gateway may hold at once on its way
+//! through, bounded per body by construction (a socket read of at most
+//! [`crate::edge::BODY_READ`] for HTTP/1, the stream's flow-control window
+//! for HTTP/2, the frame being sent up and its framed copy). Past
 //! `gateway.limits.max_buffered_bytes` a connection with no request in
 //! flight is closed before anything more is read from it, and a new
-//! intake is refused with `503`.
+//! intake (or a body that would stream on past it) is refused with `503`.
+//!
+//! A body that goes upstream carries its [`BodyProgress`], so that when the
+//! upstream's answer is late the proxy can tell a client that stopped
+//! sending (`408`) from an upstream that did not answer (`504`).
 //!
 //! Time is read from the gateway's clock where a deadline is decided;
 //! tokio's timers only wake the body up to look.
@@ -42,7 +53,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -117,6 +128,70 @@ impl Buffered {
         if n > 0 {
             self.held.fetch_sub(n, Ordering::AcqRel);
         }
+    }
+}
+
+/// The bytes of the gauge a request body holds for as long as it streams
+/// on after its intake: the most of it the gateway can hold at once on its
+/// way up. HTTP/1: a socket read hyper holds (at most
+/// [`crate::edge::BODY_READ`]), the frame being written up and its framed
+/// copy, each no larger; HTTP/2: the stream's window
+/// ([`crate::server::H2_STREAM_WINDOW`]) and the same frame and copy (a
+/// frame is at most 16 KiB).
+pub(crate) const READ_AHEAD: usize = 128 * 1024;
+
+// ---------------------------------------------------------------------------
+// Progress, for the proxy
+// ---------------------------------------------------------------------------
+
+/// How far a request body has come, shared with the proxy through the
+/// request's extensions: when the upstream's answer is late while the body
+/// is still coming, it says whether the client is to blame.
+#[derive(Debug)]
+pub(crate) struct BodyProgress {
+    /// Body bytes received from the client so far.
+    received: AtomicU64,
+    /// No more is to come: the body ended, failed or broke a deadline.
+    done: AtomicBool,
+    /// The gateway's last look at the client's body found nothing there:
+    /// it is waiting on the client (not on an upstream slow to read).
+    waiting: AtomicBool,
+    /// `gateway.limits.min_body_rate`.
+    min_rate: u64,
+}
+
+impl BodyProgress {
+    fn new(min_rate: u64) -> Arc<BodyProgress> {
+        Arc::new(BodyProgress {
+            received: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+            waiting: AtomicBool::new(false),
+            min_rate,
+        })
+    }
+
+    /// Body bytes received so far.
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(Ordering::Acquire)
+    }
+
+    /// Whether a body that had `before` bytes in when the upstream was
+    /// first waited for, `waited` ago, is what the upstream still waits
+    /// for: not all in, the gateway waiting on the client for more, and
+    /// less of it came in the wait than the least rate asks (nothing at
+    /// all, with the rate rule off).
+    pub(crate) fn client_stalled(&self, before: u64, waited: Duration) -> bool {
+        if self.done.load(Ordering::Acquire) || !self.waiting.load(Ordering::Acquire) {
+            return false;
+        }
+        let got = self.received().saturating_sub(before);
+        let need = (u128::from(self.min_rate) * waited.as_nanos()).div_ceil(1_000_000_000);
+        u128::from(got) < need.max(1)
+    }
+
+    fn data(&self, n: usize) {
+        self.received.fetch_add(n as u64, Ordering::AcqRel);
+        self.waiting.store(false, Ordering::Release);
     }
 }
 
@@ -342,6 +417,10 @@ pub(crate) struct RequestBody<B = hyper::body::Incoming> {
     /// length stays one (chunked on the way up) even when the intake took
     /// all of it.
     announced: bool,
+    /// Bytes of the gauge held as this body's [`READ_AHEAD`] while it
+    /// streams on past its intake.
+    ahead: usize,
+    progress: Option<Arc<BodyProgress>>,
 }
 
 struct Paced {
@@ -361,6 +440,8 @@ impl<B> RequestBody<B> {
             paced: None,
             place: None,
             announced: true,
+            ahead: 0,
+            progress: None,
         }
     }
 
@@ -382,7 +463,7 @@ impl<B> RequestBody<B> {
 impl<B> Drop for RequestBody<B> {
     fn drop(&mut self) {
         if let Some(g) = &self.gauge {
-            g.give_back(std::mem::take(&mut self.held));
+            g.give_back(std::mem::take(&mut self.held) + std::mem::take(&mut self.ahead));
         }
     }
 }
@@ -422,6 +503,9 @@ where
                 }
                 if let Some(d) = frame.data_ref() {
                     p.pace.on_data(now, d.len() as u64);
+                    if let Some(pr) = &self.progress {
+                        pr.data(d.len());
+                    }
                 }
                 if self.rest.as_ref().is_some_and(|r| r.is_end_stream()) {
                     self.ended();
@@ -435,6 +519,9 @@ where
             Poll::Pending => {
                 if let Err(b) = p.pace.check(now) {
                     return self.breach(b);
+                }
+                if let Some(pr) = &self.progress {
+                    pr.waiting.store(true, Ordering::Release);
                 }
                 let wait = p.pace.next_look(now);
                 let at = tokio::time::Instant::now() + wait;
@@ -453,16 +540,22 @@ where
 
     fn breach(&mut self, b: Breach) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         crate::metrics::request_body_deadline(b);
-        self.rest = None;
-        self.paced = None;
-        self.place = None;
+        self.ended();
         Poll::Ready(Some(Err(Box::new(BodyDeadline(b)))))
     }
 
+    /// Nothing more comes from the client: its place and read-ahead go
+    /// back.
     fn ended(&mut self) {
         self.rest = None;
         self.paced = None;
         self.place = None;
+        if let Some(g) = &self.gauge {
+            g.give_back(std::mem::take(&mut self.ahead));
+        }
+        if let Some(pr) = &self.progress {
+            pr.done.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -564,12 +657,14 @@ impl Intake {
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         if body.is_end_stream() {
             return Ok(Request::from_parts(parts, RequestBody::empty()));
         }
         let now = self.clock.now();
         let announced = body.size_hint().exact().is_some();
+        let progress = BodyProgress::new(self.limits.min_body_rate);
+        parts.extensions.insert(progress.clone());
         let mut rb = RequestBody {
             front: VecDeque::new(),
             held: 0,
@@ -582,10 +677,13 @@ impl Intake {
             }),
             place: None,
             announced,
+            ahead: 0,
+            progress: Some(progress),
         };
         let want = self.limits.intake_bytes;
         // what came with the head is in memory already: taken, counted
         if take_ready(&mut rb, want)? {
+            read_ahead(&mut rb)?;
             return Ok(Request::from_parts(parts, rb));
         }
         // the rest has to be waited for: a place, and room for it
@@ -604,8 +702,31 @@ impl Intake {
                 }
             }
         }
+        read_ahead(&mut rb)?;
         Ok(Request::from_parts(parts, rb))
     }
+}
+
+/// A body that streams on past its intake holds its [`READ_AHEAD`] in the
+/// gauge until it has all arrived (less when fewer bytes are left to come:
+/// the frame and its copy hold at most twice those); without room for it,
+/// it is refused.
+fn read_ahead<B: Body>(rb: &mut RequestBody<B>) -> Result<(), Refusal> {
+    let Some(rest) = &rb.rest else {
+        return Ok(());
+    };
+    let want = match rest.size_hint().upper() {
+        Some(left) => usize::try_from(left.saturating_mul(2).saturating_add(64))
+            .map_or(READ_AHEAD, |n| n.min(READ_AHEAD)),
+        None => READ_AHEAD,
+    };
+    let gauge = rb.gauge.as_ref().expect("an intake has a gauge");
+    if !gauge.try_reserve(want) {
+        crate::metrics::intake_refused("memory");
+        return Err(Refusal::Overloaded);
+    }
+    rb.ahead = want;
+    Ok(())
 }
 
 /// Takes what of the client's body is there without waiting, up to
@@ -704,8 +825,21 @@ impl Intake {
         >,
     {
         use tower::ServiceExt;
-        match self.take(req, peer).await {
-            Ok(req) => svc.oneshot(req).await,
+        // the head stays in memory while its request is in flight (an
+        // HTTP/2 connection has many): counted until the answer's head
+        let held = match HeadHeld::reserve(&self.buffered, head_size(&req)) {
+            Some(h) => Ok(h),
+            None => {
+                crate::metrics::intake_refused("memory");
+                Err(Refusal::Overloaded)
+            }
+        };
+        let taken = match held {
+            Ok(held) => self.take(req, peer).await.map(|r| (r, held)),
+            Err(r) => Err(r),
+        };
+        match taken {
+            Ok((req, _held)) => svc.oneshot(req).await,
             Err(r) => {
                 let res = refusal_answer(r, base().problem_base(), retry_after_s);
                 Ok(res.map(|data| crate::shed::ShedBody::Full {
@@ -714,6 +848,37 @@ impl Intake {
             }
         }
     }
+}
+
+/// The bytes of a request head in flight, held in the gauge until dropped.
+struct HeadHeld {
+    gauge: Arc<Buffered>,
+    n: usize,
+}
+
+impl HeadHeld {
+    fn reserve(gauge: &Arc<Buffered>, n: usize) -> Option<HeadHeld> {
+        gauge.try_reserve(n).then(|| HeadHeld {
+            gauge: gauge.clone(),
+            n,
+        })
+    }
+}
+
+impl Drop for HeadHeld {
+    fn drop(&mut self) {
+        self.gauge.give_back(self.n);
+    }
+}
+
+/// About the bytes `req`'s head takes: its target, and each field's name
+/// and value with the 32 bytes of overhead HTTP/2 counts for one.
+fn head_size<B>(req: &Request<B>) -> usize {
+    let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len())
+        + req.uri().authority().map_or(0, |a| a.as_str().len());
+    req.headers().iter().fold(target + 64, |n, (name, value)| {
+        n + name.as_str().len() + value.len() + 32
+    })
 }
 
 /// Whether a request body error is a broken deadline.
@@ -867,10 +1032,12 @@ mod tests {
         assert_eq!(r.taken(), 3);
     }
 
-    /// A body whose frames come one per poll, each after a pending poll.
+    /// A body whose frames come one per poll, each after a pending poll;
+    /// `sized`: it says how much is left.
     struct Trickle {
         left: usize,
         ready: bool,
+        sized: bool,
     }
 
     impl Body for Trickle {
@@ -895,6 +1062,12 @@ mod tests {
         fn is_end_stream(&self) -> bool {
             self.left == 0
         }
+        fn size_hint(&self) -> SizeHint {
+            match self.sized {
+                true => SizeHint::with_exact(self.left as u64 * 10),
+                false => SizeHint::default(),
+            }
+        }
     }
 
     #[tokio::test]
@@ -909,19 +1082,44 @@ mod tests {
             .body(Trickle {
                 left: 10,
                 ready: false,
+                sized: false,
             })
             .unwrap();
         let peer: IpAddr = "127.0.0.1".parse().unwrap();
         let req = intake.take(req, peer).await.unwrap();
         let mut body = req.into_body();
         assert_eq!(body.held(), 40);
-        assert_eq!(intake.buffered.held(), 40);
+        // the rest still to come holds its read-ahead too
+        assert_eq!(intake.buffered.held(), 40 + READ_AHEAD);
         assert_eq!(intake.receiving.taken(), 1);
         use http_body_util::BodyExt;
         let all = (&mut body).collect().await.unwrap().to_bytes();
         assert_eq!(all.len(), 100);
         assert_eq!(intake.buffered.held(), 0);
         assert_eq!(intake.receiving.taken(), 0, "given back at the end");
+    }
+
+    #[tokio::test]
+    async fn a_body_with_little_left_holds_a_read_ahead_to_match() {
+        let clock: Arc<dyn Clock> = Arc::new(paceline_core::ManualClock::at_unix_secs(1_000));
+        let limits = GatewayLimits {
+            intake_bytes: 35,
+            ..GatewayLimits::default()
+        };
+        let intake = Intake::new(limits, Timeouts::default(), clock);
+        let req = Request::post("/")
+            .body(Trickle {
+                left: 10,
+                ready: false,
+                sized: true,
+            })
+            .unwrap();
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let body = intake.take(req, peer).await.unwrap().into_body();
+        // 40 bytes in, 60 to come: twice those and a little, not 128 KiB
+        assert_eq!(intake.buffered.held(), 40 + 2 * 60 + 64);
+        drop(body);
+        assert_eq!(intake.buffered.held(), 0);
     }
 
     #[tokio::test]
@@ -933,6 +1131,7 @@ mod tests {
             .body(Trickle {
                 left: 10,
                 ready: false,
+                sized: false,
             })
             .unwrap();
         let peer: IpAddr = "127.0.0.1".parse().unwrap();

@@ -9,7 +9,9 @@
 //! and bounds every phase: connecting, waiting for the response head, and
 //! every pause inside either body. A request body streams while the answer
 //! is watched for, so an upstream may answer early. An upstream that cannot
-//! be reached gives `502`, one too slow to answer `504`; an answer whose
+//! be reached gives `502`, one too slow to answer `504` (unless what it
+//! waited for was the client's own body, stalled or slower than the least
+//! rate: then `408`, the connection closed); an answer whose
 //! framing cannot be trusted (conflicting lengths, transfer codings other
 //! than chunked) gives `502`. A request that a reused connection lost
 //! before any answer came (the upstream closed it while it sat idle) is
@@ -36,7 +38,7 @@ use paceline_wire::problem::{self, Problem, ProblemKind};
 use tower_service::Service;
 
 use crate::config::Timeouts;
-use crate::intake::RequestBody;
+use crate::intake::{BodyProgress, RequestBody};
 use crate::metrics as m;
 use crate::shed::CurrentLimits;
 use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError, Via};
@@ -121,6 +123,10 @@ impl Proxy {
             );
         }
         let (parts, body) = req.into_parts();
+        // how much of a body still coming was in when the upstream was
+        // first waited for
+        let progress = parts.extensions.get::<Arc<BodyProgress>>().cloned();
+        let before = progress.as_ref().map_or(0, |p| p.received());
         let peer = parts
             .extensions
             .get::<PeerAddr>()
@@ -164,6 +170,27 @@ impl Proxy {
                     ProblemKind::BadGateway,
                     detail,
                 ))
+            }
+            Err(_)
+                if progress
+                    .as_ref()
+                    .is_some_and(|p| p.client_stalled(before, this.timeouts.upstream_header)) =>
+            {
+                // the upstream was waiting for the rest of the body, which
+                // the client stopped sending: the client's fault, a 408,
+                // and the upstream connection went with the exchange.
+                // Unlike a 504 its charge is kept, as every 408 after
+                // admission is: the request was admitted and held an
+                // upstream connection, and a refund would let a client
+                // that stalls after its first bytes occupy upstreams
+                // without spending anything. (The intake's own 408 charges
+                // nothing because it comes before the limiter, with
+                // nothing sent upstream.)
+                tracing::debug!(
+                    timeout_ms = this.timeouts.upstream_header.as_millis() as u64,
+                    "request body stalled while the upstream waited for it"
+                );
+                request_body_stalled((this.limits)().problem_base())
             }
             Err(_) => {
                 m::upstream_error("timeout");
@@ -213,6 +240,22 @@ fn request_body_error(base: &str, e: &BoxError) -> Response<ProxyBody> {
             "The request body could not be read.",
         )
     };
+    res.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    res
+}
+
+/// The answer when the upstream's answer was late because the client's
+/// body stalled: `408`, the connection closed.
+fn request_body_stalled(base: &str) -> Response<ProxyBody> {
+    m::upstream_error("request_body");
+    let mut res = gateway_error(
+        base,
+        ProblemKind::RequestTimeout,
+        "The request body stalled while the upstream waited for it.",
+    );
     res.headers_mut().insert(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),

@@ -18,8 +18,12 @@
 //! A request head longer than `gateway.max_head_bytes` (64 KiB by default,
 //! the bound kept on upstream answer heads too) is answered `431` and its
 //! connection closed: HTTP/1.1 by the size of the connection's read buffer,
-//! HTTP/2 by the field-list size it announces. A configuration that fails validation is
-//! refused and the old one keeps serving.
+//! HTTP/2 by the field-list size it announces
+//! (`SETTINGS_MAX_HEADER_LIST_SIZE`; there the `431` is the `h2` layer's
+//! own, the stream reset and the connection kept). An HTTP/2 stream may
+//! have [`H2_STREAM_WINDOW`] bytes of its body unread in the gateway, the
+//! bound the read-ahead of `intake.rs` counts on. A configuration that
+//! fails validation is refused and the old one keeps serving.
 
 use std::future::Future;
 use std::io;
@@ -49,6 +53,11 @@ use crate::intake::Intake;
 use crate::metrics as m;
 use crate::proxy::{full, Proxy};
 use crate::shed::{CurrentLimits, LoadShedLayer, Shedder};
+
+/// The flow-control window of an HTTP/2 request stream: the most of its
+/// body a client may send before the gateway has passed it on (the
+/// protocol's initial 65,535 bytes, rounded up).
+pub(crate) const H2_STREAM_WINDOW: u32 = 64 * 1024;
 
 /// The limiter a gateway runs: its store (in memory, or Redis) and a
 /// shared clock.
@@ -257,7 +266,8 @@ impl Gateway {
         builder
             .http2()
             .timer(TokioTimer::new())
-            .max_header_list_size(settings.max_head_bytes as u32);
+            .max_header_list_size(settings.max_head_bytes as u32)
+            .initial_stream_window_size(H2_STREAM_WINDOW);
         let graceful = GracefulShutdown::new();
         let mut tasks = Vec::new();
         if let Some((l, _)) = self.metrics {
@@ -303,7 +313,7 @@ impl Gateway {
             let stack = shed.layer(limited.with_peer(peer));
             let activity = Activity::new();
             let watched = activity.clone();
-            let head = HeadBytes::new(h.inner.intake.buffered.clone());
+            let head = HeadBytes::new(h.inner.intake.buffered.clone(), settings.max_head_bytes);
             let metered = Metered {
                 head: head.clone(),
                 activity: activity.clone(),
@@ -379,8 +389,9 @@ impl GatewayHandle {
         &self.inner.shedder
     }
 
-    /// The bytes held now for clients in unfinished request heads and in
-    /// request bodies waiting in their intake (bounded by
+    /// The bytes held now for clients in request heads (unfinished, or of
+    /// requests in flight), in request bodies waiting in their intake, and
+    /// as the read-ahead of bodies streaming upstream (bounded by
     /// `gateway.limits.max_buffered_bytes`).
     pub fn buffered_bytes(&self) -> usize {
         self.inner.intake.buffered.held()

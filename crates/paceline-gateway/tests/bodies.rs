@@ -427,3 +427,118 @@ async fn bytes_held_for_unfinished_heads_stay_under_the_bound() {
     assert_eq!(status, 200);
     rig.stop().await;
 }
+
+/// Reads one answer whole (head, then its `content-length` body).
+async fn read_whole<R: AsyncReadExt + Unpin>(s: &mut R) -> (u16, String, String) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let end = loop {
+        if let Some(i) = find(&buf, b"\r\n\r\n") {
+            break i + 4;
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => {
+                return (0, String::from_utf8_lossy(&buf).into_owned(), String::new())
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let len = head
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: ")?.trim().parse().ok())
+        .unwrap_or(0usize);
+    while buf.len() < end + len {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let body = String::from_utf8_lossy(&buf[end..]).into_owned();
+    (head[9..12].parse().unwrap(), head, body)
+}
+
+impl Rig {
+    /// The burst left for `sk_a`, read from the usage endpoint.
+    async fn left(&self) -> u64 {
+        let mut s = TcpStream::connect(self.addr).await.unwrap();
+        s.write_all(b"GET /v1/usage HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_a\r\n\r\n")
+            .await
+            .unwrap();
+        let (status, head, body) = tokio::time::timeout(LIMIT, read_whole(&mut s))
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{head}{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["limits"][0]["r"].as_u64().unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_while_the_upstream_waits_for_it_is_408_not_504() {
+    // the upstream has 300 ms to answer; a pause inside the body may last
+    // 30 s and the rate is not judged before 10 s: a client that stops
+    // after its first 16 KiB (the intake's) runs into the upstream's
+    // timer first
+    let rig = Rig::start("[gateway.timeouts]\nupstream_header_ms = 300\n").await;
+    let before = rig.left().await;
+    let started = Instant::now();
+    let mut s = rig.upload("/v1/orders", 100_000, &[b'x'; 16 * 1024]).await;
+    let (status, head, body) = tokio::time::timeout(LIMIT, read_whole(&mut s))
+        .await
+        .unwrap();
+    assert_eq!(status, 408, "{head}{body}");
+    assert!(body.contains("/request_timeout\""), "{body}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        closed_within(&mut s, LIMIT).await,
+        "the connection is closed"
+    );
+    // the upstream had the request, unfinished, and its connection ended
+    let deadline = Instant::now() + LIMIT;
+    while rig.seen.cut.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(rig.seen.accepted.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        rig.seen.cut.load(Ordering::SeqCst),
+        1,
+        "dropped, not reused"
+    );
+    // the client's fault: its charge is kept
+    assert_eq!(rig.left().await, before - 1);
+    assert_eq!(rig.handle.receiving(), 0);
+    assert_eq!(rig.handle.buffered_bytes(), 0);
+
+    // a body still coming at a good rate when the upstream's timer fires
+    // is not the client's fault: 504, its charge given back
+    let before = rig.left().await;
+    let stall = b"POST /v1/orders HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_a\r\ncontent-length: 100000\r\n\r\n";
+    let mut s = TcpStream::connect(rig.addr).await.unwrap();
+    s.write_all(stall).await.unwrap();
+    // 1000 bytes every 5 ms, far above the least rate, and 20 KB short
+    // of the announced length when the feeding stops
+    let (mut rd, mut wr) = s.into_split();
+    let feeding = tokio::spawn(async move {
+        let piece = vec![b'y'; 1000];
+        for _ in 0..80 {
+            if wr.write_all(&piece).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        std::future::pending::<()>().await;
+    });
+    let (status, head, body) = tokio::time::timeout(LIMIT, read_whole(&mut rd))
+        .await
+        .unwrap();
+    feeding.abort();
+    assert_eq!(status, 504, "{head}{body}");
+    assert_eq!(rig.left().await, before, "given back");
+    rig.stop().await;
+}

@@ -66,7 +66,7 @@ impl Client {
     async fn exchange<B>(
         &self,
         method: &Method,
-        out: &[u8],
+        out: &mut BytesMut,
         mut rest: Option<&mut Pin<Box<IdleTimeout<B>>>>,
         framing: Option<BodyFraming>,
         sent: u64,
@@ -93,6 +93,11 @@ impl Client {
                     true => continue,
                     false => return Err(e),
                 }
+            }
+            if !replayable {
+                // never sent again: the head and the first body bytes are
+                // not kept while the rest streams
+                *out = BytesMut::new();
             }
             let head = match (rest.as_deref_mut(), framing) {
                 (Some(body), Some(framing)) => {
@@ -137,7 +142,7 @@ where
 
         let started = self.pool.now();
         let (head, conn) = self
-            .exchange(method, &out, rest.as_mut(), framing, sent, started)
+            .exchange(method, &mut out, rest.as_mut(), framing, sent, started)
             .await?;
         let now = self.pool.now();
         let Head {

@@ -53,6 +53,8 @@ pub enum ProblemKind {
     LengthRequired,
     /// 413: the request body is larger than allowed.
     PayloadTooLarge,
+    /// 414: the request target is longer than allowed.
+    UriTooLong,
     /// 431: the request head is longer than allowed.
     HeadTooLarge,
     /// 501: the request uses a transfer coding that is not supported (only
@@ -66,7 +68,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ProblemKind; 21] = [
+    pub const ALL: [ProblemKind; 22] = [
         ProblemKind::RateLimited,
         ProblemKind::QuotaExhausted,
         ProblemKind::Overloaded,
@@ -84,6 +86,7 @@ impl ProblemKind {
         ProblemKind::RequestTimeout,
         ProblemKind::LengthRequired,
         ProblemKind::PayloadTooLarge,
+        ProblemKind::UriTooLong,
         ProblemKind::HeadTooLarge,
         ProblemKind::NotImplemented,
         ProblemKind::BadGateway,
@@ -107,6 +110,7 @@ impl ProblemKind {
             ProblemKind::RequestTimeout => 408,
             ProblemKind::LengthRequired => 411,
             ProblemKind::PayloadTooLarge => 413,
+            ProblemKind::UriTooLong => 414,
             ProblemKind::HeadTooLarge => 431,
             ProblemKind::NotImplemented => 501,
             ProblemKind::BadGateway => 502,
@@ -134,6 +138,7 @@ impl ProblemKind {
             ProblemKind::RequestTimeout => "request_timeout",
             ProblemKind::LengthRequired => "length_required",
             ProblemKind::PayloadTooLarge => "payload_too_large",
+            ProblemKind::UriTooLong => "uri_too_long",
             ProblemKind::HeadTooLarge => "head_too_large",
             ProblemKind::NotImplemented => "not_implemented",
             ProblemKind::BadGateway => "bad_gateway",
@@ -166,6 +171,7 @@ impl ProblemKind {
             ProblemKind::RequestTimeout => "Request Timeout",
             ProblemKind::LengthRequired => "Content-Length required",
             ProblemKind::PayloadTooLarge => "Payload Too Large",
+            ProblemKind::UriTooLong => "URI Too Long",
             ProblemKind::HeadTooLarge => "Request Header Fields Too Large",
             ProblemKind::NotImplemented => "Not Implemented",
             ProblemKind::BadGateway => "Bad Gateway",
@@ -234,6 +240,7 @@ mod tests {
         assert_eq!(ProblemKind::UnknownKey.status(), 401);
         assert_eq!(ProblemKind::LengthRequired.status(), 411);
         assert_eq!(ProblemKind::PayloadTooLarge.status(), 413);
+        assert_eq!(ProblemKind::UriTooLong.status(), 414);
         assert_eq!(ProblemKind::DuplicateCredentials.status(), 400);
         assert_eq!(ProblemKind::NotImplemented.status(), 501);
     }
