@@ -7,19 +7,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot};
-
 use paceline_core::{
     Algorithm, Cost, Decision, FailMode, MemoryStore, Nanos, Plan, Policy, Store, StoreError,
 };
+use parking_lot::Mutex;
 
-use crate::batch::{self, Counters, Job, Settings};
+use crate::batch::{self, Batcher, Counters, Req, Settings};
 use crate::cache::DenyCache;
 use crate::config::{ClockSource, ConfigError, RedisStoreConfig};
 use crate::keys::KeyNamer;
 use crate::link::Link;
-use crate::script::{self, Op};
+use crate::script::{Op, PlanCache};
 
 /// The longest window of a token bucket or sliding window the store
 /// takes: 30 days (its arithmetic stays exact below 2^53 nanoseconds).
@@ -36,6 +34,9 @@ pub const MAX_COUNTER_QUOTA: u64 = (1 << 31) - 1;
 pub struct RedisStats {
     /// Calls sent to Redis (one per batch).
     pub calls: u64,
+    /// Of those, calls a deciding task sent itself: no call was in flight
+    /// and nothing queued, so the decision did not wait for the batcher.
+    pub direct: u64,
     /// Decisions carried by those calls.
     pub sent: u64,
     /// Calls that failed.
@@ -59,7 +60,8 @@ pub struct RedisStore {
 struct Inner {
     namer: KeyNamer,
     link: Arc<Link>,
-    queue: mpsc::Sender<Job>,
+    batcher: Batcher,
+    plans: PlanCache,
     clock: ClockSource,
     cluster: bool,
     deadline: std::time::Duration,
@@ -147,7 +149,7 @@ impl RedisStore {
             ttl_slack_ms: ms(config.ttl_slack).max(1),
             lease_ttl_ms: ms(config.lease_ttl).max(1),
         };
-        let queue = batch::start(link.clone(), settings, config.queue, counters.clone());
+        let batcher = batch::start(link.clone(), settings, config.queue, counters.clone());
         let degraded = config.degraded.map(|d| Degraded {
             share: d.share,
             store: MemoryStore::new(),
@@ -159,7 +161,8 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 namer: KeyNamer::new(&config.key_secret, &config.prefix),
                 link,
-                queue,
+                batcher,
+                plans: PlanCache::default(),
                 clock: config.clock,
                 cluster: config.cluster,
                 deadline: config.deadline,
@@ -187,6 +190,7 @@ impl RedisStore {
         let i = &self.inner;
         RedisStats {
             calls: i.counters.calls.load(Ordering::Relaxed),
+            direct: i.counters.direct.load(Ordering::Relaxed),
             sent: i.counters.sent.load(Ordering::Relaxed),
             errors: i.counters.errors.load(Ordering::Relaxed),
             cache_hits: i.cache_hits.load(Ordering::Relaxed),
@@ -206,38 +210,40 @@ impl RedisStore {
         }
     }
 
+    /// Sends one decision (through the batcher, or at once when no batch
+    /// is gathering) and waits for its answer, at most the deadline.
     async fn submit(
         &self,
         plan: &Plan,
         hash: u128,
         op: Op,
         now: Nanos,
-    ) -> Result<String, StoreError> {
+    ) -> Result<Option<Decision>, StoreError> {
+        let i = &self.inner;
+        let spec = i.plans.get(plan).spec.clone();
+        self.send(plan, spec, hash, op, now).await
+    }
+
+    async fn send(
+        &self,
+        plan: &Plan,
+        spec: Arc<str>,
+        hash: u128,
+        op: Op,
+        now: Nanos,
+    ) -> Result<Option<Decision>, StoreError> {
         let i = &self.inner;
         let (row, slot) = i.namer.row_of(plan, hash);
-        // one server holds every slot: any decisions share a call
-        let slot = if i.cluster { slot } else { 0 };
-        let (tx, rx) = oneshot::channel();
-        let job = Job {
+        let req = Req {
             row,
-            slot,
-            spec: script::plan_spec(plan).into(),
+            // one server holds every slot: any decisions share a call
+            slot: if i.cluster { slot } else { 0 },
+            plan: plan.clone(),
+            spec,
             op,
             now: (i.clock == ClockSource::Caller).then_some(now),
-            reply: tx,
         };
-        if i.queue.try_send(job).is_err() {
-            i.counters.errors.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("paceline_redis_errors_total", "kind" => "queue_full").increment(1);
-            return Err(StoreError::Unavailable("the Redis queue is full".into()));
-        }
-        match tokio::time::timeout(i.deadline, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(StoreError::Unavailable("the batcher stopped".into())),
-            Err(_) => Err(StoreError::Unavailable(
-                "Redis did not answer within the deadline".into(),
-            )),
-        }
+        i.batcher.submit(req).await
     }
 
     async fn decide(
@@ -247,8 +253,12 @@ impl RedisStore {
         cost: Cost,
         now: Nanos,
     ) -> Result<Decision, StoreError> {
-        supports(plan).map_err(StoreError::Protocol)?;
         let i = &self.inner;
+        // the spec and the support check, once per plan
+        let info = i.plans.get(plan);
+        if let Err(e) = &info.supported {
+            return Err(StoreError::Protocol(e.clone()));
+        }
         let hash = i.namer.hash(key);
         if let Some(d) = i.cache.get(plan, hash, cost.requests, cost.bytes, now) {
             i.cache_hits.fetch_add(1, Ordering::Relaxed);
@@ -259,13 +269,15 @@ impl RedisStore {
             requests: cost.requests,
             bytes: cost.bytes,
         };
-        match self.submit(plan, hash, op, now).await {
-            Ok(line) => {
+        let spec = info.spec.clone();
+        drop(info);
+        match self.send(plan, spec, hash, op, now).await {
+            Ok(Some(d)) => {
                 self.recovered();
-                let d = script::parse_decision(&line, plan, cost.requests, cost.bytes)?;
                 i.cache.put(plan, hash, cost.requests, cost.bytes, now, &d);
                 Ok(d)
             }
+            Ok(None) => Err(StoreError::Protocol("a check answered no decision".into())),
             Err(e @ StoreError::Unavailable(_)) => match self.degraded(plan, key, cost, now) {
                 Some(d) => Ok(d),
                 None => Err(e),
