@@ -137,13 +137,14 @@ local function make()
       if a == "t" then p.t = idiv(p.w, p.q) end
       plan[#plan + 1] = p
     end
-    -- token buckets and fixed windows only: the row itself is the state
+    -- token buckets and fixed windows (under 104 days: every duration a
+    -- number) only: the row itself is the state
     -- (see "the flat path" below); p.at is where p's fields start in it
     local fast, at = true, 3
     for k = 1, #plan do
       local p = plan[k]
       if p.a == "t" then p.at = at; at = at + 1
-      elseif p.a == "f" then p.at = at; at = at + 2
+      elseif p.a == "f" and p.ws < 9000000 then p.at = at; at = at + 2
       else fast = false end
     end
     plan.fast = fast
@@ -454,6 +455,9 @@ local function make()
       if c > p.q and not p.shadow then return cost_exceeds(plan, states, k, out, o), false end
     end
     local denial, dwait
+    -- the head's place first: the reply table fills in order, so it grows
+    -- as an array (filled out of order, Lua rehashes it again and again)
+    out[o + 1] = 0; out[o + 2] = 0; out[o + 3] = 0
     for k = 1, n do
       local p = plan[k]
       local c = cr
@@ -605,28 +609,29 @@ local function make()
     return row
   end
 
-  -- returns admit, remaining, reset, wait (as peek)
+  -- returns admit, remaining, reset, wait (as peek); x - x % d is
+  -- d * floor(x / d), exactly, with no call out of the VM
   local function flat_peek(p, row, cost)
     local at, q = p.at, p.q
     if p.a == "t" then
       local w, t, d = p.w, p.t, row[at]
       local used_after = d + cost * t
       if used_after <= w then
-        return true, floor((w - used_after) / t), used_after, 0
+        local x = w - used_after
+        return true, (x - x % t) / t, used_after, 0
       end
       local room = w - d
       if room < 0 then room = 0 end
-      return false, floor(room / t), d, used_after - w
+      return false, (room - room % t) / t, d, used_after - w
     end
-    local ws = p.ws
-    local idx = floor((now_s + ws - p.off) / ws)
+    local ws, off = p.ws, p.off
+    local x = now_s + ws - off
+    local idx = (x - x % ws) / ws
     local count = 0
     if row[at] == idx then count = row[at + 1] end
-    local d = idx * ws + p.off - now_s
-    local until_end
-    if d < 9000000 then until_end = d * E9 - now_n else until_end = {d, now_n} end
-    if count + cost <= q then
-      local after = count + cost
+    local until_end = (idx * ws + off - now_s) * E9 - now_n
+    local after = count + cost
+    if after <= q then
       if after == 0 then return true, q, 0, 0 end
       return true, q - after, until_end, 0
     end
@@ -635,19 +640,7 @@ local function make()
     return false, rem, until_end, until_end
   end
 
-  local function flat_commit(p, row, cost)
-    local at = p.at
-    if p.a == "t" then
-      row[at] = row[at] + cost * p.t
-    else
-      local ws = p.ws
-      local idx = floor((now_s + ws - p.off) / ws)
-      if row[at] ~= idx then row[at] = idx; row[at + 1] = 0 end
-      row[at + 1] = row[at + 1] + cost
-    end
-  end
-
-  -- check, on a flat row
+  -- check, on a flat row: as check, every duration a number
   local function flat_check(plan, row, cr, cb, out, o)
     local n = #plan
     for k = 1, n do
@@ -655,15 +648,21 @@ local function make()
       local c = cr
       if p.bytes then c = cb end
       if c > p.q and not p.shadow then
-        put_head(out, o, 2, k - 1, 0)
+        out[o + 1] = 2; out[o + 2] = k - 1; out[o + 3] = 0
+        local s = o + 3
         for j = 1, n do
           local adm, r, t = flat_peek(plan[j], row, 0)
-          put_status(out, o + 3 * j, r, t, not adm)
+          out[s + 1] = r; out[s + 2] = t
+          if adm then out[s + 3] = 0 else out[s + 3] = 1 end
+          s = s + 3
         end
-        return o + 3 + 3 * n, false
+        return s, false
       end
     end
+    -- the head's place first: the reply fills in order, as an array
+    out[o + 1] = 0; out[o + 2] = 0; out[o + 3] = 0
     local denial, dwait
+    local s = o + 3
     for k = 1, n do
       local p = plan[k]
       local c = cr
@@ -678,12 +677,13 @@ local function make()
         adm, r, t, w = flat_peek(p, row, c)
       end
       admitted[k] = adm
-      if not adm and not p.shadow and (denial == nil or dur_gt(w, dwait)) then
+      if not adm and not p.shadow and (denial == nil or w > dwait) then
         denial, dwait = k, w
       end
-      put_status(out, o + 3 * k, r, t, not adm)
+      out[s + 1] = r; out[s + 2] = t
+      if adm then out[s + 3] = 0 else out[s + 3] = 1 end
+      s = s + 3
     end
-    local changed = false
     if denial then
       if n > 1 then
         -- nothing is charged: the admitted ones' standing as it stays
@@ -691,26 +691,35 @@ local function make()
           if admitted[k] then
             local _, r, t = flat_peek(plan[k], row, 0)
             out[o + 3 * k + 1] = r
-            out[o + 3 * k + 2] = dur_out(t)
+            out[o + 3 * k + 2] = t
           end
         end
       end
-      put_head(out, o, 1, denial - 1, dwait)
-    else
-      for k = 1, n do
-        if admitted[k] then
-          local p = plan[k]
-          local c = cr
-          if p.bytes then c = cb end
-          if c > 0 then
-            flat_commit(p, row, c)
-            changed = true
-          end
-        end
-      end
-      put_head(out, o, 0, 0, 0)
+      out[o + 1] = 1; out[o + 2] = denial - 1; out[o + 3] = dwait
+      return s, false
     end
-    return o + 3 + 3 * n, changed
+    local changed = false
+    for k = 1, n do
+      local p = plan[k]
+      local c = cr
+      if p.bytes then c = cb end
+      if admitted[k] and c > 0 then
+        -- no denial: each admitted policy is charged (a shadow one that
+        -- would deny is not)
+        local at = p.at
+        if p.a == "t" then
+          row[at] = row[at] + c * p.t
+        else
+          local ws = p.ws
+          local x = now_s + ws - p.off
+          local idx = (x - x % ws) / ws
+          if row[at] ~= idx then row[at] = idx; row[at + 1] = 0 end
+          row[at + 1] = row[at + 1] + c
+        end
+        changed = true
+      end
+    end
+    return s, changed
   end
 
   local function flat_keep_ms(plan, row)
@@ -720,7 +729,8 @@ local function make()
       local at = p.at
       local ms = 0
       if p.a == "t" then
-        ms = floor((row[at] + 999999) / 1000000)
+        local x = row[at] + 999999
+        ms = (x - x % 1000000) / 1000000
       elseif row[at + 1] > 0 then
         ms = (row[at] * p.ws + p.off - now_s + 1) * 1000
       end
@@ -753,7 +763,8 @@ local function make()
   -- rows of one plan mostly share a value (rounded up to whole seconds)
   local px_memo, px_memo_len = {}, 0
   local function px(ms)
-    ms = floor((ms + 999) / 1000) * 1000
+    local x = ms + 999
+    ms = x - x % 1000
     local s = px_memo[ms]
     if s then return s end
     s = fmt("%d", ms)
@@ -787,30 +798,46 @@ local function make()
     local plans = {}
     for k = 1, nplans do plans[k] = parse_plan(args[4 + k]) end
     local base = 4 + nplans
-    -- each row is read once, kept as the first decision on it found it,
-    -- and written once at the end if any decision changed it
-    local row_plan, row_states, dirty, order = {}, {}, {}, {}
+    -- each row is read once (one MGET for the whole batch), kept as the
+    -- first decision on it found it, and written once at the end if any
+    -- decision changed it; rows are numbered in order of first use
+    local nkeys = #keys
+    local seen, order, row_of = {}, {}, {}
     local nrows = 0
-    local out = {}
-    local o = 0
-    for i = 1, #keys do
+    for i = 1, nkeys do
       local key = keys[i]
-      local a = base + (i - 1) * 4
-      local op = args[a + 1]
-      local cr, cb = num(args[a + 3]), num(args[a + 4])
-      local states = row_states[key]
-      local plan
-      if states then
-        plan = row_plan[key]
-      else
-        plan = plans[num(args[a + 2]) + 1]
-        local blob = redis.call("GET", key)
-        if not blob then blob = nil end
-        if plan.fast then states = flat_decode(blob, plan) else states = decode(blob, plan) end
-        row_states[key] = states
-        row_plan[key] = plan
+      local j = seen[key]
+      if not j then
         nrows = nrows + 1
         order[nrows] = key
+        seen[key] = nrows
+        j = nrows
+      end
+      row_of[i] = j
+    end
+    local blobs = redis.call("MGET", unpack(order))
+    local row_plan, row_states, dirty = {}, {}, {}
+    local out = {}
+    local o = 0
+    for i = 1, nkeys do
+      local j = row_of[i]
+      local a = base + (i - 1) * 4
+      local op = args[a + 1]
+      local sr, sb = args[a + 3], args[a + 4]
+      local cr, cb = SMALL[sr], SMALL[sb]
+      if not cr then cr = tonumber(sr) end
+      if not cb then cb = tonumber(sb) end
+      local states = row_states[j]
+      local plan
+      if states then
+        plan = row_plan[j]
+      else
+        plan = plans[num(args[a + 2]) + 1]
+        local blob = blobs[j]
+        if not blob then blob = nil end
+        if plan.fast then states = flat_decode(blob, plan) else states = decode(blob, plan) end
+        row_states[j] = states
+        row_plan[j] = plan
       end
       local changed
       if op == "c" then
@@ -834,12 +861,11 @@ local function make()
         if plan.fast then flat_store(plan, states, st) end
         o = o + 1; out[o] = 0
       end
-      if changed then dirty[key] = true end
+      if changed then dirty[j] = true end
     end
     for j = 1, nrows do
-      local key = order[j]
-      if dirty[key] then
-        local plan, states = row_plan[key], row_states[key]
+      if dirty[j] then
+        local key, plan, states = order[j], row_plan[j], row_states[j]
         local keep, blob
         if plan.fast then
           keep = flat_keep_ms(plan, states)
