@@ -8,7 +8,9 @@
 # Prints the machine's load before and after, the table, the ratio of
 # ours to the minimal script at each concurrency (the target is 2.2), how
 # many decisions each of our calls carried, and the server's own CPU time
-# per decision (INFO commandstats), a figure the machine's load moves less.
+# per decision (INFO commandstats: the commands' own time), the client's
+# CPU per decision, and the server process's whole CPU per decision
+# (/proc: system calls included), figures the machine's load moves less.
 #
 #   scripts/bench-redis.sh              # 200,000 requests per run, release build
 #   N=2000 PROFILE=dev SECONDS_PER_RUN=1 scripts/bench-redis.sh   # a tiny run
@@ -87,13 +89,21 @@ ours() { # CALLERS: "rate decisions calls usec cpu" of the paceline store
     echo "$rate $n $calls $(usec fcall) $cpu"
 }
 
+ticks() { # the server's CPU time so far (user + system), in clock ticks
+    awk '{ print $14 + $15 }' "/proc/$pid/stat"
+}
+tick_us() { # TICKS_BEFORE TICKS_AFTER DECISIONS: the server's CPU us per decision
+    awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN { if (n > 0) printf "%.2f", (b - a) * 1e6 / hz / n; else print "-" }'
+}
+
 echo "load before: $(uptime)"
-incr1=$(bench_ref 1 INCR 'k:__rand_int__'); uincr1=$(upc incr)
-incr50=$(bench_ref 50 INCR 'k:__rand_int__'); uincr50=$(upc incr)
-g1=$(bench_ref 1 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2); ug1=$(upc evalsha)
-g50=$(bench_ref 50 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2); ug50=$(upc evalsha)
-read -r p1 n1 c1 u1 cpu1 <<<"$(ours 1)"
-read -r p50 n50 c50 u50 cpu50 <<<"$(ours 50)"
+t0=$(ticks); incr1=$(bench_ref 1 INCR 'k:__rand_int__'); uincr1=$(upc incr)
+t1=$(ticks); incr50=$(bench_ref 50 INCR 'k:__rand_int__'); uincr50=$(upc incr)
+t2=$(ticks); g1=$(bench_ref 1 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2); ug1=$(upc evalsha)
+t3=$(ticks); g50=$(bench_ref 50 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2); ug50=$(upc evalsha)
+t4=$(ticks); read -r p1 n1 c1 u1 cpu1 <<<"$(ours 1)"
+t5=$(ticks); read -r p50 n50 c50 u50 cpu50 <<<"$(ours 50)"
+t6=$(ticks)
 echo "load after:  $(uptime)"
 echo
 printf '%-44s %10s %10s\n' "decisions per second" "1 caller" "50 callers"
@@ -109,3 +119,8 @@ printf '%-44s %10s %10s\n' "INCR" "$uincr1" "$uincr50"
 printf '%-44s %10s %10s\n' "minimal GCRA (EVALSHA, script time)" "$ug1" "$ug50"
 printf '%-44s %10s %10s\n' "paceline store (FCALL time / decisions)" "$(per "$u1" "$n1")" "$(per "$u50" "$n50")"
 printf '%-44s %10s %10s\n' "paceline client's own CPU per decision (us)" "$cpu1" "$cpu50"
+echo
+printf '%-44s %10s %10s\n' "redis-server CPU per decision (us, /proc)" "1 caller" "50 callers"
+printf '%-44s %10s %10s\n' "INCR" "$(tick_us "$t0" "$t1" "$N")" "$(tick_us "$t1" "$t2" "$N")"
+printf '%-44s %10s %10s\n' "minimal GCRA (EVALSHA)" "$(tick_us "$t2" "$t3" "$N")" "$(tick_us "$t3" "$t4" "$N")"
+printf '%-44s %10s %10s\n' "paceline store" "$(tick_us "$t4" "$t5" "$n1")" "$(tick_us "$t5" "$t6" "$n50")"

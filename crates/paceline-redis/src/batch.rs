@@ -7,8 +7,11 @@
 //! Bounds: the queue holds at most `queue` decisions (a full queue fails a
 //! decision at once, never waits); one call carries at most `batch_max`;
 //! at most `max_in_flight` calls are out at once (sent by the batcher or
-//! directly), each cut off at the deadline. A decision whose caller
-//! already gave up is not sent.
+//! directly), each cut off at the deadline; on a single server, at most
+//! one per connection (the server runs calls one after another, so more
+//! calls out would only split the batches: fewer, larger calls cost it
+//! less per decision). A decision whose caller already gave up is not
+//! sent.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -53,6 +56,11 @@ pub(crate) struct Counters {
 }
 
 pub(crate) struct Settings {
+    /// Whether the store is on a cluster (calls are per slot there, so
+    /// they go to many servers at once).
+    pub(crate) cluster: bool,
+    /// Connections to each server.
+    pub(crate) connections: usize,
     pub(crate) batch_max: usize,
     pub(crate) linger: Duration,
     pub(crate) max_in_flight: usize,
@@ -78,6 +86,10 @@ pub(crate) fn start(
     counters: Arc<Counters>,
 ) -> Batcher {
     let (tx, rx) = mpsc::channel(queue);
+    let mut settings = settings;
+    if !settings.cluster {
+        settings.max_in_flight = settings.max_in_flight.min(settings.connections).max(1);
+    }
     let permits = Arc::new(Semaphore::new(settings.max_in_flight));
     let settings = Arc::new(settings);
     tokio::spawn(run(

@@ -142,6 +142,8 @@ impl RedisStore {
         let counters = Arc::new(Counters::default());
         let ms = |d: std::time::Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
         let settings = Settings {
+            cluster: config.cluster,
+            connections: config.connections,
             batch_max: config.batch_max,
             linger: config.batch_linger,
             max_in_flight: config.max_in_flight,

@@ -233,6 +233,32 @@ async fn concurrent_decisions_share_calls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_server_gets_few_large_calls() {
+    let server = testing::RedisServer::start();
+    // the defaults: 16 calls in flight at most, two connections
+    let s = store(config(server.url())).await;
+    let plan = burst(10_000, 1);
+    warm(&s, &plan).await;
+    let before = s.stats();
+    let mut tasks = Vec::new();
+    for i in 0..1_000 {
+        let (s, plan) = (s.clone(), plan.clone());
+        tasks.push(tokio::spawn(async move {
+            s.check(&plan, &format!("k:{i}"), 1, Nanos::ZERO).await
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap().unwrap().is_allowed());
+    }
+    let calls = s.stats().calls - before.calls;
+    // one call per connection at a time: while two are out, the rest
+    // gather, about 50 decisions a call (with sixteen out at once they
+    // split into smaller calls: about 40 here)
+    println!("{calls} calls for 1,000 decisions");
+    assert!(calls <= 30, "{calls} calls for 1,000 decisions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_caller_sends_its_own_calls() {
     let server = testing::RedisServer::start();
     let s = store(config(server.url())).await;
