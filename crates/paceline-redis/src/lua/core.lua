@@ -783,8 +783,14 @@ local function make()
     return tonumber(s)
   end
 
+  local ONE = {1}
+
   return function(keys, args)
-    if redis.replicate_commands then pcall(redis.replicate_commands) end
+    -- effects replication (TIME before a write): the only way from Redis
+    -- 7 on (which says so by its version number), to be asked for before
+    if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
+      pcall(redis.replicate_commands)
+    end
     if args[1] == "T" then
       local t = redis.call("TIME")
       now_s = tonumber(t[1]); now_n = tonumber(t[2]) * 1000
@@ -802,20 +808,28 @@ local function make()
     -- first decision on it found it, and written once at the end if any
     -- decision changed it; rows are numbered in order of first use
     local nkeys = #keys
-    local seen, order, row_of = {}, {}, {}
+    local order, row_of, blobs
     local nrows = 0
-    for i = 1, nkeys do
-      local key = keys[i]
-      local j = seen[key]
-      if not j then
-        nrows = nrows + 1
-        order[nrows] = key
-        seen[key] = nrows
-        j = nrows
+    if nkeys == 1 then
+      -- a lone decision (one caller): no bookkeeping
+      order, row_of, nrows = keys, ONE, 1
+      blobs = {redis.call("GET", keys[1])}
+    else
+      local seen = {}
+      order, row_of = {}, {}
+      for i = 1, nkeys do
+        local key = keys[i]
+        local j = seen[key]
+        if not j then
+          nrows = nrows + 1
+          order[nrows] = key
+          seen[key] = nrows
+          j = nrows
+        end
+        row_of[i] = j
       end
-      row_of[i] = j
+      blobs = redis.call("MGET", unpack(order))
     end
-    local blobs = redis.call("MGET", unpack(order))
     local row_plan, row_states, dirty = {}, {}, {}
     local out = {}
     local o = 0
