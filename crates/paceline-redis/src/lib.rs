@@ -43,8 +43,9 @@
 //!     │    hash tag per client key, so one cluster slot
 //!     ▼
 //!  batch.rs (one task: bounded queue → one call per slot, ≤ batch_max,
-//!     │      ≤ max_in_flight calls, each cut at the deadline; a lone
-//!     │      decision with nothing in flight is sent at once)
+//!     │      ≤ max_in_flight calls (one per connection on a single
+//!     │      server), each cut at the deadline; a lone decision with
+//!     │      nothing in flight is sent at once)
 //!     ▼
 //!  link.rs (FCALL paceline_v2_run, FUNCTION LOAD on demand;
 //!     │     EVALSHA + EVAL on NOSCRIPT for servers without functions)
