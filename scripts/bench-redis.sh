@@ -5,6 +5,13 @@
 # paceline Redis store (the Free plan: burst and daily, one atomic call per
 # batch). Starts its own redis-server on a free port and stops it.
 #
+# Prints the machine's load before and after, the table, the ratio of
+# ours to the minimal script at each concurrency (the target is 2.2), how
+# many decisions each of our calls carried, and the server's own CPU time
+# per decision (INFO commandstats: the commands' own time), the client's
+# CPU per decision, and the server process's whole CPU per decision
+# (/proc: system calls included), figures the machine's load moves less.
+#
 #   scripts/bench-redis.sh              # 200,000 requests per run, release build
 #   N=2000 PROFILE=dev SECONDS_PER_RUN=1 scripts/bench-redis.sh   # a tiny run
 set -euo pipefail
@@ -49,13 +56,71 @@ rps() { # the requests per second redis-benchmark printed
     awk -F'"' '/,/ { print $4 }' | tail -1
 }
 
-printf '%-28s %10s %10s\n' "what" "1 caller" "50 callers"
-incr1=$(redis-benchmark -p "$PORT" -n "$N" -c 1 -r 100000 --csv INCR 'k:__rand_int__' | rps)
-incr50=$(redis-benchmark -p "$PORT" -n "$N" -c 50 -r 100000 --csv INCR 'k:__rand_int__' | rps)
-printf '%-28s %10s %10s\n' "INCR" "$incr1" "$incr50"
-g1=$(redis-benchmark -p "$PORT" -n "$N" -c 1 -r 100000 --csv EVALSHA "$SHA" 1 'g:__rand_int__' 20 2 | rps)
-g50=$(redis-benchmark -p "$PORT" -n "$N" -c 50 -r 100000 --csv EVALSHA "$SHA" 1 'g:__rand_int__' 20 2 | rps)
-printf '%-28s %10s %10s\n' "minimal GCRA (EVALSHA)" "$g1" "$g50"
-p1=$("$BIN" "redis://127.0.0.1:$PORT" 1 "$SECONDS_PER_RUN" | sed 's/.*per_second=\([0-9]*\).*/\1/')
-p50=$("$BIN" "redis://127.0.0.1:$PORT" 50 "$SECONDS_PER_RUN" | sed 's/.*per_second=\([0-9]*\).*/\1/')
-printf '%-28s %10s %10s\n' "paceline store (Free plan)" "$p1" "$p50"
+cli() { redis-cli -p "$PORT" "$@"; }
+
+stat() { # FIELD COMMAND: usec (5) or usec_per_call (7) in INFO commandstats
+    cli INFO commandstats | tr -d '\r' | awk -F'[:,=]' -v c="cmdstat_$2" -v f="$1" '$1 == c { print $f; x=1 } END { if (!x) print 0 }'
+}
+usec() { stat 5 "$1"; }
+upc() { stat 7 "$1"; }
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+
+per() { # usec per decision: total usec / decisions
+    awk -v u="$1" -v n="$2" 'BEGIN { if (n > 0) printf "%.2f", u / n; else print "-" }'
+}
+
+bench_ref() { # CALLERS ARGS...: redis-benchmark's rate and the server's usec
+    local c=$1; shift
+    cli CONFIG RESETSTAT >/dev/null
+    redis-benchmark -p "$PORT" -n "$N" -c "$c" -r 100000 --csv "$@" | rps
+}
+
+ours() { # CALLERS: "rate decisions calls usec cpu" of the paceline store
+    cli CONFIG RESETSTAT >/dev/null
+    local out
+    out=$("$BIN" "redis://127.0.0.1:$PORT" "$1" "$SECONDS_PER_RUN")
+    echo "$out" >&2
+    local rate n calls cpu
+    rate=$(sed 's/.*per_second=\([0-9]*\).*/\1/' <<<"$out")
+    n=$(sed 's/.*decisions=\([0-9]*\).*/\1/' <<<"$out")
+    calls=$(sed 's/.* calls=\([0-9]*\).*/\1/' <<<"$out")
+    cpu=$(sed 's/.*cpu_us=\([0-9.]*\).*/\1/' <<<"$out")
+    echo "$rate $n $calls $(usec fcall) $cpu"
+}
+
+ticks() { # the server's CPU time so far (user + system), in clock ticks
+    awk '{ print $14 + $15 }' "/proc/$pid/stat"
+}
+tick_us() { # TICKS_BEFORE TICKS_AFTER DECISIONS: the server's CPU us per decision
+    awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN { if (n > 0) printf "%.2f", (b - a) * 1e6 / hz / n; else print "-" }'
+}
+
+echo "load before: $(uptime)"
+t0=$(ticks); incr1=$(bench_ref 1 INCR 'k:__rand_int__'); uincr1=$(upc incr)
+t1=$(ticks); incr50=$(bench_ref 50 INCR 'k:__rand_int__'); uincr50=$(upc incr)
+t2=$(ticks); g1=$(bench_ref 1 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2); ug1=$(upc evalsha)
+t3=$(ticks); g50=$(bench_ref 50 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2); ug50=$(upc evalsha)
+t4=$(ticks); read -r p1 n1 c1 u1 cpu1 <<<"$(ours 1)"
+t5=$(ticks); read -r p50 n50 c50 u50 cpu50 <<<"$(ours 50)"
+t6=$(ticks)
+echo "load after:  $(uptime)"
+echo
+printf '%-44s %10s %10s\n' "decisions per second" "1 caller" "50 callers"
+printf '%-44s %10s %10s\n' "INCR (the physical limit)" "$incr1" "$incr50"
+printf '%-44s %10s %10s\n' "minimal GCRA (EVALSHA)" "$g1" "$g50"
+printf '%-44s %10s %10s\n' "paceline store (Free plan)" "$p1" "$p50"
+printf '%-44s %10s %10s\n' "paceline / minimal GCRA (target 2.2)" "$(ratio "$p1" "$g1")" "$(ratio "$p50" "$g50")"
+printf '%-44s %10s %10s\n' "INCR / minimal GCRA (one round trip each)" "$(ratio "$incr1" "$g1")" "$(ratio "$incr50" "$g50")"
+printf '%-44s %10s %10s\n' "paceline decisions per Redis call" "$(ratio "$n1" "$c1")" "$(ratio "$n50" "$c50")"
+echo
+printf '%-44s %10s %10s\n' "Redis CPU per decision (us, commandstats)" "1 caller" "50 callers"
+printf '%-44s %10s %10s\n' "INCR" "$uincr1" "$uincr50"
+printf '%-44s %10s %10s\n' "minimal GCRA (EVALSHA, script time)" "$ug1" "$ug50"
+printf '%-44s %10s %10s\n' "paceline store (FCALL time / decisions)" "$(per "$u1" "$n1")" "$(per "$u50" "$n50")"
+printf '%-44s %10s %10s\n' "paceline client's own CPU per decision (us)" "$cpu1" "$cpu50"
+echo
+printf '%-44s %10s %10s\n' "redis-server CPU per decision (us, /proc)" "1 caller" "50 callers"
+printf '%-44s %10s %10s\n' "INCR" "$(tick_us "$t0" "$t1" "$N")" "$(tick_us "$t1" "$t2" "$N")"
+printf '%-44s %10s %10s\n' "minimal GCRA (EVALSHA)" "$(tick_us "$t2" "$t3" "$N")" "$(tick_us "$t3" "$t4" "$N")"
+printf '%-44s %10s %10s\n' "paceline store" "$(tick_us "$t4" "$t5" "$n1")" "$(tick_us "$t5" "$t6" "$n50")"

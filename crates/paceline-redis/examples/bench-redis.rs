@@ -6,7 +6,16 @@
 //!     redis://127.0.0.1:6379 CALLERS SECONDS [KEYS]
 //! ```
 //!
-//! Prints one line: `callers=N decisions=D seconds=S per_second=R calls=C`.
+//! Prints one line: `callers=N decisions=D errors=E seconds=S
+//! per_second=R calls=C per_call=P cpu_us=U` (P: decisions per Redis
+//! call; U: this process's own CPU time per decision, user and system, in
+//! microseconds: a figure that moves less with the machine's load than
+//! the rate does).
+//!
+//! The store's defaults can be overridden for tuning runs with
+//! `BENCH_CONNECTIONS`, `BENCH_MAX_IN_FLIGHT` and `BENCH_BATCH_MAX`, and
+//! `BENCH_THREADS` sets the runtime's worker threads (default: one per
+//! core).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,8 +24,37 @@ use std::time::{Duration, Instant};
 use paceline_core::{Nanos, Plan, Policy, Store};
 use paceline_redis::{RedisStore, RedisStoreConfig};
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn env_usize(name: &str) -> Result<Option<usize>, Box<dyn std::error::Error>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v.parse().map_err(|e| format!("{name}={v}: {e}"))?)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// This process's CPU time so far (user + system), from /proc: 0 where
+/// there is none.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // the fields after the command's closing parenthesis; utime and stime
+    // are the 14th and 15th of the line, in clock ticks (100 a second)
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Some(n) = env_usize("BENCH_THREADS")? {
+        rt.worker_threads(n.max(1));
+    }
+    rt.build()?.block_on(bench())
+}
+
+async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let url = args
         .get(1)
@@ -25,13 +63,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let callers: usize = args.get(2).map_or(Ok(1), |s| s.parse())?;
     let seconds: f64 = args.get(3).map_or(Ok(5.0), |s| s.parse())?;
     let keys: u64 = args.get(4).map_or(Ok(100_000), |s| s.parse())?;
-    let store = RedisStore::connect(RedisStoreConfig {
+    let mut config = RedisStoreConfig {
         urls: vec![url],
         deadline: Duration::from_millis(500),
         key_secret: b"bench".to_vec(),
         ..RedisStoreConfig::default()
-    })
-    .await?;
+    };
+    if let Some(n) = env_usize("BENCH_CONNECTIONS")? {
+        config.connections = n;
+    }
+    if let Some(n) = env_usize("BENCH_MAX_IN_FLIGHT")? {
+        config.max_in_flight = n;
+    }
+    if let Some(n) = env_usize("BENCH_BATCH_MAX")? {
+        config.batch_max = n;
+    }
+    let store = RedisStore::connect(config).await?;
+    // the first call connects and loads the functions: not measured
+    let warm = Plan::new("warm", vec![Policy::token_bucket("b", 1, 1)?])?;
+    let until = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = store.check(&warm, "k:warm", 1, Nanos::ZERO).await {
+        if Instant::now() > until {
+            return Err(format!("Redis did not answer for 10 s: {e:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = store.stats();
+    let cpu_before = cpu_seconds();
     let plan = Arc::new(Plan::new(
         "free",
         vec![
@@ -73,11 +131,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let secs = started.elapsed().as_secs_f64();
     let n = done.load(Ordering::Relaxed);
+    let cpu = cpu_seconds() - cpu_before;
+    let calls = store.stats().calls - before.calls;
     println!(
-        "callers={callers} decisions={n} errors={} seconds={secs:.2} per_second={:.0} calls={}",
+        "callers={callers} decisions={n} errors={} seconds={secs:.2} per_second={:.0} calls={calls} per_call={:.2} cpu_us={:.2}",
         errors.load(Ordering::Relaxed),
         n as f64 / secs,
-        store.stats().calls
+        n as f64 / calls.max(1) as f64,
+        cpu * 1e6 / n.max(1) as f64,
     );
     Ok(())
 }

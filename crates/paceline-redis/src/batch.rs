@@ -1,42 +1,66 @@
 //! The batcher: decisions from every task of this instance queue here, and
 //! one background task sends them to Redis many per call, one call per
-//! cluster slot, with several calls in flight.
+//! cluster slot, with several calls in flight. A decision that finds no
+//! call in flight and nothing queued (a lone caller) is sent at once by
+//! its own task, without the hop through the queue.
 //!
 //! Bounds: the queue holds at most `queue` decisions (a full queue fails a
 //! decision at once, never waits); one call carries at most `batch_max`;
-//! at most `max_in_flight` calls are out at once, each cut off at the
-//! deadline. A decision whose caller already gave up is not sent.
+//! at most `max_in_flight` calls are out at once (sent by the batcher or
+//! directly), each cut off at the deadline; on a single server, at most
+//! one per connection (the server runs calls one after another, so more
+//! calls out would only split the batches: fewer, larger calls cost it
+//! less per decision). A decision whose caller already gave up is not
+//! sent.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redis::{Cmd, Value};
+use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use paceline_core::{Nanos, StoreError};
+use paceline_core::{Decision, Nanos, Plan, StoreError};
 
 use crate::link::Link;
 use crate::script::{self, Op};
 
-pub(crate) struct Job {
+/// One decision to send.
+pub(crate) struct Req {
     pub(crate) row: String,
     pub(crate) slot: u16,
+    pub(crate) plan: Plan,
     pub(crate) spec: Arc<str>,
     pub(crate) op: Op,
     /// The caller's instant, when decisions read the caller's clock.
     pub(crate) now: Option<Nanos>,
-    pub(crate) reply: oneshot::Sender<Result<String, StoreError>>,
+}
+
+/// What a decision gets back: a check its decision, a release or a
+/// refund nothing.
+pub(crate) type Answer = Result<Option<Decision>, StoreError>;
+
+struct Job {
+    req: Req,
+    reply: oneshot::Sender<Answer>,
 }
 
 /// Counters the store reports.
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) calls: AtomicU64,
+    pub(crate) direct: AtomicU64,
     pub(crate) sent: AtomicU64,
     pub(crate) errors: AtomicU64,
 }
 
 pub(crate) struct Settings {
+    /// Whether the store is on a cluster (calls are per slot there, so
+    /// they go to many servers at once).
+    pub(crate) cluster: bool,
+    /// Connections to each server.
+    pub(crate) connections: usize,
     pub(crate) batch_max: usize,
     pub(crate) linger: Duration,
     pub(crate) max_in_flight: usize,
@@ -45,16 +69,81 @@ pub(crate) struct Settings {
     pub(crate) lease_ttl_ms: u64,
 }
 
-/// Starts the batcher; returns where to queue decisions.
+/// Where decisions are submitted.
+pub(crate) struct Batcher {
+    queue: mpsc::Sender<Job>,
+    permits: Arc<Semaphore>,
+    link: Arc<Link>,
+    settings: Arc<Settings>,
+    counters: Arc<Counters>,
+}
+
+/// Starts the batcher's task.
 pub(crate) fn start(
     link: Arc<Link>,
     settings: Settings,
     queue: usize,
     counters: Arc<Counters>,
-) -> mpsc::Sender<Job> {
+) -> Batcher {
     let (tx, rx) = mpsc::channel(queue);
-    tokio::spawn(run(rx, link, Arc::new(settings), counters));
-    tx
+    let mut settings = settings;
+    if !settings.cluster {
+        settings.max_in_flight = settings.max_in_flight.min(settings.connections).max(1);
+    }
+    let permits = Arc::new(Semaphore::new(settings.max_in_flight));
+    let settings = Arc::new(settings);
+    tokio::spawn(run(
+        rx,
+        link.clone(),
+        settings.clone(),
+        counters.clone(),
+        permits.clone(),
+    ));
+    Batcher {
+        queue: tx,
+        permits,
+        link,
+        settings,
+        counters,
+    }
+}
+
+impl Batcher {
+    /// Sends one decision and waits for its answer, at most the deadline.
+    pub(crate) async fn submit(&self, req: Req) -> Answer {
+        let s = &self.settings;
+        // no batch gathering (nothing queued, no call out, no linger
+        // asked for): a batch would be this decision alone, so send it
+        // from here
+        if s.linger.is_zero()
+            && self.queue.capacity() == self.queue.max_capacity()
+            && self.permits.available_permits() == s.max_in_flight
+        {
+            if let Ok(permit) = self.permits.try_acquire() {
+                self.counters.direct.fetch_add(1, Ordering::Relaxed);
+                let reqs = [&req];
+                let r = match call(&self.link, s, &self.counters, &reqs).await {
+                    Ok(values) => answer(&values, &mut 0, &req),
+                    Err(e) => Err(e),
+                };
+                drop(permit);
+                return r;
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        if self.queue.try_send(Job { req, reply: tx }).is_err() {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("paceline_redis_errors_total", "kind" => "queue_full").increment(1);
+            return Err(StoreError::Unavailable("the Redis queue is full".into()));
+        }
+        match tokio::time::timeout(s.deadline, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(StoreError::Unavailable("the batcher stopped".into())),
+            Err(_) => Err(StoreError::Unavailable(
+                "Redis did not answer within the deadline".into(),
+            )),
+        }
+    }
 }
 
 async fn run(
@@ -62,8 +151,8 @@ async fn run(
     link: Arc<Link>,
     settings: Arc<Settings>,
     counters: Arc<Counters>,
+    permits: Arc<Semaphore>,
 ) {
-    let permits = Arc::new(Semaphore::new(settings.max_in_flight));
     let gather_max = settings.batch_max * settings.max_in_flight;
     let mut jobs: Vec<Job> = Vec::new();
     while let Some(first) = rx.recv().await {
@@ -86,15 +175,18 @@ async fn run(
         jobs.retain(|j| !j.reply.is_closed());
         // one call per slot (and per instant, on the caller's clock),
         // arrival order kept within each
-        jobs.sort_by_key(|j| (j.slot, j.now));
+        let group_of = |j: &Job| (j.req.slot, j.req.now);
+        if jobs.windows(2).any(|w| group_of(&w[0]) != group_of(&w[1])) {
+            jobs.sort_by_key(group_of);
+        }
         let mut rest = std::mem::take(&mut jobs).into_iter().peekable();
         while let Some(j) = rest.next() {
-            let mut group = vec![j];
+            let key = group_of(&j);
+            let mut group = Vec::with_capacity(settings.batch_max.min(64));
+            group.push(j);
             while group.len() < settings.batch_max {
                 match rest.peek() {
-                    Some(n) if n.slot == group[0].slot && n.now == group[0].now => {
-                        group.push(rest.next().expect("peeked"))
-                    }
+                    Some(n) if group_of(n) == key => group.push(rest.next().expect("peeked")),
                     _ => break,
                 }
             }
@@ -110,66 +202,114 @@ async fn run(
     }
 }
 
+/// Sends one group and hands each decision its answer.
 async fn send(link: &Link, settings: &Settings, counters: &Counters, group: Vec<Job>) {
-    let mut specs: Vec<Arc<str>> = Vec::new();
-    let mut index = Vec::with_capacity(group.len());
-    for j in &group {
+    let reqs: Vec<&Req> = group.iter().map(|j| &j.req).collect();
+    let result = call(link, settings, counters, &reqs).await;
+    drop(reqs);
+    match result {
+        Ok(values) => {
+            let mut at = 0;
+            for j in group {
+                let a = answer(&values, &mut at, &j.req);
+                let _ = j.reply.send(a);
+            }
+        }
+        Err(e) => {
+            for j in group {
+                let _ = j.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// The keys and arguments of one call (see `core.lua`).
+fn fill(cmd: &mut Cmd, reqs: &[&Req], settings: &Settings) {
+    for r in reqs {
+        cmd.arg(r.row.as_bytes());
+    }
+    script::push_clock(cmd, reqs[0].now);
+    cmd.arg(settings.ttl_slack_ms).arg(settings.lease_ttl_ms);
+    // each plan's spec once
+    let mut specs: SmallVec<[&Arc<str>; 4]> = SmallVec::new();
+    let mut index: SmallVec<[usize; 64]> = SmallVec::with_capacity(reqs.len());
+    for r in reqs {
         let i = match specs
             .iter()
-            .position(|s| Arc::ptr_eq(s, &j.spec) || **s == *j.spec)
+            .position(|s| Arc::ptr_eq(s, &r.spec) || **s == r.spec)
         {
             Some(i) => i,
             None => {
-                specs.push(j.spec.clone());
+                specs.push(&r.spec);
                 specs.len() - 1
             }
         };
         index.push(i);
     }
-    let mut args = Vec::with_capacity(4 + specs.len() + 4 * group.len());
-    args.push(script::clock_arg(group[0].now));
-    args.push(settings.ttl_slack_ms.to_string());
-    args.push(settings.lease_ttl_ms.to_string());
-    args.push(specs.len().to_string());
-    args.extend(specs.iter().map(|s| s.to_string()));
-    for (j, &i) in group.iter().zip(&index) {
-        script::push_op(&mut args, i, j.op);
+    cmd.arg(specs.len());
+    for s in &specs {
+        cmd.arg(s.as_bytes());
     }
-    let keys: Vec<String> = group.iter().map(|j| j.row.clone()).collect();
+    for (r, &i) in reqs.iter().zip(&index) {
+        script::push_op(cmd, i, r.op);
+    }
+}
+
+/// One call to Redis for `reqs` (one slot, one instant), cut at the
+/// deadline; the reply's values, as many as the decisions take.
+async fn call(
+    link: &Link,
+    settings: &Settings,
+    counters: &Counters,
+    reqs: &[&Req],
+) -> Result<Vec<Value>, StoreError> {
     counters.calls.fetch_add(1, Ordering::Relaxed);
     counters
         .sent
-        .fetch_add(group.len() as u64, Ordering::Relaxed);
-    metrics::histogram!("paceline_redis_batch_size").record(group.len() as f64);
+        .fetch_add(reqs.len() as u64, Ordering::Relaxed);
+    metrics::histogram!("paceline_redis_batch_size").record(reqs.len() as f64);
     let started = Instant::now();
-    let result = match tokio::time::timeout(settings.deadline, link.run(&keys, &args)).await {
+    let filler = |cmd: &mut Cmd| fill(cmd, reqs, settings);
+    let result = match tokio::time::timeout(settings.deadline, link.run(reqs.len(), &filler)).await
+    {
         Ok(r) => r,
         Err(_) => Err(StoreError::Unavailable(
             "Redis did not answer within the deadline".into(),
         )),
     };
     metrics::histogram!("paceline_redis_call_seconds").record(started.elapsed().as_secs_f64());
-    match result {
-        Ok(text) => {
-            let mut lines = text.split('\n');
-            for j in group {
-                let r = match lines.next() {
-                    Some(l) => Ok(l.to_string()),
-                    None => Err(StoreError::Protocol("reply has too few lines".into())),
-                };
-                let _ = j.reply.send(r);
-            }
+    let result = result.and_then(|values| {
+        let want: usize = reqs.iter().map(|r| script::reply_len(r.op, &r.plan)).sum();
+        if values.len() == want {
+            Ok(values)
+        } else {
+            Err(StoreError::Protocol(format!(
+                "the reply has {} values where {want} were due",
+                values.len()
+            )))
         }
-        Err(e) => {
-            counters.errors.fetch_add(1, Ordering::Relaxed);
-            let kind = match e {
-                StoreError::Unavailable(_) => "unavailable",
-                _ => "protocol",
-            };
-            metrics::counter!("paceline_redis_errors_total", "kind" => kind).increment(1);
-            for j in group {
-                let _ = j.reply.send(Err(e.clone()));
-            }
+    });
+    if let Err(e) = &result {
+        counters.errors.fetch_add(1, Ordering::Relaxed);
+        let kind = match e {
+            StoreError::Unavailable(_) => "unavailable",
+            _ => "protocol",
+        };
+        metrics::counter!("paceline_redis_errors_total", "kind" => kind).increment(1);
+    }
+    result
+}
+
+/// The answer of `req`, read from the reply's values at `at` (moved past
+/// them). The reply's length was checked against every decision's.
+fn answer(values: &[Value], at: &mut usize, req: &Req) -> Answer {
+    let n = script::reply_len(req.op, &req.plan);
+    let mine = &values[*at..*at + n];
+    *at += n;
+    match req.op {
+        Op::Check { requests, bytes } => {
+            script::parse_decision(mine, &req.plan, requests, bytes).map(Some)
         }
+        _ => script::parse_done(mine).map(|()| None),
     }
 }

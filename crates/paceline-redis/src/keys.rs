@@ -56,29 +56,55 @@ impl KeyNamer {
     }
 
     /// The row of a client key (by its hash) under `plan`, and its
-    /// cluster slot.
+    /// cluster slot: one string, written without formatting machinery
+    /// (it is made once per decision).
     pub(crate) fn row_of(&self, plan: &Plan, hash: u128) -> (String, u16) {
-        let tag = format!("{hash:032x}");
-        let slot = slot(tag.as_bytes());
-        (
-            format!("{}:{{{tag}}}:{:016x}", self.prefix, plan.identity()),
-            slot,
-        )
+        let mut row = String::with_capacity(self.prefix.len() + 2 + 32 + 2 + 16);
+        row.push_str(&self.prefix);
+        row.push_str(":{");
+        let start = row.len();
+        push_hex(&mut row, hash, 32);
+        let slot = slot(&row.as_bytes()[start..]);
+        row.push_str("}:");
+        push_hex(&mut row, u128::from(plan.identity()), 16);
+        (row, slot)
     }
 }
 
-/// The Redis Cluster slot of a hash tag's content (CRC16/XMODEM mod 16384).
-pub(crate) fn slot(tag: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in tag {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
+/// Appends the low `digits` hex digits of `v`, most significant first.
+fn push_hex(s: &mut String, v: u128, digits: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for i in (0..digits).rev() {
+        s.push(char::from(HEX[((v >> (4 * i)) & 0xf) as usize]));
+    }
+}
+
+/// CRC16/XMODEM, a byte at a time.
+const CRC16: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
             crc = if crc & 0x8000 != 0 {
                 (crc << 1) ^ 0x1021
             } else {
                 crc << 1
             };
+            bit += 1;
         }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// The Redis Cluster slot of a hash tag's content (CRC16/XMODEM mod 16384).
+pub(crate) fn slot(tag: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in tag {
+        crc = (crc << 8) ^ CRC16[usize::from((crc >> 8) as u8 ^ b)];
     }
     crc & 0x3fff
 }
@@ -113,5 +139,11 @@ mod tests {
         assert_ne!(name, b.row(&plan, "k:sk_live_secret").0);
         assert_eq!(slot_a, slot(a.tag("k:sk_live_secret").as_bytes()));
         assert_eq!(a.row(&plan, "k:x"), a.row(&plan, "k:x"));
+        // the name as the format it replaced wrote it
+        let h = a.hash("k:x");
+        assert_eq!(
+            a.row(&plan, "k:x").0,
+            format!("pl:{{{h:032x}}}:{:016x}", plan.identity())
+        );
     }
 }

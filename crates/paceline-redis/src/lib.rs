@@ -44,15 +44,18 @@
 //!     │    hash tag per client key, so one cluster slot
 //!     ▼
 //!  batch.rs (one task: bounded queue → one call per slot, ≤ batch_max,
-//!     │      ≤ max_in_flight calls, each cut at the deadline)
+//!     │      ≤ max_in_flight calls (one per connection on a single
+//!     │      server), each cut at the deadline; a lone decision with
+//!     │      nothing in flight is sent at once)
 //!     ▼
-//!  link.rs (FCALL paceline_v1_run, FUNCTION LOAD on demand;
+//!  link.rs (FCALL paceline_v2_run, FUNCTION LOAD on demand;
 //!     │     EVALSHA + EVAL on NOSCRIPT for servers without functions)
 //!     ▼
 //!  lua/core.lua (every decision of the batch: the core's algorithms on
 //!     │          exact integers; rows kept with a TTL)
 //!     ▼
-//!  script.rs (the reply lines → Decisions)
+//!  script.rs (the reply's flat integers → Decisions; each plan's spec
+//!             and support check worked out once)
 //!
 //!  RedisIdempotencyStore (idempotency.rs): pl:idem:{keyed hash} → a
 //!     lease or an answer, one script call or GET per step, PX expiry
@@ -88,8 +91,9 @@
 //! names the row (`keys.rs`) and queues the decision; the batcher
 //! (`batch.rs`) sends it with the others queued for the same slot as one
 //! `FCALL` (`link.rs`); the Lua (`lua/core.lua`) peeks every policy, finds
-//! the burst empty, charges nothing and answers `D 0 <wait> …`;
-//! `script.rs` turns the line into a [`Decision`](paceline_core::Decision)
+//! the burst empty, charges nothing and answers `1 0 <wait> …`
+//! (denied, by policy 0, then each policy's standing); `script.rs` turns
+//! those integers into a [`Decision`](paceline_core::Decision)
 //! whose denial names the policy, and `store.rs` keeps it in the deny
 //! cache until the wait is over, so the client's next tries are answered
 //! without Redis, and without a future: the layer's `check_local` finds

@@ -110,27 +110,30 @@ impl Link {
         self.conns[i].clone()
     }
 
-    /// Runs one batch; the reply is the script's text.
-    pub(crate) async fn run(&self, keys: &[String], args: &[String]) -> Result<String, StoreError> {
+    /// Runs one batch of `nkeys` keys, whose keys and arguments `fill`
+    /// writes (again, if the call has to be sent once more); the reply is
+    /// the script's flat array.
+    pub(crate) async fn run(
+        &self,
+        nkeys: usize,
+        fill: &(dyn Fn(&mut Cmd) + Sync),
+    ) -> Result<Vec<Value>, StoreError> {
         let mut conn = self.conn();
         let value = if self.use_eval.load(Ordering::Relaxed) {
-            self.run_eval(&mut conn, keys, args).await?
+            self.run_eval(&mut conn, nkeys, fill).await?
         } else {
-            match self.run_function(&mut conn, keys, args).await {
+            match self.run_function(&mut conn, nkeys, fill).await {
                 Ok(v) => v,
                 Err(e) if self.scripting == Scripting::Auto && no_functions(&e) => {
                     tracing::info!("the Redis server has no functions: using scripts");
                     self.use_eval.store(true, Ordering::Relaxed);
-                    self.run_eval(&mut conn, keys, args).await?
+                    self.run_eval(&mut conn, nkeys, fill).await?
                 }
                 Err(e) => return Err(classify(&e)),
             }
         };
         match value {
-            Value::BulkString(b) => {
-                String::from_utf8(b).map_err(|_| StoreError::Protocol("reply is not UTF-8".into()))
-            }
-            Value::SimpleString(s) => Ok(s),
+            Value::Array(v) => Ok(v),
             other => Err(StoreError::Protocol(format!("unexpected reply {other:?}"))),
         }
     }
@@ -138,14 +141,12 @@ impl Link {
     async fn run_function(
         &self,
         conn: &mut Conn,
-        keys: &[String],
-        args: &[String],
+        nkeys: usize,
+        fill: &(dyn Fn(&mut Cmd) + Sync),
     ) -> Result<Value, RedisError> {
         let mut cmd = redis::cmd("FCALL");
-        cmd.arg(script::FUNCTION)
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
+        cmd.arg(script::FUNCTION).arg(nkeys);
+        fill(&mut cmd);
         match conn.query(&cmd).await {
             Err(e) if function_missing(&e) => {
                 // a new or restarted server: load the library, once more
@@ -163,16 +164,18 @@ impl Link {
     async fn run_eval(
         &self,
         conn: &mut Conn,
-        keys: &[String],
-        args: &[String],
+        nkeys: usize,
+        fill: &(dyn Fn(&mut Cmd) + Sync),
     ) -> Result<Value, StoreError> {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
+        cmd.arg(&self.sha).arg(nkeys);
+        fill(&mut cmd);
         match conn.query(&cmd).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 metrics::counter!("paceline_redis_library_loads_total").increment(1);
                 let mut eval = redis::cmd("EVAL");
-                eval.arg(&self.script).arg(keys.len()).arg(keys).arg(args);
+                eval.arg(&self.script).arg(nkeys);
+                fill(&mut eval);
                 conn.query(&eval).await.map_err(|e| classify(&e))
             }
             other => other.map_err(|e| classify(&e)),

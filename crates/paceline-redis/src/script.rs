@@ -2,14 +2,23 @@
 //! as a plain script for `EVALSHA`), what a batch sends, and how its reply
 //! is read back into [`Decision`]s.
 //!
-//! The library is named by version (`paceline_v1`): a release that changes
-//! the Lua loads a new name next to the old one, so instances of two
-//! releases share one server while they roll. New operations (a refund,
-//! say) are new op codes of the same `run` (see `core.lua`).
+//! The library is named by version (`paceline_v2`): a release that changes
+//! the Lua or what it is sent and answers loads a new name next to the old
+//! one, so instances of two releases share one server while they roll. New
+//! operations (a refund, say) are new op codes of the same `run` (see
+//! `core.lua`). Version 2 answers a flat array of integers where version
+//! 1 answered lines of text.
+//!
+//! What a plan needs on the client (its spec string, whether the store can
+//! hold it) is worked out once per plan and kept ([`PlanCache`]).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use paceline_core::{Algorithm, Decision, Denial, Nanos, Outcome, Plan, PolicyStatus, Unit};
+use parking_lot::Mutex;
+use redis::{Cmd, Value};
 use smallvec::SmallVec;
 
 use paceline_core::StoreError;
@@ -18,9 +27,9 @@ use paceline_core::StoreError;
 const CORE: &str = include_str!("lua/core.lua");
 
 /// The function library's name.
-pub(crate) const LIBRARY: &str = "paceline_v1";
+pub(crate) const LIBRARY: &str = "paceline_v2";
 /// The function a batch calls.
-pub(crate) const FUNCTION: &str = "paceline_v1_run";
+pub(crate) const FUNCTION: &str = "paceline_v2_run";
 
 /// The library source for `FUNCTION LOAD`.
 pub(crate) fn library_source() -> String {
@@ -84,78 +93,119 @@ pub(crate) fn plan_spec(plan: &Plan) -> String {
 }
 
 /// The arguments of one decision.
-pub(crate) fn push_op(args: &mut Vec<String>, plan_index: usize, op: Op) {
-    let (code, a, b) = match op {
-        Op::Check { requests, bytes } => ("c".to_string(), requests, bytes),
-        Op::Release { amount } => ("r".to_string(), amount, 0),
+pub(crate) fn push_op(cmd: &mut Cmd, plan_index: usize, op: Op) {
+    let (a, b) = match op {
+        Op::Check { requests, bytes } => {
+            cmd.arg(b"c");
+            (requests, bytes)
+        }
+        Op::Release { amount } => {
+            cmd.arg(b"r");
+            (amount, 0)
+        }
         // an age, not an instant: the server's clock need not be the caller's
         Op::Refund {
             requests,
             bytes,
             age_ns,
-        } => (format!("f{}", age_ns.min(MAX_SENT_COST)), requests, bytes),
+        } => {
+            cmd.arg(format!("f{}", age_ns.min(MAX_SENT_COST)));
+            (requests, bytes)
+        }
     };
-    args.push(code);
-    args.push(plan_index.to_string());
-    args.push(a.min(MAX_SENT_COST).to_string());
-    args.push(b.min(MAX_SENT_COST).to_string());
+    cmd.arg(plan_index)
+        .arg(a.min(MAX_SENT_COST))
+        .arg(b.min(MAX_SENT_COST));
 }
 
 /// The clock argument: the server's `TIME`, or the caller's instant.
-pub(crate) fn clock_arg(now: Option<Nanos>) -> String {
+pub(crate) fn push_clock(cmd: &mut Cmd, now: Option<Nanos>) {
     match now {
-        None => "T".to_string(),
+        None => cmd.arg(b"T"),
         Some(n) => {
             let n = n.as_u64();
-            format!("{} {}", n / 1_000_000_000, n % 1_000_000_000)
+            cmd.arg(format!("{} {}", n / 1_000_000_000, n % 1_000_000_000))
         }
+    };
+}
+
+/// How many values of the reply one decision takes: a check 3, and 3 per
+/// policy of its plan; a release or a refund 1.
+pub(crate) fn reply_len(op: Op, plan: &Plan) -> usize {
+    match op {
+        Op::Check { .. } => 3 + 3 * plan.policies().len(),
+        _ => 1,
     }
 }
 
-fn bad(line: &str) -> StoreError {
-    StoreError::Protocol(format!("unreadable reply line {line:?}"))
+/// The most policies one reply is read for without a heap allocation.
+type Statuses = SmallVec<[PolicyStatus; 2]>;
+
+fn bad(what: &str, values: &[Value]) -> StoreError {
+    StoreError::Protocol(format!("unreadable reply ({what}): {values:?}"))
 }
 
-/// Reads one reply line of a check into a decision for `plan`, whose
-/// request cost was `cost` (the reply names the policy; the cost is ours).
+/// An integer of the reply (a count, an index, a flag).
+fn int(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+/// A duration of the reply: an integer, or (2^53 ns and more) a string of
+/// digits.
+fn duration(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        Value::BulkString(b) if !b.is_empty() && b.iter().all(u8::is_ascii_digit) => {
+            std::str::from_utf8(b).ok()?.parse().ok()
+        }
+        _ => None,
+    }
+}
+
+/// Reads the reply values of one check (exactly [`reply_len`] of them)
+/// into a decision for `plan`, whose cost was `requests` and `bytes` (the
+/// reply names the policy; the cost is ours).
 pub(crate) fn parse_decision(
-    line: &str,
+    values: &[Value],
     plan: &Plan,
     requests: u64,
     bytes: u64,
 ) -> Result<Decision, StoreError> {
-    let mut it = line.split(' ');
-    let code = it.next().ok_or_else(|| bad(line))?;
-    let mut num = || -> Result<u64, StoreError> {
-        it.next()
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| bad(line))
-    };
-    let policy = num()? as usize;
-    let wait = num()?;
     let n = plan.policies().len();
-    if policy >= n {
-        return Err(bad(line));
+    if values.len() != 3 + 3 * n {
+        return Err(bad("length", values));
     }
-    let mut statuses: SmallVec<[PolicyStatus; 2]> = SmallVec::with_capacity(n);
-    for _ in 0..n {
-        let remaining = num()?;
-        let reset = num()?;
-        let deny = num()?;
+    let code = int(&values[0]).ok_or_else(|| bad("outcome", values))?;
+    let policy = int(&values[1])
+        .filter(|&p| p < n as u64)
+        .ok_or_else(|| bad("policy", values))? as usize;
+    let wait = duration(&values[2]).ok_or_else(|| bad("wait", values))?;
+    let mut statuses: Statuses = SmallVec::with_capacity(n);
+    for s in values[3..].chunks_exact(3) {
+        let remaining = int(&s[0]).ok_or_else(|| bad("remaining", values))?;
+        let reset = duration(&s[1]).ok_or_else(|| bad("reset", values))?;
+        let would_deny = match int(&s[2]) {
+            Some(0) => false,
+            Some(1) => true,
+            _ => return Err(bad("flag", values)),
+        };
         statuses.push(PolicyStatus {
             remaining,
             reset_after: Nanos::new(reset),
-            would_deny: deny == 1,
+            would_deny,
         });
     }
     let outcome = match code {
-        "A" => Outcome::Allowed,
-        "D" => Outcome::Denied(Denial {
+        0 => Outcome::Allowed,
+        1 => Outcome::Denied(Denial {
             policy,
             kind: plan.policy(policy).kind(),
             retry_after: Nanos::new(wait),
         }),
-        "X" => {
+        2 => {
             let p = plan.policy(policy);
             let cost = if p.unit() == Unit::ContentBytes {
                 bytes
@@ -164,9 +214,64 @@ pub(crate) fn parse_decision(
             };
             Outcome::CostExceedsBurst { policy, cost }
         }
-        _ => return Err(bad(line)),
+        _ => return Err(bad("outcome", values)),
     };
     Ok(Decision { outcome, statuses })
+}
+
+/// Reads the one value of a release's or refund's reply.
+pub(crate) fn parse_done(values: &[Value]) -> Result<(), StoreError> {
+    match values {
+        [Value::Int(0)] => Ok(()),
+        _ => Err(bad("release or refund", values)),
+    }
+}
+
+/// What the client needs of one plan, worked out once.
+pub(crate) struct PlanInfo {
+    plan: Plan,
+    /// The plan's spec string, shared by every decision on it.
+    pub(crate) spec: Arc<str>,
+    /// Whether the store can hold the plan (see [`crate::supports`]).
+    pub(crate) supported: Result<(), String>,
+}
+
+/// The most plans a [`PlanCache`] keeps; past it, it starts over.
+pub(crate) const PLAN_CACHE_MAX: usize = 1024;
+
+/// Plans' [`PlanInfo`] by identity (and checked for equality: a reloaded
+/// plan of the same name and layout but other quotas gets its own).
+#[derive(Default)]
+pub(crate) struct PlanCache {
+    map: Mutex<HashMap<u64, Arc<PlanInfo>>>,
+}
+
+impl PlanCache {
+    /// The information of `plan`, worked out on its first use.
+    pub(crate) fn get(&self, plan: &Plan) -> Arc<PlanInfo> {
+        let mut map = self.map.lock();
+        if let Some(info) = map.get(&plan.identity()) {
+            // a clone of the same plan compares by pointer first
+            if info.plan == *plan {
+                return info.clone();
+            }
+        }
+        let info = Arc::new(PlanInfo {
+            plan: plan.clone(),
+            spec: plan_spec(plan).into(),
+            supported: crate::store::supports(plan),
+        });
+        if map.len() >= PLAN_CACHE_MAX {
+            map.clear();
+        }
+        map.insert(plan.identity(), info.clone());
+        info
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.lock().len()
+    }
 }
 
 #[cfg(test)]
@@ -187,21 +292,121 @@ mod tests {
         assert_eq!(plan_spec(&plan), "t,20,2,0,0,r;f,10,86400,3600,1,r");
     }
 
+    fn ints(v: &[i64]) -> Vec<Value> {
+        v.iter().map(|&n| Value::Int(n)).collect()
+    }
+
     #[test]
     fn replies_parse_and_bad_ones_are_errors() {
         let plan = Plan::new("p", vec![Policy::token_bucket("b", 20, 2).unwrap()]).unwrap();
-        let d = parse_decision("D 0 100 0 5 1", &plan, 1, 0).unwrap();
+        let d = parse_decision(&ints(&[1, 0, 100, 0, 5, 1]), &plan, 1, 0).unwrap();
         assert_eq!(d.denial().unwrap().retry_after, Nanos::new(100));
         assert!(d.statuses[0].would_deny);
-        for line in [
-            "",
-            "A",
-            "A 0 0 1 2",
-            "Q 0 0 1 2 0",
-            "D 7 1 1 1 1",
-            "A x 0 1 1 0",
-        ] {
-            assert!(parse_decision(line, &plan, 1, 0).is_err(), "{line:?}");
+        let x = parse_decision(&ints(&[2, 0, 0, 3, 5, 0]), &plan, 30, 0).unwrap();
+        assert_eq!(
+            x.outcome,
+            Outcome::CostExceedsBurst {
+                policy: 0,
+                cost: 30
+            }
+        );
+        // a duration past 2^53 comes as digits
+        let long = vec![
+            Value::Int(1),
+            Value::Int(0),
+            Value::BulkString(b"20000000000000000".to_vec()),
+            Value::Int(0),
+            Value::BulkString(b"20000000000000001".to_vec()),
+            Value::Int(1),
+        ];
+        let d = parse_decision(&long, &plan, 1, 0).unwrap();
+        assert_eq!(
+            d.denial().unwrap().retry_after,
+            Nanos::new(20_000_000_000_000_000)
+        );
+        assert_eq!(
+            d.statuses[0].reset_after,
+            Nanos::new(20_000_000_000_000_001)
+        );
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let mut bad_ones = vec![
+            vec![],
+            ints(&[0]),
+            ints(&[0, 0, 0, 1, 2]),
+            ints(&[0, 0, 0, 1, 2, 0, 0]),
+            ints(&[3, 0, 0, 1, 2, 0]),
+            ints(&[1, 7, 1, 1, 1, 1]),
+            ints(&[0, -1, 0, 1, 1, 0]),
+            ints(&[0, 0, 0, 1, 1, 2]),
+            ints(&[0, 0, -5, 1, 1, 0]),
+        ];
+        // only durations may be strings, and only of digits
+        bad_ones.push(vec![
+            bulk("0"),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(0),
+        ]);
+        bad_ones.push(vec![
+            Value::Int(0),
+            Value::Int(0),
+            bulk("1x"),
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(0),
+        ]);
+        bad_ones.push(vec![
+            Value::Int(0),
+            Value::Int(0),
+            bulk(""),
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(0),
+        ]);
+        bad_ones.push(vec![
+            Value::Int(0),
+            Value::Int(0),
+            Value::Nil,
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(0),
+        ]);
+        for v in bad_ones {
+            assert!(parse_decision(&v, &plan, 1, 0).is_err(), "{v:?}");
+        }
+        assert!(parse_done(&ints(&[0])).is_ok());
+        assert!(parse_done(&ints(&[1])).is_err());
+        assert!(parse_done(&ints(&[0, 0])).is_err());
+    }
+
+    #[test]
+    fn plan_information_is_kept_per_plan_and_bounded() {
+        let cache = PlanCache::default();
+        let a = Plan::new("p", vec![Policy::token_bucket("b", 20, 2).unwrap()]).unwrap();
+        // the same name and layout, another quota: the same identity
+        let b = Plan::new("p", vec![Policy::token_bucket("b", 30, 2).unwrap()]).unwrap();
+        assert_eq!(a.identity(), b.identity());
+        let ia = cache.get(&a);
+        assert!(Arc::ptr_eq(&ia, &cache.get(&a.clone())));
+        assert_eq!(&*ia.spec, "t,20,2,0,0,r");
+        assert_eq!(&*cache.get(&b).spec, "t,30,2,0,0,r");
+        assert_eq!(&*cache.get(&a).spec, "t,20,2,0,0,r");
+        let long = Plan::new(
+            "long",
+            vec![Policy::token_bucket("slow", 20, 31 * 86_400).unwrap()],
+        )
+        .unwrap();
+        assert!(cache.get(&long).supported.is_err());
+        for i in 0..3 * PLAN_CACHE_MAX {
+            let p = Plan::new(
+                &format!("p{i}"),
+                vec![Policy::token_bucket("b", 2, 1).unwrap()],
+            )
+            .unwrap();
+            assert_eq!(&*cache.get(&p).spec, "t,2,1,0,0,r");
+            assert!(cache.len() <= PLAN_CACHE_MAX);
         }
     }
 }

@@ -7,20 +7,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot};
-
 use paceline_core::{
     Algorithm, Cost, Decision, FailMode, MemoryStore, Nanos, Plan, Policy, Store, StoreError,
 };
+use parking_lot::Mutex;
 
-use crate::batch::{self, Counters, Job, Settings};
+use crate::batch::{self, Batcher, Counters, Req, Settings};
 use crate::cache::DenyCache;
 use crate::config::{ClockSource, ConfigError, RedisStoreConfig};
 use crate::degraded::Taken;
 use crate::keys::KeyNamer;
 use crate::link::Link;
-use crate::script::{self, Op};
+use crate::script::{Op, PlanCache};
 use crate::standing::Standing;
 
 /// The longest window of a token bucket or sliding window the store
@@ -38,6 +36,9 @@ pub const MAX_COUNTER_QUOTA: u64 = (1 << 31) - 1;
 pub struct RedisStats {
     /// Calls sent to Redis (one per batch).
     pub calls: u64,
+    /// Of those, calls a deciding task sent itself: no call was in flight
+    /// and nothing queued, so the decision did not wait for the batcher.
+    pub direct: u64,
     /// Decisions carried by those calls.
     pub sent: u64,
     /// Calls that failed.
@@ -61,7 +62,8 @@ pub struct RedisStore {
 struct Inner {
     namer: KeyNamer,
     link: Arc<Link>,
-    queue: mpsc::Sender<Job>,
+    batcher: Batcher,
+    plans: PlanCache,
     clock: ClockSource,
     cluster: bool,
     deadline: std::time::Duration,
@@ -146,6 +148,8 @@ impl RedisStore {
         let counters = Arc::new(Counters::default());
         let ms = |d: std::time::Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
         let settings = Settings {
+            cluster: config.cluster,
+            connections: config.connections,
             batch_max: config.batch_max,
             linger: config.batch_linger,
             max_in_flight: config.max_in_flight,
@@ -153,7 +157,7 @@ impl RedisStore {
             ttl_slack_ms: ms(config.ttl_slack).max(1),
             lease_ttl_ms: ms(config.lease_ttl).max(1),
         };
-        let queue = batch::start(link.clone(), settings, config.queue, counters.clone());
+        let batcher = batch::start(link.clone(), settings, config.queue, counters.clone());
         let degraded = config.degraded.map(|d| Degraded {
             share: d.share,
             store: MemoryStore::new(),
@@ -166,7 +170,8 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 namer: KeyNamer::new(&config.key_secret, &config.prefix),
                 link,
-                queue,
+                batcher,
+                plans: PlanCache::default(),
                 clock: config.clock,
                 cluster: config.cluster,
                 deadline: config.deadline,
@@ -198,6 +203,7 @@ impl RedisStore {
         let i = &self.inner;
         RedisStats {
             calls: i.counters.calls.load(Ordering::Relaxed),
+            direct: i.counters.direct.load(Ordering::Relaxed),
             sent: i.counters.sent.load(Ordering::Relaxed),
             errors: i.counters.errors.load(Ordering::Relaxed),
             cache_hits: i.cache_hits.load(Ordering::Relaxed),
@@ -217,38 +223,40 @@ impl RedisStore {
         }
     }
 
+    /// Sends one decision (through the batcher, or at once when no batch
+    /// is gathering) and waits for its answer, at most the deadline.
     async fn submit(
         &self,
         plan: &Plan,
         hash: u128,
         op: Op,
         now: Nanos,
-    ) -> Result<String, StoreError> {
+    ) -> Result<Option<Decision>, StoreError> {
+        let i = &self.inner;
+        let spec = i.plans.get(plan).spec.clone();
+        self.send(plan, spec, hash, op, now).await
+    }
+
+    async fn send(
+        &self,
+        plan: &Plan,
+        spec: Arc<str>,
+        hash: u128,
+        op: Op,
+        now: Nanos,
+    ) -> Result<Option<Decision>, StoreError> {
         let i = &self.inner;
         let (row, slot) = i.namer.row_of(plan, hash);
-        // one server holds every slot: any decisions share a call
-        let slot = if i.cluster { slot } else { 0 };
-        let (tx, rx) = oneshot::channel();
-        let job = Job {
+        let req = Req {
             row,
-            slot,
-            spec: script::plan_spec(plan).into(),
+            // one server holds every slot: any decisions share a call
+            slot: if i.cluster { slot } else { 0 },
+            plan: plan.clone(),
+            spec,
             op,
             now: (i.clock == ClockSource::Caller).then_some(now),
-            reply: tx,
         };
-        if i.queue.try_send(job).is_err() {
-            i.counters.errors.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("paceline_redis_errors_total", "kind" => "queue_full").increment(1);
-            return Err(StoreError::Unavailable("the Redis queue is full".into()));
-        }
-        match tokio::time::timeout(i.deadline, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(StoreError::Unavailable("the batcher stopped".into())),
-            Err(_) => Err(StoreError::Unavailable(
-                "Redis did not answer within the deadline".into(),
-            )),
-        }
+        i.batcher.submit(req).await
     }
 
     /// The answer the local cache holds for this decision: a denial that
@@ -270,23 +278,29 @@ impl RedisStore {
         now: Nanos,
     ) -> Result<Decision, StoreError> {
         let i = &self.inner;
+        // the spec and the support check, once per plan
+        let info = i.plans.get(plan);
+        if let Err(e) = &info.supported {
+            return Err(StoreError::Protocol(e.clone()));
+        }
         let hash = i.namer.hash(key);
         if let Some(d) = self.cached(plan, hash, cost, now) {
             return Ok(d);
         }
-        supports(plan).map_err(StoreError::Protocol)?;
         let op = Op::Check {
             requests: cost.requests,
             bytes: cost.bytes,
         };
-        match self.submit(plan, hash, op, now).await {
-            Ok(line) => {
+        let spec = info.spec.clone();
+        drop(info);
+        match self.send(plan, spec, hash, op, now).await {
+            Ok(Some(d)) => {
                 self.recovered();
-                let d = script::parse_decision(&line, plan, cost.requests, cost.bytes)?;
                 i.cache.put(plan, hash, cost.requests, cost.bytes, now, &d);
                 i.standing.put(plan, hash, now, &d);
                 Ok(d)
             }
+            Ok(None) => Err(StoreError::Protocol("a check answered no decision".into())),
             Err(e @ StoreError::Unavailable(_)) => match self.degraded(plan, key, cost, now) {
                 Some(d) => Ok(d),
                 None => Err(e),

@@ -74,12 +74,12 @@ async fn functions_are_reloaded_when_the_server_lost_them() {
     .await;
     let plan = burst(5, 3_600);
     assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v1"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v2"));
     assert!(server.cli("FUNCTION FLUSH").starts_with("+OK"));
-    assert!(!server.cli("FUNCTION LIST").contains("paceline_v1"));
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v2"));
     // loaded again on the next call, and the count went on
     assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v1"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v2"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,7 +92,7 @@ async fn scripts_are_reloaded_on_noscript() {
     .await;
     let plan = burst(5, 3_600);
     assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
-    assert!(!server.cli("FUNCTION LIST").contains("paceline_v1"));
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v2"));
     assert!(server.cli("SCRIPT FLUSH").starts_with("+OK"));
     assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
 }
@@ -173,7 +173,7 @@ async fn a_restarted_server_is_used_again_within_a_second() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // the restarted server had no functions: they were loaded again
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v1"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v2"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,6 +261,82 @@ async fn concurrent_decisions_share_calls() {
     let st = s.stats();
     assert_eq!(st.sent, 400);
     assert!(st.calls < 200, "{st:?}: decisions were not batched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_server_gets_few_large_calls() {
+    let server = testing::RedisServer::start();
+    // the defaults: 16 calls in flight at most, two connections
+    let s = store(config(server.url())).await;
+    let plan = burst(10_000, 1);
+    warm(&s, &plan).await;
+    let before = s.stats();
+    let mut tasks = Vec::new();
+    for i in 0..1_000 {
+        let (s, plan) = (s.clone(), plan.clone());
+        tasks.push(tokio::spawn(async move {
+            s.check(&plan, &format!("k:{i}"), 1, Nanos::ZERO).await
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap().unwrap().is_allowed());
+    }
+    let calls = s.stats().calls - before.calls;
+    // one call per connection at a time: while two are out, the rest
+    // gather, about 50 decisions a call (with sixteen out at once they
+    // split into smaller calls: about 40 here)
+    println!("{calls} calls for 1,000 decisions");
+    assert!(calls <= 30, "{calls} calls for 1,000 decisions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_caller_sends_its_own_calls() {
+    let server = testing::RedisServer::start();
+    let s = store(config(server.url())).await;
+    let plan = burst(1_000, 1);
+    warm(&s, &plan).await;
+    let before = s.stats();
+    assert_eq!(admitted(&s, &plan, "k:a", 50).await, 50);
+    let st = s.stats();
+    assert_eq!(st.calls - before.calls, 50, "{st:?}");
+    assert_eq!(
+        st.direct - before.direct,
+        50,
+        "{st:?}: a lone caller waited for the batcher"
+    );
+    // with a linger asked for, every decision waits to gather others
+    let s = store(RedisStoreConfig {
+        batch_linger: Duration::from_micros(100),
+        ..config(server.url())
+    })
+    .await;
+    warm(&s, &plan).await;
+    assert_eq!(admitted(&s, &plan, "k:b", 5).await, 5);
+    assert_eq!(s.stats().direct, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_library_on_the_server_is_left_alone() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        scripting: Scripting::Functions,
+        ..config(server.url())
+    })
+    .await;
+    // the library of an older release, answering in its own format
+    let old = "#!lua name=paceline_v1\nredis.register_function('paceline_v1_run', \
+               function(keys, args) return 'A 0 0 7 0 0' end)";
+    let mut load = redis::cmd("FUNCTION");
+    load.arg("LOAD").arg(old);
+    s.command(&load).await.unwrap();
+    let plan = burst(20, 3_600);
+    let d = s.check(&plan, "k:a", 1, Nanos::ZERO).await.unwrap();
+    assert_eq!(d.statuses[0].remaining, 19, "{d:?}");
+    let list = server.cli("FUNCTION LIST");
+    assert!(
+        list.contains("paceline_v1") && list.contains("paceline_v2"),
+        "{list}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

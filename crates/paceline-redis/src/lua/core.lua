@@ -9,7 +9,12 @@
 -- (ms), lease ttl (ms), the number of plans P, P plan specs, then per
 -- decision: op ("c" check, "r" release, "f<ns>" refund of a charge made
 -- that many nanoseconds ago), plan index, cost in requests, cost in bytes.
--- Reply: one line per decision, joined by "\n".
+-- Reply: one flat array of integers, decision after decision. A check
+-- gives its outcome (0 allowed, 1 denied, 2 a cost over the burst), the
+-- deciding policy's index, the wait (ns), then for each policy of its plan
+-- the remaining, the reset (ns) and whether it would deny (0/1); a release
+-- or a refund gives one 0. A duration of 2^53 ns or more (a window past
+-- 104 days) comes as the string of its digits instead of an integer.
 --
 -- A plan spec is "algo,q,window_s,offset_s,shadow,unit;..." with algo one
 -- of t (token bucket), f (fixed window), c (sliding counter), l (sliding
@@ -132,6 +137,17 @@ local function make()
       if a == "t" then p.t = idiv(p.w, p.q) end
       plan[#plan + 1] = p
     end
+    -- token buckets and fixed windows (under 104 days: every duration a
+    -- number) only: the row itself is the state
+    -- (see "the flat path" below); p.at is where p's fields start in it
+    local fast, at = true, 3
+    for k = 1, #plan do
+      local p = plan[k]
+      if p.a == "t" then p.at = at; at = at + 1
+      elseif p.a == "f" and p.ws < 9000000 then p.at = at; at = at + 2
+      else fast = false end
+    end
+    plan.fast = fast
     if plan_cache_len >= 256 then plan_cache = {}; plan_cache_len = 0 end
     plan_cache[spec] = plan
     plan_cache_len = plan_cache_len + 1
@@ -158,65 +174,71 @@ local function make()
   end
 
   local function decode(blob, plan)
+    local n = #plan
     local states = {}
     local row = nil
     if blob then
       local ok, r = pcall(cmsgpack.unpack, blob)
       if ok and type(r) == "table" then row = r end
     end
+    if not row then
+      for k = 1, n do states[k] = fresh_state(plan[k]) end
+      return states
+    end
     -- written at (ws, wn): a relative x then is x + shift now
-    local shift = 0
+    local shift = (row[1] - now_s) * E9 + (row[2] - now_n)
     local i = 3
-    if row then shift = (row[1] - now_s) * E9 + (row[2] - now_n) end
-    for k, p in ipairs(plan) do
-      local st = fresh_state(p)
-      if row then
-        if p.a == "t" then
-          local d = row[i] + shift; i = i + 1
-          if d < 0 then d = 0 end
-          st.d = d
-        elseif p.a == "f" then
-          st.idx = row[i]; st.count = row[i + 1]; i = i + 2
-        elseif p.a == "c" then
-          st.idx = row[i]; st.cur = row[i + 1]; st.prev = row[i + 2]; i = i + 3
-        elseif p.a == "l" then
-          local n = row[i]; i = i + 1
-          local log = {}
-          for j = 1, n do
-            local t = row[i + j - 1] + shift
-            if t > -p.w then log[#log + 1] = t end
-          end
-          i = i + n
-          st.log = log
-        else
-          local n = row[i]; i = i + 1
-          local leases = {}
-          for j = 1, n do
-            local t = row[i + j - 1] + shift
-            if t > -lease_ns then leases[#leases + 1] = t end
-          end
-          i = i + n
-          st.leases = leases
+    for k = 1, n do
+      local p = plan[k]
+      local a = p.a
+      if a == "t" then
+        local d = row[i] + shift; i = i + 1
+        if d < 0 then d = 0 end
+        states[k] = {d = d}
+      elseif a == "f" then
+        states[k] = {idx = row[i], count = row[i + 1]}; i = i + 2
+      elseif a == "c" then
+        states[k] = {idx = row[i], cur = row[i + 1], prev = row[i + 2]}; i = i + 3
+      elseif a == "l" then
+        local m = row[i]; i = i + 1
+        local log, len = {}, 0
+        local w = p.w
+        for j = i, i + m - 1 do
+          local t = row[j] + shift
+          if t > -w then len = len + 1; log[len] = t end
         end
+        i = i + m
+        states[k] = {log = log}
+      else
+        local m = row[i]; i = i + 1
+        local leases, len = {}, 0
+        for j = i, i + m - 1 do
+          local t = row[j] + shift
+          if t > -lease_ns then len = len + 1; leases[len] = t end
+        end
+        i = i + m
+        states[k] = {leases = leases}
       end
-      states[k] = st
     end
     return states
   end
 
   local function encode(states, plan)
     local row = {now_s, now_n}
-    for k, p in ipairs(plan) do
-      local st = states[k]
-      if p.a == "t" then row[#row + 1] = st.d
-      elseif p.a == "f" then row[#row + 1] = st.idx; row[#row + 1] = st.count
-      elseif p.a == "c" then row[#row + 1] = st.idx; row[#row + 1] = st.cur; row[#row + 1] = st.prev
-      elseif p.a == "l" then
-        row[#row + 1] = #st.log
-        for _, t in ipairs(st.log) do row[#row + 1] = t end
+    local i = 2
+    for k = 1, #plan do
+      local p, st = plan[k], states[k]
+      local a = p.a
+      if a == "t" then i = i + 1; row[i] = st.d
+      elseif a == "f" then row[i + 1] = st.idx; row[i + 2] = st.count; i = i + 2
+      elseif a == "c" then row[i + 1] = st.idx; row[i + 2] = st.cur; row[i + 3] = st.prev; i = i + 3
       else
-        row[#row + 1] = #st.leases
-        for _, t in ipairs(st.leases) do row[#row + 1] = t end
+        local list = st.log
+        if a ~= "l" then list = st.leases end
+        local m = #list
+        i = i + 1; row[i] = m
+        for j = 1, m do row[i + j] = list[j] end
+        i = i + m
       end
     end
     return cmsgpack.pack(row)
@@ -249,6 +271,11 @@ local function make()
     local max_left = muldiv(room, w, c, 1, false)
     if max_left > w then max_left = w end
     return left + (w - max_left)
+  end
+
+  -- when a sliding counter's row is empty again, once `c` is counted now
+  local function counter_reset(c, prev, left, w)
+    if c > 0 then return left + w elseif prev > 0 then return left else return 0 end
   end
 
   -- returns admit, remaining, reset, wait
@@ -284,17 +311,14 @@ local function make()
       local into = (now_s - idx * p.ws) * E9 + now_n
       local left = w - into
       local estimate = muldiv(prev, left, E9, p.ws, true) + cur
-      local function reset_after(c)
-        if c > 0 then return left + w elseif prev > 0 then return left else return 0 end
-      end
       if estimate + cost <= q then
-        return true, q - estimate - cost, reset_after(cur + cost), 0
+        return true, q - estimate - cost, counter_reset(cur + cost, prev, left, w), 0
       end
       local wait = counter_wait(prev, cur, q, cost, w, p.ws, left)
       if wait < 1 then wait = 1 end
       local rem = q - estimate
       if rem < 0 then rem = 0 end
-      return false, rem, reset_after(cur), wait
+      return false, rem, counter_reset(cur, prev, left, w), wait
     elseif a == "l" then
       local w = p.w
       local log = st.log
@@ -343,8 +367,8 @@ local function make()
   -- how long the row must be kept (ms, rounded up)
   local function keep_ms(plan, states)
     local keep = 0
-    for k, p in ipairs(plan) do
-      local st = states[k]
+    for k = 1, #plan do
+      local p, st = plan[k], states[k]
       local ms = 0
       if p.a == "t" then ms = dur_ms(st.d)
       elseif p.a == "n" then
@@ -366,55 +390,78 @@ local function make()
 
   -- ---- one decision --------------------------------------------------------
 
-  local function status_str(out, r, t, d)
-    out[#out + 1] = fmt("%d", r)
-    out[#out + 1] = dur_str(t)
-    out[#out + 1] = d and "1" or "0"
+  -- a duration: an integer, or past 2^53 ns the string of its digits
+  local function dur_out(a)
+    if type(a) == "number" then return a end
+    return dur_str(a)
   end
 
-  local function cost_exceeds(plan, states, i)
-    local parts = {"X", tostring(i - 1), "0"}
-    for k, p in ipairs(plan) do
-      local adm, r, t = peek(p, states[k], 0)
-      status_str(parts, r, t, not adm)
+  local function put_head(out, o, code, policy, w)
+    out[o + 1] = code
+    out[o + 2] = policy
+    out[o + 3] = dur_out(w)
+  end
+
+  local function put_status(out, o, r, t, d)
+    out[o + 1] = r
+    out[o + 2] = dur_out(t)
+    if d then out[o + 3] = 1 else out[o + 3] = 0 end
+  end
+
+  -- a cost over policy i's burst: nothing is charged, and every policy's
+  -- standing is told
+  local function cost_exceeds(plan, states, i, out, o)
+    put_head(out, o, 2, i - 1, 0)
+    for k = 1, #plan do
+      local adm, r, t = peek(plan[k], states[k], 0)
+      put_status(out, o + 3 * k, r, t, not adm)
     end
-    return table.concat(parts, " ")
+    return o + 3 + 3 * #plan
   end
 
-  -- checks one decision; returns the reply line and whether state changed
-  local function check(plan, states, cr, cb)
+  local admitted = {}
+
+  -- checks one decision, its reply written from out[o + 1] on; returns
+  -- where the reply ends and whether state changed
+  local function check(plan, states, cr, cb, out, o)
     local n = #plan
-    local function cost_of(p) if p.bytes then return cb end return cr end
     if n == 1 then
-      local p = plan[1]
-      local c = cost_of(p)
+      local p, st = plan[1], states[1]
+      local c = cr
+      if p.bytes then c = cb end
       if c > p.q then
-        if not p.shadow then return cost_exceeds(plan, states, 1), false end
-        local _, r, t = peek(p, states[1], 0)
-        local parts = {"A", "0", "0"}
-        status_str(parts, r, t, true)
-        return table.concat(parts, " "), false
+        if not p.shadow then return cost_exceeds(plan, states, 1, out, o), false end
+        local _, r, t = peek(p, st, 0)
+        put_head(out, o, 0, 0, 0)
+        put_status(out, o + 3, r, t, true)
+        return o + 6, false
       end
-      local adm, r, t, w = peek(p, states[1], c)
-      local parts
+      local adm, r, t, w = peek(p, st, c)
       if adm then
-        commit(p, states[1], c)
-        parts = {"A", "0", "0"}
+        commit(p, st, c)
+        put_head(out, o, 0, 0, 0)
       elseif p.shadow then
-        parts = {"A", "0", "0"}
+        put_head(out, o, 0, 0, 0)
       else
-        parts = {"D", "0", dur_str(w)}
+        put_head(out, o, 1, 0, w)
       end
-      status_str(parts, r, t, not adm)
-      return table.concat(parts, " "), adm and c > 0
+      put_status(out, o + 3, r, t, not adm)
+      return o + 6, adm and c > 0
     end
-    for k, p in ipairs(plan) do
-      if cost_of(p) > p.q and not p.shadow then return cost_exceeds(plan, states, k), false end
+    for k = 1, n do
+      local p = plan[k]
+      local c = cr
+      if p.bytes then c = cb end
+      if c > p.q and not p.shadow then return cost_exceeds(plan, states, k, out, o), false end
     end
-    local admitted, stats = {}, {}
     local denial, dwait
-    for k, p in ipairs(plan) do
-      local c = cost_of(p)
+    -- the head's place first: the reply table fills in order, so it grows
+    -- as an array (filled out of order, Lua rehashes it again and again)
+    out[o + 1] = 0; out[o + 2] = 0; out[o + 3] = 0
+    for k = 1, n do
+      local p = plan[k]
+      local c = cr
+      if p.bytes then c = cb end
       local adm, r, t, w
       if c > p.q then
         local _, r0 = peek(p, states[k], 0)
@@ -426,30 +473,32 @@ local function make()
       if not adm and not p.shadow and (denial == nil or dur_gt(w, dwait)) then
         denial, dwait = k, w
       end
-      stats[k] = {r, t, not adm}
+      put_status(out, o + 3 * k, r, t, not adm)
     end
-    local parts
     local changed = false
     if denial then
-      for k, p in ipairs(plan) do
+      -- nothing is charged: the admitted ones' standing as it stays
+      for k = 1, n do
         if admitted[k] then
-          local _, r, t = peek(p, states[k], 0)
-          stats[k][1] = r; stats[k][2] = t
+          local _, r, t = peek(plan[k], states[k], 0)
+          out[o + 3 * k + 1] = r
+          out[o + 3 * k + 2] = dur_out(t)
         end
       end
-      parts = {"D", tostring(denial - 1), dur_str(dwait)}
+      put_head(out, o, 1, denial - 1, dwait)
     else
-      for k, p in ipairs(plan) do
+      for k = 1, n do
         if admitted[k] then
-          local c = cost_of(p)
+          local p = plan[k]
+          local c = cr
+          if p.bytes then c = cb end
           commit(p, states[k], c)
           if c > 0 then changed = true end
         end
       end
-      parts = {"A", "0", "0"}
+      put_head(out, o, 0, 0, 0)
     end
-    for k = 1, n do status_str(parts, stats[k][1], stats[k][2], stats[k][3]) end
-    return table.concat(parts, " "), changed
+    return o + 3 + 3 * n, changed
   end
 
   local function release(plan, states, amount)
@@ -469,7 +518,7 @@ local function make()
         end
       end
     end
-    return "R", changed
+    return changed
   end
 
   -- gives back a charge made `age` ns ago whose answer never came: what
@@ -524,11 +573,224 @@ local function make()
       end
       -- concurrency: the request's lease gives its units back
     end
-    return "F", changed
+    return changed
   end
 
+  -- ---- the flat path ------------------------------------------------------
+  -- A plan of token buckets and fixed windows only (the common case) keeps
+  -- its row as decoded: {written_s, written_n, fields...}, a bucket's `used`
+  -- at p.at, a window's index and count at p.at and p.at + 1. The same
+  -- arithmetic as peek and commit above, without a table per policy;
+  -- floor(x / d) is exact for integers 0 <= x < 2^53.
+
+  local function flat_decode(blob, plan)
+    local row = nil
+    if blob then
+      local ok, r = pcall(cmsgpack.unpack, blob)
+      if ok and type(r) == "table" then row = r end
+    end
+    if not row then
+      row = {0, 0}
+      for k = 1, #plan do
+        local p = plan[k]
+        if p.a == "t" then row[p.at] = 0 else row[p.at] = -1; row[p.at + 1] = 0 end
+      end
+      return row
+    end
+    local shift = (row[1] - now_s) * E9 + (row[2] - now_n)
+    for k = 1, #plan do
+      local p = plan[k]
+      if p.a == "t" then
+        local d = row[p.at] + shift
+        if d < 0 then d = 0 end
+        row[p.at] = d
+      end
+    end
+    return row
+  end
+
+  -- returns admit, remaining, reset, wait (as peek); x - x % d is
+  -- d * floor(x / d), exactly, with no call out of the VM
+  local function flat_peek(p, row, cost)
+    local at, q = p.at, p.q
+    if p.a == "t" then
+      local w, t, d = p.w, p.t, row[at]
+      local used_after = d + cost * t
+      if used_after <= w then
+        local x = w - used_after
+        return true, (x - x % t) / t, used_after, 0
+      end
+      local room = w - d
+      if room < 0 then room = 0 end
+      return false, (room - room % t) / t, d, used_after - w
+    end
+    local ws, off = p.ws, p.off
+    local x = now_s + ws - off
+    local idx = (x - x % ws) / ws
+    local count = 0
+    if row[at] == idx then count = row[at + 1] end
+    local until_end = (idx * ws + off - now_s) * E9 - now_n
+    local after = count + cost
+    if after <= q then
+      if after == 0 then return true, q, 0, 0 end
+      return true, q - after, until_end, 0
+    end
+    local rem = q - count
+    if rem < 0 then rem = 0 end
+    return false, rem, until_end, until_end
+  end
+
+  -- check, on a flat row: as check, every duration a number
+  local function flat_check(plan, row, cr, cb, out, o)
+    local n = #plan
+    for k = 1, n do
+      local p = plan[k]
+      local c = cr
+      if p.bytes then c = cb end
+      if c > p.q and not p.shadow then
+        out[o + 1] = 2; out[o + 2] = k - 1; out[o + 3] = 0
+        local s = o + 3
+        for j = 1, n do
+          local adm, r, t = flat_peek(plan[j], row, 0)
+          out[s + 1] = r; out[s + 2] = t
+          if adm then out[s + 3] = 0 else out[s + 3] = 1 end
+          s = s + 3
+        end
+        return s, false
+      end
+    end
+    -- the head's place first: the reply fills in order, as an array
+    out[o + 1] = 0; out[o + 2] = 0; out[o + 3] = 0
+    local denial, dwait
+    local s = o + 3
+    for k = 1, n do
+      local p = plan[k]
+      local c = cr
+      if p.bytes then c = cb end
+      local adm, r, t, w
+      if c > p.q then
+        -- a shadow policy the cost is over: it would deny
+        local _, r0, t0 = flat_peek(p, row, 0)
+        adm, r, w = false, r0, nil
+        if n == 1 then t = t0 else t = 0 end
+      else
+        adm, r, t, w = flat_peek(p, row, c)
+      end
+      admitted[k] = adm
+      if not adm and not p.shadow and (denial == nil or w > dwait) then
+        denial, dwait = k, w
+      end
+      out[s + 1] = r; out[s + 2] = t
+      if adm then out[s + 3] = 0 else out[s + 3] = 1 end
+      s = s + 3
+    end
+    if denial then
+      if n > 1 then
+        -- nothing is charged: the admitted ones' standing as it stays
+        for k = 1, n do
+          if admitted[k] then
+            local _, r, t = flat_peek(plan[k], row, 0)
+            out[o + 3 * k + 1] = r
+            out[o + 3 * k + 2] = t
+          end
+        end
+      end
+      out[o + 1] = 1; out[o + 2] = denial - 1; out[o + 3] = dwait
+      return s, false
+    end
+    local changed = false
+    for k = 1, n do
+      local p = plan[k]
+      local c = cr
+      if p.bytes then c = cb end
+      if admitted[k] and c > 0 then
+        -- no denial: each admitted policy is charged (a shadow one that
+        -- would deny is not)
+        local at = p.at
+        if p.a == "t" then
+          row[at] = row[at] + c * p.t
+        else
+          local ws = p.ws
+          local x = now_s + ws - p.off
+          local idx = (x - x % ws) / ws
+          if row[at] ~= idx then row[at] = idx; row[at + 1] = 0 end
+          row[at + 1] = row[at + 1] + c
+        end
+        changed = true
+      end
+    end
+    return s, changed
+  end
+
+  local function flat_keep_ms(plan, row)
+    local keep = 0
+    for k = 1, #plan do
+      local p = plan[k]
+      local at = p.at
+      local ms = 0
+      if p.a == "t" then
+        local x = row[at] + 999999
+        ms = (x - x % 1000000) / 1000000
+      elseif row[at + 1] > 0 then
+        ms = (row[at] * p.ws + p.off - now_s + 1) * 1000
+      end
+      if ms > keep then keep = ms end
+    end
+    return keep
+  end
+
+  -- the per-policy states of a flat row, and back (for the rare release
+  -- and refund, which then run as for any plan)
+  local function flat_states(plan, row)
+    local states = {}
+    for k = 1, #plan do
+      local p = plan[k]
+      if p.a == "t" then states[k] = {d = row[p.at]}
+      else states[k] = {idx = row[p.at], count = row[p.at + 1]} end
+    end
+    return states
+  end
+
+  local function flat_store(plan, row, states)
+    for k = 1, #plan do
+      local p, st = plan[k], states[k]
+      if p.a == "t" then row[p.at] = st.d
+      else row[p.at] = st.idx; row[p.at + 1] = st.count end
+    end
+  end
+
+  -- "PX" values as strings, memoised: a number's conversion is costly and
+  -- rows of one plan mostly share a value (rounded up to whole seconds)
+  local px_memo, px_memo_len = {}, 0
+  local function px(ms)
+    local x = ms + 999
+    ms = x - x % 1000
+    local s = px_memo[ms]
+    if s then return s end
+    s = fmt("%d", ms)
+    if px_memo_len >= 1024 then px_memo = {}; px_memo_len = 0 end
+    px_memo[ms] = s
+    px_memo_len = px_memo_len + 1
+    return s
+  end
+
+  -- small whole numbers as sent, read without tonumber's strtod
+  local SMALL = {}
+  for v = 0, 255 do SMALL[tostring(v)] = v end
+  local function num(s)
+    local v = SMALL[s]
+    if v then return v end
+    return tonumber(s)
+  end
+
+  local ONE = {1}
+
   return function(keys, args)
-    if redis.replicate_commands then pcall(redis.replicate_commands) end
+    -- effects replication (TIME before a write): the only way from Redis
+    -- 7 on (which says so by its version number), to be asked for before
+    if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
+      pcall(redis.replicate_commands)
+    end
     if args[1] == "T" then
       local t = redis.call("TIME")
       now_s = tonumber(t[1]); now_n = tonumber(t[2]) * 1000
@@ -536,55 +798,105 @@ local function make()
       local s, n = string.match(args[1], "^(%d+) (%d+)$")
       now_s = tonumber(s); now_n = tonumber(n)
     end
-    local slack = tonumber(args[2])
-    lease_ns = tonumber(args[3]) * 1000000
-    local nplans = tonumber(args[4])
+    local slack = num(args[2])
+    lease_ns = num(args[3]) * 1000000
+    local nplans = num(args[4])
     local plans = {}
     for k = 1, nplans do plans[k] = parse_plan(args[4 + k]) end
     local base = 4 + nplans
-    local rows, dirty, order = {}, {}, {}
+    -- each row is read once (one MGET for the whole batch), kept as the
+    -- first decision on it found it, and written once at the end if any
+    -- decision changed it; rows are numbered in order of first use
+    local nkeys = #keys
+    local order, row_of, blobs
+    local nrows = 0
+    if nkeys == 1 then
+      -- a lone decision (one caller): no bookkeeping
+      order, row_of, nrows = keys, ONE, 1
+      blobs = {redis.call("GET", keys[1])}
+    else
+      local seen = {}
+      order, row_of = {}, {}
+      for i = 1, nkeys do
+        local key = keys[i]
+        local j = seen[key]
+        if not j then
+          nrows = nrows + 1
+          order[nrows] = key
+          seen[key] = nrows
+          j = nrows
+        end
+        row_of[i] = j
+      end
+      blobs = redis.call("MGET", unpack(order))
+    end
+    local row_plan, row_states, dirty = {}, {}, {}
     local out = {}
-    for i, key in ipairs(keys) do
+    local o = 0
+    for i = 1, nkeys do
+      local j = row_of[i]
       local a = base + (i - 1) * 4
       local op = args[a + 1]
-      local plan = plans[tonumber(args[a + 2]) + 1]
-      local cr, cb = tonumber(args[a + 3]), tonumber(args[a + 4])
-      local row = rows[key]
-      if not row then
-        local blob = redis.call("GET", key)
-        if not blob then blob = nil end
-        local states = decode(blob, plan)
-        row = {plan = plan, states = states}
-        rows[key] = row
-        order[#order + 1] = key
-      end
-      local line, changed
-      if op == "c" then
-        line, changed = check(row.plan, row.states, cr, cb)
-      elseif op == "r" then
-        line, changed = release(row.plan, row.states, cr)
+      local sr, sb = args[a + 3], args[a + 4]
+      local cr, cb = SMALL[sr], SMALL[sb]
+      if not cr then cr = tonumber(sr) end
+      if not cb then cb = tonumber(sb) end
+      local states = row_states[j]
+      local plan
+      if states then
+        plan = row_plan[j]
       else
-        local age = string.match(op, "^f(%d+)$")
-        if not age then return redis.error_reply("paceline: unknown op " .. tostring(op)) end
-        local tolerance = 0
-        if args[1] == "T" then tolerance = 100000000 end
-        line, changed = refund(row.plan, row.states, cr, cb, tonumber(age), tolerance)
+        plan = plans[num(args[a + 2]) + 1]
+        local blob = blobs[j]
+        if not blob then blob = nil end
+        if plan.fast then states = flat_decode(blob, plan) else states = decode(blob, plan) end
+        row_states[j] = states
+        row_plan[j] = plan
       end
-      if changed then dirty[key] = true end
-      out[i] = line
+      local changed
+      if op == "c" then
+        if plan.fast then
+          o, changed = flat_check(plan, states, cr, cb, out, o)
+        else
+          o, changed = check(plan, states, cr, cb, out, o)
+        end
+      else
+        local st = states
+        if plan.fast then st = flat_states(plan, states) end
+        if op == "r" then
+          changed = release(plan, st, cr)
+        else
+          local age = string.match(op, "^f(%d+)$")
+          if not age then return redis.error_reply("paceline: unknown op " .. tostring(op)) end
+          local tolerance = 0
+          if args[1] == "T" then tolerance = 100000000 end
+          changed = refund(plan, st, cr, cb, tonumber(age), tolerance)
+        end
+        if plan.fast then flat_store(plan, states, st) end
+        o = o + 1; out[o] = 0
+      end
+      if changed then dirty[j] = true end
     end
-    for _, key in ipairs(order) do
-      if dirty[key] then
-        local row = rows[key]
-        local keep = keep_ms(row.plan, row.states)
+    for j = 1, nrows do
+      if dirty[j] then
+        local key, plan, states = order[j], row_plan[j], row_states[j]
+        local keep, blob
+        if plan.fast then
+          keep = flat_keep_ms(plan, states)
+          states[1] = now_s; states[2] = now_n
+          if keep > 0 then blob = cmsgpack.pack(states) end
+        else
+          keep = keep_ms(plan, states)
+          if keep > 0 then blob = encode(states, plan) end
+        end
         if keep <= 0 then
           redis.call("DEL", key)
         else
-          redis.call("SET", key, encode(row.states, row.plan), "PX", keep + slack)
+          redis.call("SET", key, blob, "PX", px(keep + slack))
         end
       end
     end
-    return table.concat(out, "\n")
+    return out
   end
 end
 
