@@ -15,12 +15,13 @@
 //!   sends 500 requests a second, and each polite request is counted with
 //!   the state the flood was in when it was sent, so outside load falls on
 //!   both sides alike and slow drifts cancel;
-//! - one run gives about 1,250 samples a side and one ratio of p99s; each
-//!   run starts its own gateway, upstream and clients, so their threads
-//!   are placed afresh (a placement holds for a process's life and moves
-//!   all its figures together); the test bounds the median of seven runs,
-//!   so one burst of outside load or one bad placement spoils one run, not
-//!   the verdict;
+//! - seven runs of 5 s, each with its own gateway, upstream and clients,
+//!   so their threads are placed afresh (a placement holds for a
+//!   process's life and moves all its figures together); every run gives
+//!   both sides alike, so their samples are pooled (about 8,700 a side)
+//!   and the test bounds the ratio of the pooled p99s: one run's p99 is
+//!   about its thirteenth-slowest request, and runs' ratios spread from 0.9 to 1.9
+//!   where the pooled ones stay within a few percent;
 //! - the gateway runs on the runtime `paceline gateway` starts (a worker
 //!   a core), the upstream on its own.
 //!
@@ -396,16 +397,16 @@ fn a_flood_at_twenty_times_its_limit_barely_moves_a_polite_keys_p99() {
     }
     let rate = median(rates);
     let m = median(ratios.clone());
+    let (pq, pn) = (pct(&mut all_quiet, 0.99), pct(&mut all_noisy, 0.99));
+    let pooled = pn as f64 / pq as f64;
     println!(
         "flood: {rate:.0} requests/s while on (median of runs), at {FLOOD_LIMIT}/s allowed ({:.1}x); answers {limited} x 429, {other} other",
         rate / FLOOD_LIMIT as f64
     );
     println!(
-        "polite: {} + {} samples; pooled p99 quiet {} us, flood {} us; median of {runs} run ratios {m:.3} (bound {MAX_RATIO})",
+        "polite: {} + {} samples; pooled p99 quiet {pq} us, flood {pn} us: ratio {pooled:.3} (bound {MAX_RATIO}); median of the {runs} runs' ratios {m:.3}",
         all_quiet.len(),
         all_noisy.len(),
-        pct(&mut all_quiet, 0.99),
-        pct(&mut all_noisy, 0.99)
     );
     assert!(
         rate > 0.8 * flood_rate as f64,
@@ -416,7 +417,7 @@ fn a_flood_at_twenty_times_its_limit_barely_moves_a_polite_keys_p99() {
         "the flood was mostly refused: {limited} 429, {other} other"
     );
     assert!(
-        m <= MAX_RATIO,
-        "the polite key's p99 rose {m:.2}x under the flood (bound {MAX_RATIO}x): {ratios:?}"
+        pooled <= MAX_RATIO,
+        "the polite key's p99 rose {pooled:.2}x under the flood (bound {MAX_RATIO}x; runs: {ratios:?})"
     );
 }
