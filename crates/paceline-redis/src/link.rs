@@ -210,6 +210,38 @@ impl Link {
         }
     }
 
+    /// Loads the library (or, without functions, the script) before the
+    /// first decision needs it, so the first requests after a start do
+    /// not each wait for the load. Best effort: a server that is down, or
+    /// one that refuses, leaves it to be loaded on demand, as after a
+    /// restart. Single servers only (a cluster's nodes load on demand).
+    pub(crate) async fn preload(&self) {
+        let mut conn = self.conn();
+        if matches!(conn, Conn::Cluster(_)) {
+            return;
+        }
+        if !self.use_eval.load(Ordering::Relaxed) {
+            let mut load = redis::cmd("FUNCTION");
+            load.arg("LOAD").arg("REPLACE").arg(&self.library);
+            match conn.query(&load).await {
+                Ok(_) => return,
+                Err(e) if self.scripting == Scripting::Auto && no_functions(&e) => {
+                    tracing::info!("the Redis server has no functions: using scripts");
+                    self.use_eval.store(true, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "the function library is loaded on demand");
+                    return;
+                }
+            }
+        }
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(&self.script);
+        if let Err(e) = conn.query(&load).await {
+            tracing::debug!(error = %e, "the script is loaded on demand");
+        }
+    }
+
     /// Sends one plain command (tests and diagnostics).
     pub(crate) async fn command(&self, cmd: &Cmd) -> Result<Value, StoreError> {
         self.conn().query(cmd).await.map_err(|e| classify(&e))

@@ -145,6 +145,9 @@ impl RedisStore {
     pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore, ConfigError> {
         config.validate()?;
         let link = Arc::new(Link::connect(&config).await.map_err(setup)?);
+        // the library, before the first decision waits for it (bounded:
+        // a server that does not answer soon is left to load on demand)
+        let _ = tokio::time::timeout(config.connect_timeout * 2, link.preload()).await;
         let counters = Arc::new(Counters::default());
         let ms = |d: std::time::Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
         let settings = Settings {

@@ -82,6 +82,24 @@ async fn functions_are_reloaded_when_the_server_lost_them() {
     assert!(server.cli("FUNCTION LIST").contains("paceline_v2"));
 }
 
+/// The library is on the server once the store has connected, so the
+/// first requests of a start do not each wait for it to load; a server
+/// that is down at start delays the start by the connect bound at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_is_loaded_at_connect() {
+    let server = testing::RedisServer::start();
+    let s = store(config(server.url())).await;
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v2"));
+    assert_eq!(s.stats().calls, 0, "no decision was made");
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("redis://{}", l.local_addr().unwrap())
+    };
+    let t = Instant::now();
+    let _lazy = store(config(down)).await;
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_reloaded_on_noscript() {
     let server = testing::RedisServer::start();
