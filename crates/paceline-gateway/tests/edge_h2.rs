@@ -7,8 +7,7 @@
 //! Every wait is bounded.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,95 +15,14 @@ use http::Request;
 use http_body_util::Empty;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-const LIMIT: Duration = Duration::from_secs(10);
+mod common;
 
-fn find(buf: &[u8], what: &[u8]) -> Option<usize> {
-    buf.windows(what.len()).position(|w| w == what)
-}
-
-/// An HTTP/1.1 upstream that counts every head and answers it `200 ok`,
-/// but for `/stall`, which it never answers.
-async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let count = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    while find(&buf, b"\r\n\r\n").is_none() {
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let end = find(&buf, b"\r\n\r\n").unwrap() + 4;
-                    let head: Vec<u8> = buf.drain(..end).collect();
-                    count.fetch_add(1, Ordering::SeqCst);
-                    if head.starts_with(b"GET /stall ") {
-                        std::future::pending::<()>().await;
-                    }
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if s.write_all(ok).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, seen)
-}
-
-struct Rig {
-    addr: SocketAddr,
-    handle: GatewayHandle,
-    served: tokio::task::JoinHandle<std::io::Result<()>>,
-    seen: Arc<AtomicUsize>,
-}
+use common::{Rig, LIMIT};
 
 impl Rig {
-    async fn start(gateway: &str) -> Rig {
-        let (up, seen) = upstream().await;
-        let text = format!(
-            r#"[gateway]
-listen = "127.0.0.1:0"
-upstream = "http://{up}"
-watch = false
-{gateway}
-
-[plans.free]
-policies = [{{ name = "burst", algorithm = "token_bucket", q = 10000, w = 3600 }}]
-
-[keys]
-sk_a = "free"
-"#
-        );
-        let cfg = GatewayConfig::parse(&text, "edge_h2.toml", None).unwrap();
-        let gw = Gateway::bind(cfg).await.unwrap();
-        let addr = gw.local_addr();
-        let handle = gw.handle();
-        let served = tokio::spawn(gw.run(std::future::pending()));
-        Rig {
-            addr,
-            handle,
-            served,
-            seen,
-        }
-    }
-
-    async fn stop(self) {
-        self.handle.shutdown();
-        let _ = tokio::time::timeout(LIMIT, self.served).await;
-    }
-
     /// An HTTP/2 connection with hyper's client.
     async fn h2(&self) -> http2::SendRequest<Empty<Bytes>> {
         let s = TcpStream::connect(self.addr).await.unwrap();
@@ -187,7 +105,7 @@ fn setting(all: &[(u16, u32)], id: u16) -> Option<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_head_bound_and_the_stream_window_are_announced() {
-    let rig = Rig::start("").await;
+    let rig = Rig::start("", 10000).await;
     let all = server_settings(rig.addr).await;
     assert_eq!(
         setting(&all, MAX_HEADER_LIST_SIZE),
@@ -202,7 +120,7 @@ async fn the_head_bound_and_the_stream_window_are_announced() {
     );
     rig.stop().await;
 
-    let rig = Rig::start("max_head_bytes = 16384").await;
+    let rig = Rig::start("max_head_bytes = 16384", 10000).await;
     let all = server_settings(rig.addr).await;
     assert_eq!(setting(&all, MAX_HEADER_LIST_SIZE), Some(16384), "{all:?}");
     rig.stop().await;
@@ -210,7 +128,7 @@ async fn the_head_bound_and_the_stream_window_are_announced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_past_the_bound_is_refused_on_its_stream_and_the_connection_kept() {
-    let rig = Rig::start("max_head_bytes = 16384").await;
+    let rig = Rig::start("max_head_bytes = 16384", 10000).await;
     let mut send = rig.h2().await;
     assert_eq!(
         status(&mut send, get(12 * 1024)).await,
@@ -230,9 +148,10 @@ async fn a_head_past_the_bound_is_refused_on_its_stream_and_the_connection_kept(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_streams_with_huge_heads_hold_nothing() {
     const CAP: usize = 1024 * 1024;
-    let rig = Rig::start(&format!(
-        "max_head_bytes = 16384\n[gateway.limits]\nmax_buffered_bytes = {CAP}\n"
-    ))
+    let rig = Rig::start(
+        &format!("max_head_bytes = 16384\n[gateway.limits]\nmax_buffered_bytes = {CAP}\n"),
+        10000,
+    )
     .await;
     // four connections, fifty streams each, every head 24 KiB: 4.8 MB of
     // heads against a bound of 1 MiB, none of them kept
@@ -282,9 +201,12 @@ async fn many_streams_with_huge_heads_hold_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heads_in_flight_are_counted_in_the_memory_bound() {
     const CAP: usize = 1024 * 1024;
-    let rig = Rig::start(&format!(
+    let rig = Rig::start(
+        &format!(
         "max_head_bytes = 16384\n[gateway.limits]\nmax_buffered_bytes = {CAP}\n[gateway.timeouts]\nupstream_header_ms = 2000\n"
-    ))
+        ),
+        10000,
+    )
     .await;
     // two hundred streams over four connections, each head 15 KiB (within
     // the bound) and each request held by the upstream: 3 MB of heads in

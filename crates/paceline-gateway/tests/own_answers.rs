@@ -4,97 +4,17 @@
 //! head's bytes, its fields, the request target's length), and nothing of
 //! it reaches the upstream. Every wait is bounded.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
-use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle};
 use paceline_wire::problem::PROBLEM_CONTENT_TYPE;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-const LIMIT: Duration = Duration::from_secs(10);
+mod common;
 
-fn find(buf: &[u8], what: &[u8]) -> Option<usize> {
-    buf.windows(what.len()).position(|w| w == what)
-}
-
-/// An upstream that answers every head `200 ok` and counts them.
-async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let count = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    while find(&buf, b"\r\n\r\n").is_none() {
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let end = find(&buf, b"\r\n\r\n").unwrap() + 4;
-                    buf.drain(..end);
-                    count.fetch_add(1, Ordering::SeqCst);
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if s.write_all(ok).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, seen)
-}
-
-struct Rig {
-    addr: SocketAddr,
-    handle: GatewayHandle,
-    served: tokio::task::JoinHandle<std::io::Result<()>>,
-    seen: Arc<AtomicUsize>,
-}
+use common::{find, Rig, LIMIT};
 
 impl Rig {
-    async fn start(gateway: &str) -> Rig {
-        let (up, seen) = upstream().await;
-        let text = format!(
-            r#"[gateway]
-listen = "127.0.0.1:0"
-upstream = "http://{up}"
-watch = false
-{gateway}
-
-[plans.free]
-policies = [{{ name = "burst", algorithm = "token_bucket", q = 100, w = 3600 }}]
-
-[keys]
-sk_a = "free"
-"#
-        );
-        let cfg = GatewayConfig::parse(&text, "own_answers.toml", None).unwrap();
-        let gw = Gateway::bind(cfg).await.unwrap();
-        let addr = gw.local_addr();
-        let handle = gw.handle();
-        let served = tokio::spawn(gw.run(std::future::pending()));
-        Rig {
-            addr,
-            handle,
-            served,
-            seen,
-        }
-    }
-
-    async fn stop(self) {
-        self.handle.shutdown();
-        let _ = tokio::time::timeout(LIMIT, self.served).await;
-    }
-
     /// Sends `head` on a new connection and reads to the close: the
     /// answer's status, head and body.
     async fn raw(&self, head: &[u8]) -> (u16, String, serde_json::Value) {
@@ -139,13 +59,13 @@ fn get(target: &str, fields: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_past_the_bound_is_431_naming_the_bound() {
-    let rig = Rig::start("").await;
+    let rig = Rig::start("", 100).await;
     let pad = format!("x-pad: {}\r\n", "a".repeat(70 * 1024));
     let a = rig.raw(&get("/v1/rates", &pad)).await;
     problem(&a, 431, "head_too_large", "65536 bytes");
     rig.stop().await;
 
-    let rig = Rig::start("max_head_bytes = 16384").await;
+    let rig = Rig::start("max_head_bytes = 16384", 100).await;
     let pad = format!("x-pad: {}\r\n", "a".repeat(20 * 1024));
     let a = rig.raw(&get("/v1/rates", &pad)).await;
     problem(&a, 431, "head_too_large", "16384 bytes");
@@ -155,7 +75,7 @@ async fn a_head_past_the_bound_is_431_naming_the_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_with_too_many_fields_is_431_not_a_bad_length() {
-    let rig = Rig::start("").await;
+    let rig = Rig::start("", 100).await;
     // well under the byte bound, over hyper's count of fields
     let fields: String = (0..120).map(|i| format!("x-f{i}: v\r\n")).collect();
     let a = rig.raw(&get("/v1/rates", &fields)).await;
@@ -184,7 +104,7 @@ async fn a_target_past_hypers_bound_is_414_naming_it() {
     // hyper takes request targets up to 65,534 bytes whatever the head
     // bound: with a head bound above that, a longer target is refused by
     // that bound
-    let rig = Rig::start("max_head_bytes = 262144").await;
+    let rig = Rig::start("max_head_bytes = 262144", 100).await;
     let target = format!("/v1/{}", "a".repeat(70_000));
     let a = rig.raw(&get(&target, "")).await;
     problem(&a, 414, "uri_too_long", "65534 bytes");

@@ -1,0 +1,107 @@
+//! What the gateway's edge tests share: a counting upstream and a gateway
+//! started in front of it on loopback (each test binary that needs them
+//! declares `mod common;`).
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// The bound on every wait of these tests.
+pub(crate) const LIMIT: Duration = Duration::from_secs(10);
+
+/// Where `what` first occurs in `buf`.
+pub(crate) fn find(buf: &[u8], what: &[u8]) -> Option<usize> {
+    buf.windows(what.len()).position(|w| w == what)
+}
+
+/// An HTTP/1.1 upstream that counts every head and answers it `200 ok`,
+/// but for `/stall`, which it never answers.
+pub(crate) async fn counting_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    while find(&buf, b"\r\n\r\n").is_none() {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let end = find(&buf, b"\r\n\r\n").unwrap() + 4;
+                    let head: Vec<u8> = buf.drain(..end).collect();
+                    count.fetch_add(1, Ordering::SeqCst);
+                    if head.starts_with(b"GET /stall ") {
+                        std::future::pending::<()>().await;
+                    }
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if s.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A gateway in front of a [`counting_upstream`], with one key `sk_a` on a
+/// plan of `quota` requests an hour.
+pub(crate) struct Rig {
+    pub(crate) addr: SocketAddr,
+    pub(crate) handle: GatewayHandle,
+    pub(crate) served: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Heads the upstream has seen.
+    pub(crate) seen: Arc<AtomicUsize>,
+}
+
+impl Rig {
+    /// Starts one; `gateway` is more lines of its `[gateway]` table.
+    pub(crate) async fn start(gateway: &str, quota: u64) -> Rig {
+        let (up, seen) = counting_upstream().await;
+        let text = format!(
+            r#"[gateway]
+listen = "127.0.0.1:0"
+upstream = "http://{up}"
+watch = false
+{gateway}
+
+[plans.free]
+policies = [{{ name = "burst", algorithm = "token_bucket", q = {quota}, w = 3600 }}]
+
+[keys]
+sk_a = "free"
+"#
+        );
+        let cfg = GatewayConfig::parse(&text, "rig.toml", None).unwrap();
+        let gw = Gateway::bind(cfg).await.unwrap();
+        let addr = gw.local_addr();
+        let handle = gw.handle();
+        let served = tokio::spawn(gw.run(std::future::pending()));
+        Rig {
+            addr,
+            handle,
+            served,
+            seen,
+        }
+    }
+
+    /// Shuts it down, waiting at most [`LIMIT`].
+    pub(crate) async fn stop(self) {
+        self.handle.shutdown();
+        let _ = tokio::time::timeout(LIMIT, self.served).await;
+    }
+}
