@@ -35,6 +35,20 @@ impl Rig {
     }
 }
 
+/// The highest reading of the memory gauge over `polls` readings 5 ms
+/// apart, watched from now on.
+fn peak_of(rig: &Rig, polls: usize) -> tokio::task::JoinHandle<usize> {
+    let handle = rig.handle.clone();
+    tokio::spawn(async move {
+        let mut peak = 0;
+        for _ in 0..polls {
+            peak = peak.max(handle.buffered_bytes());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        peak
+    })
+}
+
 /// A request whose head carries a field of `pad` bytes.
 fn get(pad: usize) -> Request<Empty<Bytes>> {
     get_at("/v1/rates", pad)
@@ -159,15 +173,7 @@ async fn many_streams_with_huge_heads_hold_nothing() {
     for _ in 0..4 {
         conns.push(rig.h2().await);
     }
-    let handle = rig.handle.clone();
-    let watching = tokio::spawn(async move {
-        let mut peak = 0;
-        for _ in 0..400 {
-            peak = peak.max(handle.buffered_bytes());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        peak
-    });
+    let watching = peak_of(&rig, 400);
     let mut streams = Vec::new();
     for send in &conns {
         for _ in 0..50 {
@@ -203,7 +209,8 @@ async fn heads_in_flight_are_counted_in_the_memory_bound() {
     const CAP: usize = 1024 * 1024;
     let rig = Rig::start(
         &format!(
-        "max_head_bytes = 16384\n[gateway.limits]\nmax_buffered_bytes = {CAP}\n[gateway.timeouts]\nupstream_header_ms = 2000\n"
+            "max_head_bytes = 16384\n[gateway.limits]\nmax_buffered_bytes = {CAP}\n\
+             [gateway.timeouts]\nupstream_header_ms = 2000\n"
         ),
         10000,
     )
@@ -215,15 +222,7 @@ async fn heads_in_flight_are_counted_in_the_memory_bound() {
     for _ in 0..4 {
         conns.push(rig.h2().await);
     }
-    let handle = rig.handle.clone();
-    let watching = tokio::spawn(async move {
-        let mut peak = 0;
-        for _ in 0..200 {
-            peak = peak.max(handle.buffered_bytes());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        peak
-    });
+    let watching = peak_of(&rig, 200);
     let mut streams = Vec::new();
     for send in &conns {
         for _ in 0..50 {
