@@ -62,9 +62,10 @@ impl HeadCheck {
     pub(crate) fn authorization(&mut self, v: &HeaderValue) {
         self.authorizations = self.authorizations.saturating_add(1);
         // a bearer token (RFC 6750 b64token) holds no comma: one that does
-        // is two credentials in one field
+        // is two credentials in one field, and so is `Bearer,` itself (an
+        // empty bearer credential, then a list of others)
         let b = v.as_bytes();
-        if b.len() > 7 && b[..6].eq_ignore_ascii_case(b"bearer") && b[7..].contains(&b',') {
+        if b.len() > 6 && b[..6].eq_ignore_ascii_case(b"bearer") && b[6..].contains(&b',') {
             self.listed_credentials = true;
         }
         self.odd |= self.authorizations > 1 || self.listed_credentials;
