@@ -91,7 +91,7 @@ pub fn check_words(
                     statuses[i].remaining = pk.remaining;
                     statuses[i].reset_after = Nanos::new(pk.reset_ns);
                 }
-                rest_at = rest_at.max(rest_instant(p, slice, now_ns, &statuses[i]));
+                rest_at = rest_at.max(rest_of(p, slice, now_ns, cost.of(p), &statuses[i]));
             }
             Outcome::Denied(d)
         }
@@ -101,7 +101,7 @@ pub fn check_words(
                 if admitted & (1 << i) != 0 {
                     algorithm::commit(p, slice, now_ns, cost.of(p));
                 }
-                rest_at = rest_at.max(rest_instant(p, slice, now_ns, st));
+                rest_at = rest_at.max(rest_of(p, slice, now_ns, cost.of(p), st));
             }
             Outcome::Allowed
         }
@@ -282,6 +282,18 @@ fn status(pk: Peek) -> PolicyStatus {
         reset_after: Nanos::new(pk.reset_ns),
         would_deny: !pk.admit,
     }
+}
+
+/// When a policy of a plan of several stops mattering, after a check
+/// that cost it `cost`. A shadow policy the cost can never fit reports a
+/// reset of 0, not its state's: that state's own reset is taken then.
+#[inline]
+fn rest_of(p: &crate::Policy, words: &[u64], now: u64, cost: u64, st: &PolicyStatus) -> u64 {
+    if cost > p.quota() {
+        let own = status(algorithm::peek(p, words, now, 0));
+        return rest_instant(p, words, now, &own);
+    }
+    rest_instant(p, words, now, st)
 }
 
 #[inline]

@@ -184,3 +184,70 @@ mod store_bound {
         }
     }
 }
+
+/// The memory store forgets a key once its state is at rest. Forgetting
+/// may never change a decision: every answer equals the one a state kept
+/// for ever gives, for every policy kind, shadow ones and costs past a
+/// quota included.
+mod forgetting {
+    use paceline_core::{check_words, Cost, MemoryStore, Nanos, Plan, Policy, Unit};
+    use proptest::prelude::*;
+
+    fn policy(kind: u8, q: u64, w: u64, shadow: bool, i: usize) -> Policy {
+        let name = format!("p{i}");
+        let p = match kind % 6 {
+            0 => Policy::token_bucket(&name, q, w),
+            1 => Policy::fixed_window(&name, q, w),
+            2 => Policy::sliding_counter(&name, q, w),
+            3 => Policy::sliding_log(&name, q, w),
+            4 => Policy::daily_at(&name, q, w * 3_600),
+            _ => Policy::token_bucket(&name, q * 100, w).and_then(|p| p.with_unit(Unit::ContentBytes)),
+        }
+        .unwrap();
+        p.with_shadow(shadow)
+    }
+
+    fn plan() -> impl Strategy<Value = Plan> {
+        prop::collection::vec((0u8..6, 1u64..6, 1u64..5, prop::bool::weighted(0.5)), 1..4).prop_map(
+            |ps| {
+                let policies = ps
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (k, q, w, s))| policy(k, q, w, s, i))
+                    .collect();
+                Plan::new("forget", policies).unwrap()
+            },
+        )
+    }
+
+    fn gap() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            3 => 0u64..2_000_000_000,
+            2 => (0u64..6).prop_map(|s| s * 1_000_000_000),
+            1 => Just(0u64),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_forgotten_key_decides_as_a_remembered_one(
+            plan in plan(),
+            start in 0u64..4,
+            ops in prop::collection::vec((gap(), 0u64..8, 0u64..800), 1..60),
+        ) {
+            let store = MemoryStore::new();
+            let mut kept = vec![0u64; plan.state_words()];
+            let mut now = 1_700_000_000 * 1_000_000_000 + start * 1_000_000_000;
+            for (i, &(gap, requests, bytes)) in ops.iter().enumerate() {
+                now += gap;
+                let t = Nanos::new(now);
+                let cost = Cost::requests(requests).with_bytes(bytes);
+                let (want, _) = check_words(&plan, &mut kept, t, cost);
+                let got = store.check_sync(&plan, "k", cost, t).unwrap();
+                prop_assert_eq!(&got, &want, "step {} of {:?}", i, ops);
+            }
+        }
+    }
+}
