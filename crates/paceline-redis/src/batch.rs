@@ -157,6 +157,16 @@ async fn run(
     let mut jobs: Vec<Job> = Vec::new();
     while let Some(first) = rx.recv().await {
         jobs.push(first);
+        // the batch is what has queued by the time a call can go out: the
+        // decisions that arrive while every call is out ride the next one
+        // together, instead of waiting in many small groups
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let mut held = Some(permit);
+        // the callers an answer just woke run first and queue their next
+        // decisions, which then ride this call
+        tokio::task::yield_now().await;
         while jobs.len() < gather_max {
             match rx.try_recv() {
                 Ok(j) => jobs.push(j),
@@ -190,8 +200,12 @@ async fn run(
                     _ => break,
                 }
             }
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                return;
+            let permit = match held.take() {
+                Some(p) => p,
+                None => match permits.clone().acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
             };
             let (link, settings, counters) = (link.clone(), settings.clone(), counters.clone());
             tokio::spawn(async move {
@@ -199,6 +213,8 @@ async fn run(
                 drop(permit);
             });
         }
+        // every decision gathered was cancelled: the call slot goes back
+        drop(held);
     }
 }
 

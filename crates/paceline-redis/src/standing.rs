@@ -7,8 +7,10 @@
 //! be (admitted, nothing marked over), each reset time aged by the time
 //! since; `None` for a key never answered, or whose answer has aged past
 //! its longest reset (it says nothing of what other instances spent
-//! since): the view never invents a count. Bounded: when full, answers
-//! past their time are swept, and if none is, one old entry gives way.
+//! since): the view never invents a count. Bounded, at a constant cost
+//! per answer: each shard keeps two generations of at most half its share;
+//! when the newer is full, the older (the answers least recently written)
+//! is dropped whole and the newer takes its place.
 //!
 //! A request held by escalation takes its answer's fields from here too
 //! (a key being held is one that keeps sending: asking Redis for each
@@ -18,6 +20,7 @@
 //! [`Store::peek_local`]: paceline_core::Store::peek_local
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use parking_lot::Mutex;
 
@@ -32,13 +35,48 @@ struct Seen {
     decision: Decision,
 }
 
-/// One shard: (key hash, plan identity) → the last answer.
-type Shard = Mutex<HashMap<(u128, u64), Seen>>;
+type Key = (u128, u64);
+
+/// The key hash is already a keyed hash: its high half (the low one picks
+/// the shard) with the plan's identity is the table's hash, as it is.
+#[derive(Default)]
+struct Spread(u64);
+
+impl Hasher for Spread {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u128(&mut self, n: u128) {
+        self.0 ^= (n >> 64) as u64;
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n.rotate_left(29);
+    }
+}
+
+type Map = HashMap<Key, Seen, BuildHasherDefault<Spread>>;
+
+/// One shard: (key hash, plan identity) → the last answer, in two
+/// generations: every answer is written to `new`; `old` is only read (and
+/// forgotten from).
+#[derive(Default)]
+struct Generations {
+    new: Map,
+    old: Map,
+}
+
+type Shard = Mutex<Generations>;
 
 /// The bounded view of last answers.
 pub(crate) struct Standing {
     shards: Box<[Shard]>,
-    per_shard: usize,
+    /// The most answers one generation of a shard holds (0: off).
+    per_generation: usize,
 }
 
 impl Standing {
@@ -46,7 +84,12 @@ impl Standing {
     pub(crate) fn new(capacity: usize) -> Standing {
         Standing {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            per_shard: capacity.div_ceil(SHARDS),
+            // both generations of every shard within `capacity` (or one
+            // answer each, for a capacity under 32)
+            per_generation: match capacity {
+                0 => 0,
+                c => (c / (2 * SHARDS)).max(1),
+            },
         }
     }
 
@@ -56,7 +99,7 @@ impl Standing {
 
     /// Keeps `d`, Redis's answer at `now` for this plan and key.
     pub(crate) fn put(&self, plan: &Plan, hash: u128, now: Nanos, d: &Decision) {
-        if self.per_shard == 0 {
+        if self.per_generation == 0 {
             return;
         }
         let longest = d
@@ -73,27 +116,30 @@ impl Standing {
             decision: d.clone(),
         };
         let k = (hash, plan.identity());
-        let mut m = self.shard(hash).lock();
-        if m.len() >= self.per_shard && !m.contains_key(&k) {
-            m.retain(|_, e| e.until > now);
-            if m.len() >= self.per_shard {
-                // one gives way: the first the table yields
-                if let Some(first) = m.keys().next().copied() {
-                    m.remove(&first);
-                }
-            }
+        let mut g = self.shard(hash).lock();
+        let g = &mut *g;
+        g.old.remove(&k);
+        if g.new.len() >= self.per_generation && !g.new.contains_key(&k) {
+            // the older generation gives way, whole
+            let fresh = Map::with_capacity_and_hasher(self.per_generation, Default::default());
+            g.old = std::mem::replace(&mut g.new, fresh);
         }
-        m.insert(k, seen);
+        g.new.insert(k, seen);
     }
 
     /// The last answer for this plan and key, read as a cost-0 check at
     /// `now`, if one is known and still holds.
     pub(crate) fn get(&self, plan: &Plan, hash: u128, now: Nanos) -> Option<Decision> {
-        if self.per_shard == 0 {
+        if self.per_generation == 0 {
             return None;
         }
         let k = (hash, plan.identity());
-        let mut m = self.shard(hash).lock();
+        let mut g = self.shard(hash).lock();
+        let g = &mut *g;
+        let m = match g.new.contains_key(&k) {
+            true => &mut g.new,
+            false => &mut g.old,
+        };
         let e = m.get(&k)?;
         if now >= e.until || now < e.at {
             m.remove(&k);
@@ -114,14 +160,23 @@ impl Standing {
 
     /// Drops the key's answer (a release or refund changed its standing).
     pub(crate) fn forget(&self, plan: &Plan, hash: u128) {
-        if self.per_shard > 0 {
-            self.shard(hash).lock().remove(&(hash, plan.identity()));
+        if self.per_generation > 0 {
+            let k = (hash, plan.identity());
+            let mut g = self.shard(hash).lock();
+            g.new.remove(&k);
+            g.old.remove(&k);
         }
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let g = s.lock();
+                g.new.len() + g.old.len()
+            })
+            .sum()
     }
 }
 
@@ -193,14 +248,28 @@ mod tests {
 
     #[test]
     fn the_bound_holds_and_off_is_off() {
-        let v = Standing::new(32);
+        let v = Standing::new(64);
         let t = Nanos::from_secs(100);
         for h in 0..10_000u128 {
             v.put(&plan(), h, t, &answer(1, 60_000, false));
+            assert!(v.len() <= 64, "{}", v.len());
         }
-        assert!(v.len() <= 32, "{}", v.len());
-        // the newest is kept
+        // the newest answers are kept, and one of the older generation is
+        // still read (and can be forgotten)
         assert!(v.get(&plan(), 9_999, t).is_some());
+        let in_old = (0..10_000u128)
+            .rev()
+            .find(|&h| {
+                let g = v.shard(h).lock();
+                g.old.contains_key(&(h, plan().identity()))
+            })
+            .expect("an older generation");
+        assert!(v.get(&plan(), in_old, t).is_some());
+        v.forget(&plan(), in_old);
+        assert!(v.get(&plan(), in_old, t).is_none());
+        // a key answered again moves to the newer generation, once
+        v.put(&plan(), 9_999, t, &answer(0, 60_000, false));
+        assert_eq!(v.get(&plan(), 9_999, t).unwrap().statuses[0].remaining, 0);
         let off = Standing::new(0);
         off.put(&plan(), 1, t, &answer(1, 1_000, false));
         assert!(off.get(&plan(), 1, t).is_none());

@@ -301,10 +301,11 @@ async fn a_single_server_gets_few_large_calls() {
     }
     let calls = s.stats().calls - before.calls;
     // one call per connection at a time: while two are out, the rest
-    // gather, about 50 decisions a call (with sixteen out at once they
-    // split into smaller calls: about 40 here)
+    // gather, about 55 decisions a call here (17 calls; with sixteen out
+    // at once they split into smaller calls: about 40). The bound leaves
+    // room for a loaded machine, where the tasks queue more slowly.
     println!("{calls} calls for 1,000 decisions");
-    assert!(calls <= 30, "{calls} calls for 1,000 decisions");
+    assert!(calls <= 40, "{calls} calls for 1,000 decisions");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
