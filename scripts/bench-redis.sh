@@ -5,6 +5,10 @@
 # paceline Redis store (the Free plan: burst and daily, one atomic call per
 # batch). Starts its own redis-server on a free port and stops it.
 #
+# Then the server side alone (our function and a floor of MGET + SET per
+# key, many decisions a call, driven by redis-benchmark), which tells the
+# server's share from our client's.
+#
 # Prints the machine's load before and after, the table, the ratio of
 # ours to the minimal script at each concurrency (the target is 2.2), how
 # many decisions each of our calls carried, and the server's own CPU time
@@ -104,6 +108,29 @@ t3=$(ticks); g50=$(bench_ref 50 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2); ug50=$(
 t4=$(ticks); read -r p1 n1 c1 u1 cpu1 <<<"$(ours 1)"
 t5=$(ticks); read -r p50 n50 c50 u50 cpu50 <<<"$(ours 50)"
 t6=$(ticks)
+# The server side alone, driven by redis-benchmark (whose client costs far
+# less than a real store's): our function with B decisions a call, and a
+# floor any Lua store with one row per key pays (an MGET of the B rows and
+# a SET ... PX of each, no arithmetic), 4 connections, random keys.
+B=20
+FLOOR='local v = redis.call("MGET", unpack(KEYS))
+for i = 1, #KEYS do redis.call("SET", KEYS[i], "0123456789abcdefghij", "PX", "86400000") end
+return #v'
+FSHA=$(cli SCRIPT LOAD "$FLOOR")
+FN=$(cli FUNCTION LIST | tr -d '\r' | grep -m1 '^paceline_v[0-9]*_run$' || true)
+keys=(); args=()
+for _ in $(seq "$B"); do keys+=('pl:{__rand_int__}:f'); args+=(c 0 1 0); done
+batched() { # ARGS...: decisions per second (calls per second x B)
+    cli CONFIG RESETSTAT >/dev/null
+    redis-benchmark -p "$PORT" -n "$((N / B))" -c 4 -r 100000 --csv "$@" | rps |
+        awk -v b="$B" '{ printf "%d", $1 * b }'
+}
+fn4='-'; ufn4='-'
+if [ -n "$FN" ]; then
+    fn4=$(batched FCALL "$FN" "$B" "${keys[@]}" T 1000 30000 1 't,20,2,0,0,r;f,10000,86400,0,0,r' "${args[@]}")
+    ufn4=$(per "$(usec fcall)" "$((N / B * B))")
+fi
+floor4=$(batched EVALSHA "$FSHA" "$B" "${keys[@]}"); ufloor4=$(per "$(usec evalsha)" "$((N / B * B))")
 echo "load after:  $(uptime)"
 echo
 printf '%-44s %10s %10s\n' "decisions per second" "1 caller" "50 callers"
@@ -113,6 +140,11 @@ printf '%-44s %10s %10s\n' "paceline store (Free plan)" "$p1" "$p50"
 printf '%-44s %10s %10s\n' "paceline / minimal GCRA (target 2.2)" "$(ratio "$p1" "$g1")" "$(ratio "$p50" "$g50")"
 printf '%-44s %10s %10s\n' "INCR / minimal GCRA (one round trip each)" "$(ratio "$incr1" "$g1")" "$(ratio "$incr50" "$g50")"
 printf '%-44s %10s %10s\n' "paceline decisions per Redis call" "$(ratio "$n1" "$c1")" "$(ratio "$n50" "$c50")"
+echo
+printf '%-44s %10s %10s\n' "the server side alone ($B decisions a call)" "per second" "us each"
+printf '%-44s %10s %10s\n' "paceline function (redis-benchmark, -c 4)" "$fn4" "$ufn4"
+printf '%-44s %10s %10s\n' "floor: MGET + SET per key, no arithmetic" "$floor4" "$ufloor4"
+printf '%-44s %10s %10s\n' "paceline function / minimal GCRA at 50" "$(ratio "$fn4" "$g50")" ""
 echo
 printf '%-44s %10s %10s\n' "Redis CPU per decision (us, commandstats)" "1 caller" "50 callers"
 printf '%-44s %10s %10s\n' "INCR" "$uincr1" "$uincr50"

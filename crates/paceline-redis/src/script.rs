@@ -2,12 +2,16 @@
 //! as a plain script for `EVALSHA`), what a batch sends, and how its reply
 //! is read back into [`Decision`]s.
 //!
-//! The library is named by version (`paceline_v2`): a release that changes
+//! The library is named by version (`paceline_v3`): a release that changes
 //! the Lua or what it is sent and answers loads a new name next to the old
 //! one, so instances of two releases share one server while they roll. New
 //! operations (a refund, say) are new op codes of the same `run` (see
 //! `core.lua`). Version 2 answers a flat array of integers where version
-//! 1 answered lines of text.
+//! 1 answered lines of text. Version 3 keeps a plan of token buckets and
+//! fixed windows as a row of doubles (`struct`) instead of msgpack: it
+//! reads the rows version 2 wrote, so counts carry over an upgrade, but
+//! while both run a version 2 instance reads a row version 3 wrote as
+//! fresh (finish a rolling upgrade quickly).
 //!
 //! What a plan needs on the client (its spec string, whether the store can
 //! hold it) is worked out once per plan and kept ([`PlanCache`]).
@@ -27,9 +31,9 @@ use paceline_core::StoreError;
 const CORE: &str = include_str!("lua/core.lua");
 
 /// The function library's name.
-pub(crate) const LIBRARY: &str = "paceline_v2";
+pub(crate) const LIBRARY: &str = "paceline_v3";
 /// The function a batch calls.
-pub(crate) const FUNCTION: &str = "paceline_v2_run";
+pub(crate) const FUNCTION: &str = "paceline_v3_run";
 
 /// The library source for `FUNCTION LOAD`.
 pub(crate) fn library_source() -> String {

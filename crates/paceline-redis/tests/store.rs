@@ -74,12 +74,12 @@ async fn functions_are_reloaded_when_the_server_lost_them() {
     .await;
     let plan = burst(5, 3_600);
     assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v2"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v3"));
     assert!(server.cli("FUNCTION FLUSH").starts_with("+OK"));
-    assert!(!server.cli("FUNCTION LIST").contains("paceline_v2"));
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v3"));
     // loaded again on the next call, and the count went on
     assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v2"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v3"));
 }
 
 /// The library is on the server once the store has connected, so the
@@ -89,7 +89,7 @@ async fn functions_are_reloaded_when_the_server_lost_them() {
 async fn the_library_is_loaded_at_connect() {
     let server = testing::RedisServer::start();
     let s = store(config(server.url())).await;
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v2"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v3"));
     assert_eq!(s.stats().calls, 0, "no decision was made");
     let down = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -110,7 +110,7 @@ async fn scripts_are_reloaded_on_noscript() {
     .await;
     let plan = burst(5, 3_600);
     assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
-    assert!(!server.cli("FUNCTION LIST").contains("paceline_v2"));
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v3"));
     assert!(server.cli("SCRIPT FLUSH").starts_with("+OK"));
     assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
 }
@@ -191,7 +191,7 @@ async fn a_restarted_server_is_used_again_within_a_second() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // the restarted server had no functions: they were loaded again
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v2"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v3"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,9 +353,50 @@ async fn an_old_library_on_the_server_is_left_alone() {
     assert_eq!(d.statuses[0].remaining, 19, "{d:?}");
     let list = server.cli("FUNCTION LIST");
     assert!(
-        list.contains("paceline_v1") && list.contains("paceline_v2"),
+        list.contains("paceline_v1") && list.contains("paceline_v3"),
         "{list}"
     );
+}
+
+/// Rows of token buckets and fixed windows written by version 2 (msgpack
+/// arrays) are read by version 3 (which writes doubles after a marker
+/// byte): the count goes on across an upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_of_the_previous_release_is_read() {
+    let server = testing::RedisServer::start();
+    let s = store(config(server.url())).await;
+    let plan = Plan::new(
+        "free",
+        vec![
+            Policy::token_bucket("burst", 20, 3_600).unwrap(),
+            Policy::daily("daily", 1_000).unwrap(),
+        ],
+    )
+    .unwrap();
+    let d = s.check(&plan, "k:a", 1, Nanos::ZERO).await.unwrap();
+    assert_eq!(d.statuses[0].remaining, 19);
+    // the row as version 2 kept it: the same fields, as a msgpack array
+    let to_v2 = "local k = redis.call('KEYS', '*')[1] \
+                 local v = redis.call('GET', k) \
+                 assert(string.byte(v, 1) == 1 and #v == 41, 'a row of doubles') \
+                 local t = {struct.unpack('<ddddd', v, 2)} t[6] = nil \
+                 redis.call('SET', k, cmsgpack.pack(t), 'KEEPTTL') \
+                 return string.byte(redis.call('GET', k), 1)";
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(to_v2).arg(0);
+    assert_eq!(s.command(&eval).await.unwrap(), redis::Value::Int(0x95));
+    let d = s.check(&plan, "k:a", 1, Nanos::ZERO).await.unwrap();
+    assert_eq!(
+        (d.statuses[0].remaining, d.statuses[1].remaining),
+        (18, 998),
+        "{d:?}"
+    );
+    // and written back in the new form
+    let mut first = redis::cmd("EVAL");
+    first
+        .arg("return string.byte(redis.call('GET', redis.call('KEYS', '*')[1]), 1)")
+        .arg(0);
+    assert_eq!(s.command(&first).await.unwrap(), redis::Value::Int(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -148,6 +148,25 @@ local function make()
       else fast = false end
     end
     plan.fast = fast
+    if fast then
+      -- the flat path reads each policy's constants from arrays (one
+      -- table index each, no field look-up), and a row's fields as
+      -- doubles after a marker byte (see flat_decode)
+      local K, Q, T, W, WS, OFF, AT, BY, SH = {}, {}, {}, {}, {}, {}, {}, {}, {}
+      for k = 1, #plan do
+        local p = plan[k]
+        K[k] = p.a == "t"; Q[k] = p.q; T[k] = p.t; W[k] = p.w; WS[k] = p.ws
+        OFF[k] = p.off; AT[k] = p.at; BY[k] = p.bytes; SH[k] = p.shadow
+      end
+      plan.K, plan.Q, plan.T, plan.W, plan.WS, plan.OFF, plan.AT, plan.BY, plan.SH =
+        K, Q, T, W, WS, OFF, AT, BY, SH
+      plan.n = #plan
+      plan.nf = at - 1
+      plan.fmt = "<" .. string.rep("d", at - 1)
+      plan.wfmt = "<B" .. string.rep("d", at - 1)
+      -- each window's index and time to its end, for the call's instant
+      plan.WIDX, plan.WEND, plan.wnow_s, plan.wnow_n = {}, {}, -1, -1
+    end
     if plan_cache_len >= 256 then plan_cache = {}; plan_cache_len = 0 end
     plan_cache[spec] = plan
     plan_cache_len = plan_cache_len + 1
@@ -583,11 +602,20 @@ local function make()
   -- arithmetic as peek and commit above, without a table per policy;
   -- floor(x / d) is exact for integers 0 <= x < 2^53.
 
+  -- A flat row as stored: the byte 1, then its fields as little-endian
+  -- doubles (exact: every field stays below 2^53). Rows of version 2 were
+  -- msgpack arrays (their first byte is 0x90 and up): still read.
   local function flat_decode(blob, plan)
+    local nf = plan.nf
     local row = nil
     if blob then
-      local ok, r = pcall(cmsgpack.unpack, blob)
-      if ok and type(r) == "table" then row = r end
+      if #blob == 1 + 8 * nf and string.byte(blob, 1) == 1 then
+        row = {struct.unpack(plan.fmt, blob, 2)}
+        row[nf + 1] = nil
+      else
+        local ok, r = pcall(cmsgpack.unpack, blob)
+        if ok and type(r) == "table" and #r == nf then row = r end
+      end
     end
     if not row then
       row = {0, 0}
@@ -598,141 +626,179 @@ local function make()
       return row
     end
     local shift = (row[1] - now_s) * E9 + (row[2] - now_n)
-    for k = 1, #plan do
-      local p = plan[k]
-      if p.a == "t" then
-        local d = row[p.at] + shift
+    local K, AT = plan.K, plan.AT
+    for k = 1, plan.n do
+      if K[k] then
+        local at = AT[k]
+        local d = row[at] + shift
         if d < 0 then d = 0 end
-        row[p.at] = d
+        row[at] = d
       end
     end
     return row
   end
 
-  -- returns admit, remaining, reset, wait (as peek); x - x % d is
-  -- d * floor(x / d), exactly, with no call out of the VM
-  local function flat_peek(p, row, cost)
-    local at, q = p.at, p.q
-    if p.a == "t" then
-      local w, t, d = p.w, p.t, row[at]
-      local used_after = d + cost * t
-      if used_after <= w then
-        local x = w - used_after
-        return true, (x - x % t) / t, used_after, 0
-      end
-      local room = w - d
-      if room < 0 then room = 0 end
-      return false, (room - room % t) / t, d, used_after - w
-    end
-    local ws, off = p.ws, p.off
-    local x = now_s + ws - off
-    local idx = (x - x % ws) / ws
-    local count = 0
-    if row[at] == idx then count = row[at + 1] end
-    local until_end = (idx * ws + off - now_s) * E9 - now_n
-    local after = count + cost
-    if after <= q then
-      if after == 0 then return true, q, 0, 0 end
-      return true, q - after, until_end, 0
-    end
-    local rem = q - count
-    if rem < 0 then rem = 0 end
-    return false, rem, until_end, until_end
+  local function flat_encode(plan, row)
+    return struct.pack(plan.wfmt, 1, unpack(row, 1, plan.nf))
   end
 
-  -- check, on a flat row: as check, every duration a number
-  local function flat_check(plan, row, cr, cb, out, o)
-    local n = #plan
-    for k = 1, n do
-      local p = plan[k]
-      local c = cr
-      if p.bytes then c = cb end
-      if c > p.q and not p.shadow then
-        out[o + 1] = 2; out[o + 2] = k - 1; out[o + 3] = 0
-        local s = o + 3
-        for j = 1, n do
-          local adm, r, t = flat_peek(plan[j], row, 0)
-          out[s + 1] = r; out[s + 2] = t
-          if adm then out[s + 3] = 0 else out[s + 3] = 1 end
-          s = s + 3
-        end
-        return s, false
+  -- the windows' indices and times to their ends at the call's instant,
+  -- worked out once per plan and call
+  local function flat_windows(plan)
+    if plan.wnow_s == now_s and plan.wnow_n == now_n then return end
+    local K, WS, OFF, WIDX, WEND = plan.K, plan.WS, plan.OFF, plan.WIDX, plan.WEND
+    for k = 1, plan.n do
+      if not K[k] then
+        local ws, off = WS[k], OFF[k]
+        local x = now_s + ws - off
+        local idx = (x - x % ws) / ws
+        WIDX[k] = idx
+        WEND[k] = (idx * ws + off - now_s) * E9 - now_n
       end
     end
+    plan.wnow_s, plan.wnow_n = now_s, now_n
+  end
+
+  -- a flat policy's standing as it is (a cost-0 peek): remaining, reset,
+  -- and 1 if even that would deny (a state past its quota), else 0
+  local function flat_stand(plan, row, k)
+    local at, q = plan.AT[k], plan.Q[k]
+    if plan.K[k] then
+      local t, d, w = plan.T[k], row[at], plan.W[k]
+      if d > w then return 0, d, 1 end
+      local x = w - d
+      return (x - x % t) / t, d, 0
+    end
+    local count = row[at + 1]
+    if row[at] ~= plan.WIDX[k] or count == 0 then return q, 0, 0 end
+    if count > q then return 0, plan.WEND[k], 1 end
+    return q - count, plan.WEND[k], 0
+  end
+
+  local NEW = {}
+
+  -- check, on a flat row: the same outcome, fields and charges as check
+  -- (every duration a number), each policy peeked and its charge worked
+  -- out in one pass; x - x % d is d * floor(x / d), exactly, for
+  -- integers 0 <= x < 2^53
+  local function flat_check(plan, row, cr, cb, out, o)
+    flat_windows(plan)
+    local n = plan.n
+    local K, Q, T, W, AT, BY, SH = plan.K, plan.Q, plan.T, plan.W, plan.AT, plan.BY, plan.SH
+    local WIDX, WEND = plan.WIDX, plan.WEND
     -- the head's place first: the reply fills in order, as an array
     out[o + 1] = 0; out[o + 2] = 0; out[o + 3] = 0
     local denial, dwait
     local s = o + 3
+    local admitted_mask = 0
+    local bit = 1
     for k = 1, n do
-      local p = plan[k]
       local c = cr
-      if p.bytes then c = cb end
+      if BY[k] then c = cb end
+      local q, at = Q[k], AT[k]
       local adm, r, t, w
-      if c > p.q then
+      if c > q then
+        if not SH[k] then
+          -- a cost over a burst: nothing is charged, every standing told
+          out[o + 1] = 2; out[o + 2] = k - 1
+          s = o + 3
+          for j = 1, n do
+            local r0, t0, d0 = flat_stand(plan, row, j)
+            out[s + 1] = r0; out[s + 2] = t0; out[s + 3] = d0
+            s = s + 3
+          end
+          return s, false
+        end
         -- a shadow policy the cost is over: it would deny
-        local _, r0, t0 = flat_peek(p, row, 0)
-        adm, r, w = false, r0, nil
+        local r0, t0 = flat_stand(plan, row, k)
+        adm, r = false, r0
         if n == 1 then t = t0 else t = 0 end
+      elseif K[k] then
+        local tk, wk, d = T[k], W[k], row[at]
+        local after = d + c * tk
+        if after <= wk then
+          local x = wk - after
+          adm, r, t = true, (x - x % tk) / tk, after
+          NEW[k] = after
+        else
+          local x = wk - d
+          if x < 0 then x = 0 end
+          adm, r, t, w = false, (x - x % tk) / tk, d, after - wk
+        end
       else
-        adm, r, t, w = flat_peek(p, row, c)
+        local count = 0
+        if row[at] == WIDX[k] then count = row[at + 1] end
+        local after = count + c
+        if after <= q then
+          adm, r = true, q - after
+          if after == 0 then t = 0 else t = WEND[k] end
+          NEW[k] = after
+        else
+          local rem = q - count
+          if rem < 0 then rem = 0 end
+          adm, r, t, w = false, rem, WEND[k], WEND[k]
+        end
       end
-      admitted[k] = adm
-      if not adm and not p.shadow and (denial == nil or w > dwait) then
+      if adm then
+        admitted_mask = admitted_mask + bit
+      elseif not SH[k] and (denial == nil or w > dwait) then
         denial, dwait = k, w
       end
       out[s + 1] = r; out[s + 2] = t
       if adm then out[s + 3] = 0 else out[s + 3] = 1 end
       s = s + 3
+      bit = bit + bit
     end
     if denial then
       if n > 1 then
         -- nothing is charged: the admitted ones' standing as it stays
+        local m = admitted_mask
         for k = 1, n do
-          if admitted[k] then
-            local _, r, t = flat_peek(plan[k], row, 0)
+          if m % 2 == 1 then
+            local r, t = flat_stand(plan, row, k)
             out[o + 3 * k + 1] = r
             out[o + 3 * k + 2] = t
           end
+          m = (m - m % 2) / 2
         end
       end
       out[o + 1] = 1; out[o + 2] = denial - 1; out[o + 3] = dwait
       return s, false
     end
+    -- no denial: each admitted policy is charged (a shadow one that would
+    -- deny is not)
     local changed = false
+    local m = admitted_mask
     for k = 1, n do
-      local p = plan[k]
-      local c = cr
-      if p.bytes then c = cb end
-      if admitted[k] and c > 0 then
-        -- no denial: each admitted policy is charged (a shadow one that
-        -- would deny is not)
-        local at = p.at
-        if p.a == "t" then
-          row[at] = row[at] + c * p.t
-        else
-          local ws = p.ws
-          local x = now_s + ws - p.off
-          local idx = (x - x % ws) / ws
-          if row[at] ~= idx then row[at] = idx; row[at + 1] = 0 end
-          row[at + 1] = row[at + 1] + c
+      if m % 2 == 1 then
+        local c = cr
+        if BY[k] then c = cb end
+        if c > 0 then
+          local at = AT[k]
+          if K[k] then
+            row[at] = NEW[k]
+          else
+            row[at] = WIDX[k]; row[at + 1] = NEW[k]
+          end
+          changed = true
         end
-        changed = true
       end
+      m = (m - m % 2) / 2
     end
     return s, changed
   end
 
   local function flat_keep_ms(plan, row)
     local keep = 0
-    for k = 1, #plan do
-      local p = plan[k]
-      local at = p.at
+    local K, AT, WS, OFF = plan.K, plan.AT, plan.WS, plan.OFF
+    for k = 1, plan.n do
+      local at = AT[k]
       local ms = 0
-      if p.a == "t" then
+      if K[k] then
         local x = row[at] + 999999
         ms = (x - x % 1000000) / 1000000
       elseif row[at + 1] > 0 then
-        ms = (row[at] * p.ws + p.off - now_s + 1) * 1000
+        ms = (row[at] * WS[k] + OFF[k] - now_s + 1) * 1000
       end
       if ms > keep then keep = ms end
     end
@@ -884,7 +950,7 @@ local function make()
         if plan.fast then
           keep = flat_keep_ms(plan, states)
           states[1] = now_s; states[2] = now_n
-          if keep > 0 then blob = cmsgpack.pack(states) end
+          if keep > 0 then blob = flat_encode(plan, states) end
         else
           keep = keep_ms(plan, states)
           if keep > 0 then blob = encode(states, plan) end
