@@ -16,14 +16,19 @@
 # CPU per decision, and the server process's whole CPU per decision
 # (/proc: system calls included), figures the machine's load moves less.
 #
+# Every row is measured ROUNDS times (default 3), the rows interleaved, and
+# each figure printed is the median of its rounds (this machine's speed
+# moves from minute to minute); the ratio of each round is printed too.
+#
 #   scripts/bench-redis.sh              # 200,000 requests per run, release build
-#   N=2000 PROFILE=dev SECONDS_PER_RUN=1 scripts/bench-redis.sh   # a tiny run
+#   N=2000 PROFILE=dev SECONDS_PER_RUN=1 ROUNDS=1 scripts/bench-redis.sh   # a tiny run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 N=${N:-200000}
 PROFILE=${PROFILE:-release}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
+ROUNDS=${ROUNDS:-3}
 PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 
 for c in redis-server redis-cli redis-benchmark; do
@@ -100,14 +105,6 @@ tick_us() { # TICKS_BEFORE TICKS_AFTER DECISIONS: the server's CPU us per decisi
     awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN { if (n > 0) printf "%.2f", (b - a) * 1e6 / hz / n; else print "-" }'
 }
 
-echo "load before: $(uptime)"
-t0=$(ticks); incr1=$(bench_ref 1 INCR 'k:__rand_int__'); uincr1=$(upc incr)
-t1=$(ticks); incr50=$(bench_ref 50 INCR 'k:__rand_int__'); uincr50=$(upc incr)
-t2=$(ticks); g1=$(bench_ref 1 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2); ug1=$(upc evalsha)
-t3=$(ticks); g50=$(bench_ref 50 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2); ug50=$(upc evalsha)
-t4=$(ticks); read -r p1 n1 c1 u1 cpu1 <<<"$(ours 1)"
-t5=$(ticks); read -r p50 n50 c50 u50 cpu50 <<<"$(ours 50)"
-t6=$(ticks)
 # The server side alone, driven by redis-benchmark (whose client costs far
 # less than a real store's): our function with B decisions a call, and a
 # floor any Lua store with one row per key pays (an MGET of the B rows and
@@ -117,7 +114,6 @@ FLOOR='local v = redis.call("MGET", unpack(KEYS))
 for i = 1, #KEYS do redis.call("SET", KEYS[i], "0123456789abcdefghij", "PX", "86400000") end
 return #v'
 FSHA=$(cli SCRIPT LOAD "$FLOOR")
-FN=$(cli FUNCTION LIST | tr -d '\r' | grep -m1 '^paceline_v[0-9]*_run$' || true)
 keys=(); args=()
 for _ in $(seq "$B"); do keys+=('pl:{__rand_int__}:f'); args+=(c 0 1 0); done
 batched() { # ARGS...: decisions per second (calls per second x B)
@@ -125,34 +121,61 @@ batched() { # ARGS...: decisions per second (calls per second x B)
     redis-benchmark -p "$PORT" -n "$((N / B))" -c 4 -r 100000 --csv "$@" | rps |
         awk -v b="$B" '{ printf "%d", $1 * b }'
 }
-fn4='-'; ufn4='-'
-if [ -n "$FN" ]; then
-    fn4=$(batched FCALL "$FN" "$B" "${keys[@]}" T 1000 30000 1 't,20,2,0,0,r;f,10000,86400,0,0,r' "${args[@]}")
-    ufn4=$(per "$(usec fcall)" "$((N / B * B))")
-fi
-floor4=$(batched EVALSHA "$FSHA" "$B" "${keys[@]}"); ufloor4=$(per "$(usec evalsha)" "$((N / B * B))")
+
+declare -A M # metric -> its value in each round, space-separated
+put() { M[$1]="${M[$1]:-} $2"; }
+med() { # the median of a metric's rounds
+    tr ' ' '\n' <<<"${M[$1]:-}" | grep -v '^$' | grep -v '^-$' | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+echo "load before: $(uptime)"
+for round in $(seq "$ROUNDS"); do
+    t0=$(ticks); put incr1 "$(bench_ref 1 INCR 'k:__rand_int__')"; put uincr1 "$(upc incr)"
+    t1=$(ticks); put incr50 "$(bench_ref 50 INCR 'k:__rand_int__')"; put uincr50 "$(upc incr)"
+    t2=$(ticks); put g1 "$(bench_ref 1 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2)"; put ug1 "$(upc evalsha)"
+    t3=$(ticks); put g50 "$(bench_ref 50 EVALSHA "$SHA" 1 'g:__rand_int__' 20 2)"; put ug50 "$(upc evalsha)"
+    t4=$(ticks); read -r p1 n1 c1 u1 cpu1 <<<"$(ours 1)"
+    t5=$(ticks); read -r p50 n50 c50 u50 cpu50 <<<"$(ours 50)"
+    t6=$(ticks)
+    put p1 "$p1"; put p50 "$p50"; put cpu1 "$cpu1"; put cpu50 "$cpu50"
+    put per1 "$(ratio "$n1" "$c1")"; put per50 "$(ratio "$n50" "$c50")"
+    put f1 "$(per "$u1" "$n1")"; put f50 "$(per "$u50" "$n50")"
+    put sincr1 "$(tick_us "$t0" "$t1" "$N")"; put sincr50 "$(tick_us "$t1" "$t2" "$N")"
+    put sg1 "$(tick_us "$t2" "$t3" "$N")"; put sg50 "$(tick_us "$t3" "$t4" "$N")"
+    put sp1 "$(tick_us "$t4" "$t5" "$n1")"; put sp50 "$(tick_us "$t5" "$t6" "$n50")"
+    # the function the store loaded (its name carries the version)
+    fn=$(cli FUNCTION LIST | tr -d '\r' | grep -m1 '^paceline_v[0-9]*_run$' || true)
+    if [ -n "$fn" ]; then
+        put fn4 "$(batched FCALL "$fn" "$B" "${keys[@]}" T 1000 30000 1 't,20,2,0,0,r;f,10000,86400,0,0,r' "${args[@]}")"
+        put ufn4 "$(per "$(usec fcall)" "$((N / B * B))")"
+    fi
+    put floor4 "$(batched EVALSHA "$FSHA" "$B" "${keys[@]}")"; put ufloor4 "$(per "$(usec evalsha)" "$((N / B * B))")"
+    echo "round $round: ours / minimal script $(ratio "$p1" "${M[g1]##* }") at 1 caller, $(ratio "$p50" "${M[g50]##* }") at 50" >&2
+done
 echo "load after:  $(uptime)"
 echo
-printf '%-44s %10s %10s\n' "decisions per second" "1 caller" "50 callers"
-printf '%-44s %10s %10s\n' "INCR (the physical limit)" "$incr1" "$incr50"
-printf '%-44s %10s %10s\n' "minimal GCRA (EVALSHA)" "$g1" "$g50"
-printf '%-44s %10s %10s\n' "paceline store (Free plan)" "$p1" "$p50"
-printf '%-44s %10s %10s\n' "paceline / minimal GCRA (target 2.2)" "$(ratio "$p1" "$g1")" "$(ratio "$p50" "$g50")"
-printf '%-44s %10s %10s\n' "INCR / minimal GCRA (one round trip each)" "$(ratio "$incr1" "$g1")" "$(ratio "$incr50" "$g50")"
-printf '%-44s %10s %10s\n' "paceline decisions per Redis call" "$(ratio "$n1" "$c1")" "$(ratio "$n50" "$c50")"
+row() { printf '%-44s %10s %10s\n' "$@"; }
+row "decisions per second (median of $ROUNDS)" "1 caller" "50 callers"
+row "INCR (the physical limit)" "$(med incr1)" "$(med incr50)"
+row "minimal GCRA (EVALSHA)" "$(med g1)" "$(med g50)"
+row "paceline store (Free plan)" "$(med p1)" "$(med p50)"
+row "paceline / minimal GCRA (target 2.2)" "$(ratio "$(med p1)" "$(med g1)")" "$(ratio "$(med p50)" "$(med g50)")"
+row "INCR / minimal GCRA (one round trip each)" "$(ratio "$(med incr1)" "$(med g1)")" "$(ratio "$(med incr50)" "$(med g50)")"
+row "paceline decisions per Redis call" "$(med per1)" "$(med per50)"
 echo
-printf '%-44s %10s %10s\n' "the server side alone ($B decisions a call)" "per second" "us each"
-printf '%-44s %10s %10s\n' "paceline function (redis-benchmark, -c 4)" "$fn4" "$ufn4"
-printf '%-44s %10s %10s\n' "floor: MGET + SET per key, no arithmetic" "$floor4" "$ufloor4"
-printf '%-44s %10s %10s\n' "paceline function / minimal GCRA at 50" "$(ratio "$fn4" "$g50")" ""
+row "the server side alone ($B decisions a call)" "per second" "us each"
+row "paceline function (redis-benchmark, -c 4)" "$(med fn4)" "$(med ufn4)"
+row "floor: MGET + SET per key, no arithmetic" "$(med floor4)" "$(med ufloor4)"
+row "paceline function / minimal GCRA at 50" "$(ratio "$(med fn4)" "$(med g50)")" ""
 echo
-printf '%-44s %10s %10s\n' "Redis CPU per decision (us, commandstats)" "1 caller" "50 callers"
-printf '%-44s %10s %10s\n' "INCR" "$uincr1" "$uincr50"
-printf '%-44s %10s %10s\n' "minimal GCRA (EVALSHA, script time)" "$ug1" "$ug50"
-printf '%-44s %10s %10s\n' "paceline store (FCALL time / decisions)" "$(per "$u1" "$n1")" "$(per "$u50" "$n50")"
-printf '%-44s %10s %10s\n' "paceline client's own CPU per decision (us)" "$cpu1" "$cpu50"
+row "Redis CPU per decision (us, commandstats)" "1 caller" "50 callers"
+row "INCR" "$(med uincr1)" "$(med uincr50)"
+row "minimal GCRA (EVALSHA, script time)" "$(med ug1)" "$(med ug50)"
+row "paceline store (FCALL time / decisions)" "$(med f1)" "$(med f50)"
+row "paceline client's own CPU per decision (us)" "$(med cpu1)" "$(med cpu50)"
 echo
-printf '%-44s %10s %10s\n' "redis-server CPU per decision (us, /proc)" "1 caller" "50 callers"
-printf '%-44s %10s %10s\n' "INCR" "$(tick_us "$t0" "$t1" "$N")" "$(tick_us "$t1" "$t2" "$N")"
-printf '%-44s %10s %10s\n' "minimal GCRA (EVALSHA)" "$(tick_us "$t2" "$t3" "$N")" "$(tick_us "$t3" "$t4" "$N")"
-printf '%-44s %10s %10s\n' "paceline store" "$(tick_us "$t4" "$t5" "$n1")" "$(tick_us "$t5" "$t6" "$n50")"
+row "redis-server CPU per decision (us, /proc)" "1 caller" "50 callers"
+row "INCR" "$(med sincr1)" "$(med sincr50)"
+row "minimal GCRA (EVALSHA)" "$(med sg1)" "$(med sg50)"
+row "paceline store" "$(med sp1)" "$(med sp50)"
