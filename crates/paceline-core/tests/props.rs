@@ -201,7 +201,8 @@ mod forgetting {
             2 => Policy::sliding_counter(&name, q, w),
             3 => Policy::sliding_log(&name, q, w),
             4 => Policy::daily_at(&name, q, w * 3_600),
-            _ => Policy::token_bucket(&name, q * 100, w).and_then(|p| p.with_unit(Unit::ContentBytes)),
+            _ => Policy::token_bucket(&name, q * 100, w)
+                .and_then(|p| p.with_unit(Unit::ContentBytes)),
         }
         .unwrap();
         p.with_shadow(shadow)

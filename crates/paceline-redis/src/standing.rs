@@ -70,7 +70,19 @@ struct Generations {
     old: Map,
 }
 
-type Shard = Mutex<Generations>;
+/// A shard's lock and tables on cache lines of their own: the threads of
+/// one instance write different shards without passing lines between
+/// their cores.
+#[derive(Default)]
+#[repr(align(128))]
+struct Shard(Mutex<Generations>);
+
+impl std::ops::Deref for Shard {
+    type Target = Mutex<Generations>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
 
 /// The bounded view of last answers.
 pub(crate) struct Standing {
@@ -83,7 +95,7 @@ impl Standing {
     /// A view of at most `capacity` keys (0: off).
     pub(crate) fn new(capacity: usize) -> Standing {
         Standing {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             // both generations of every shard within `capacity` (or one
             // answer each, for a capacity under 32)
             per_generation: match capacity {

@@ -98,7 +98,11 @@ async fn two_credentials_are_refused_and_charge_nothing() {
         let two = [("authorization", first), key];
         assert_eq!(send(&l, &two).await, refused("duplicate_credentials"));
     }
-    for listed in ["Bearer x, Bearer sk_1", "Bearer, Bearer sk_1", "bearer,sk_1"] {
+    for listed in [
+        "Bearer x, Bearer sk_1",
+        "Bearer, Bearer sk_1",
+        "bearer,sk_1",
+    ] {
         let listed = [("authorization", listed)];
         assert_eq!(send(&l, &listed).await, refused("duplicate_credentials"));
     }
