@@ -10,7 +10,10 @@
 //! directly), each cut off at the deadline; on a single server, at most
 //! one per connection (the server runs calls one after another, so more
 //! calls out would only split the batches: fewer, larger calls cost it
-//! less per decision). A decision whose caller already gave up is not
+//! less per decision). A batch is what has queued by the time a call can
+//! go out: the batcher waits for a free call first, then (after letting
+//! the callers an answer just woke queue their next decisions) takes
+//! everything queued. A decision whose caller already gave up is not
 //! sent.
 
 use std::sync::atomic::{AtomicU64, Ordering};
