@@ -133,11 +133,11 @@ pub(crate) fn push_clock(cmd: &mut Cmd, now: Option<Nanos>) {
     };
 }
 
-/// How many values of the reply one decision takes: a check 3, and 3 per
+/// How many values of the reply one decision takes: a check 2, and 2 per
 /// policy of its plan; a release or a refund 1.
 pub(crate) fn reply_len(op: Op, plan: &Plan) -> usize {
     match op {
-        Op::Check { .. } => 3 + 3 * plan.policies().len(),
+        Op::Check { .. } => 2 + 2 * plan.policies().len(),
         _ => 1,
     }
 }
@@ -171,7 +171,10 @@ fn duration(v: &Value) -> Option<u64> {
 
 /// Reads the reply values of one check (exactly [`reply_len`] of them)
 /// into a decision for `plan`, whose cost was `requests` and `bytes` (the
-/// reply names the policy; the cost is ours).
+/// reply names the policy; the cost is ours). The values: a head (the
+/// outcome, plus 4 × the deciding policy's index, plus 64 × a bit per
+/// policy that would deny), the wait, then each policy's remaining and
+/// reset.
 pub(crate) fn parse_decision(
     values: &[Value],
     plan: &Plan,
@@ -179,27 +182,25 @@ pub(crate) fn parse_decision(
     bytes: u64,
 ) -> Result<Decision, StoreError> {
     let n = plan.policies().len();
-    if values.len() != 3 + 3 * n {
+    if values.len() != 2 + 2 * n {
         return Err(bad("length", values));
     }
-    let code = int(&values[0]).ok_or_else(|| bad("outcome", values))?;
-    let policy = int(&values[1])
-        .filter(|&p| p < n as u64)
-        .ok_or_else(|| bad("policy", values))? as usize;
-    let wait = duration(&values[2]).ok_or_else(|| bad("wait", values))?;
+    let head = int(&values[0]).ok_or_else(|| bad("outcome", values))?;
+    let code = head % 4;
+    let policy = ((head / 4) % 16) as usize;
+    let flags = head / 64;
+    if policy >= n || flags >> n != 0 {
+        return Err(bad("policy", values));
+    }
+    let wait = duration(&values[1]).ok_or_else(|| bad("wait", values))?;
     let mut statuses: Statuses = SmallVec::with_capacity(n);
-    for s in values[3..].chunks_exact(3) {
+    for (k, s) in values[2..].chunks_exact(2).enumerate() {
         let remaining = int(&s[0]).ok_or_else(|| bad("remaining", values))?;
         let reset = duration(&s[1]).ok_or_else(|| bad("reset", values))?;
-        let would_deny = match int(&s[2]) {
-            Some(0) => false,
-            Some(1) => true,
-            _ => return Err(bad("flag", values)),
-        };
         statuses.push(PolicyStatus {
             remaining,
             reset_after: Nanos::new(reset),
-            would_deny,
+            would_deny: flags >> k & 1 == 1,
         });
     }
     let outcome = match code {
@@ -303,10 +304,12 @@ mod tests {
     #[test]
     fn replies_parse_and_bad_ones_are_errors() {
         let plan = Plan::new("p", vec![Policy::token_bucket("b", 20, 2).unwrap()]).unwrap();
-        let d = parse_decision(&ints(&[1, 0, 100, 0, 5, 1]), &plan, 1, 0).unwrap();
+        // denied by policy 0, which would deny: 1 + 4 * 0 + 64 * 0b1
+        let d = parse_decision(&ints(&[65, 100, 0, 5]), &plan, 1, 0).unwrap();
         assert_eq!(d.denial().unwrap().retry_after, Nanos::new(100));
         assert!(d.statuses[0].would_deny);
-        let x = parse_decision(&ints(&[2, 0, 0, 3, 5, 0]), &plan, 30, 0).unwrap();
+        assert_eq!(d.statuses[0].reset_after, Nanos::new(5));
+        let x = parse_decision(&ints(&[2, 0, 3, 5]), &plan, 30, 0).unwrap();
         assert_eq!(
             x.outcome,
             Outcome::CostExceedsBurst {
@@ -314,14 +317,26 @@ mod tests {
                 cost: 30
             }
         );
+        assert!(!x.statuses[0].would_deny);
+        // the second policy named and flagged, the first not
+        let two = Plan::new(
+            "q",
+            vec![
+                Policy::token_bucket("b", 20, 2).unwrap(),
+                Policy::daily("d", 10).unwrap(),
+            ],
+        )
+        .unwrap();
+        let d = parse_decision(&ints(&[1 + 4 + 128, 9, 3, 1, 0, 9]), &two, 1, 0).unwrap();
+        assert_eq!(d.denial().unwrap().policy, 1);
+        let flags: Vec<bool> = d.statuses.iter().map(|s| s.would_deny).collect();
+        assert_eq!(flags, [false, true]);
         // a duration past 2^53 comes as digits
         let long = vec![
-            Value::Int(1),
-            Value::Int(0),
+            Value::Int(65),
             Value::BulkString(b"20000000000000000".to_vec()),
             Value::Int(0),
             Value::BulkString(b"20000000000000001".to_vec()),
-            Value::Int(1),
         ];
         let d = parse_decision(&long, &plan, 1, 0).unwrap();
         assert_eq!(
@@ -336,46 +351,31 @@ mod tests {
         let mut bad_ones = vec![
             vec![],
             ints(&[0]),
-            ints(&[0, 0, 0, 1, 2]),
-            ints(&[0, 0, 0, 1, 2, 0, 0]),
-            ints(&[3, 0, 0, 1, 2, 0]),
-            ints(&[1, 7, 1, 1, 1, 1]),
-            ints(&[0, -1, 0, 1, 1, 0]),
-            ints(&[0, 0, 0, 1, 1, 2]),
-            ints(&[0, 0, -5, 1, 1, 0]),
+            ints(&[0, 0, 1]),
+            ints(&[0, 0, 1, 2, 0]),
+            // outcome 3, a policy past the plan's, a flag past its policies
+            ints(&[3, 0, 1, 2]),
+            ints(&[1 + 4 * 7, 1, 1, 1]),
+            ints(&[128, 0, 1, 1]),
+            ints(&[-1, 0, 1, 1]),
+            ints(&[0, -5, 1, 1]),
+            ints(&[0, 0, -1, 1]),
         ];
         // only durations may be strings, and only of digits
+        bad_ones.push(vec![bulk("0"), Value::Int(0), Value::Int(1), Value::Int(1)]);
+        bad_ones.push(vec![Value::Int(0), Value::Int(0), bulk("1"), Value::Int(1)]);
         bad_ones.push(vec![
-            bulk("0"),
-            Value::Int(0),
-            Value::Int(0),
-            Value::Int(1),
-            Value::Int(1),
-            Value::Int(0),
-        ]);
-        bad_ones.push(vec![
-            Value::Int(0),
             Value::Int(0),
             bulk("1x"),
             Value::Int(1),
             Value::Int(1),
-            Value::Int(0),
         ]);
+        bad_ones.push(vec![Value::Int(0), bulk(""), Value::Int(1), Value::Int(1)]);
         bad_ones.push(vec![
-            Value::Int(0),
-            Value::Int(0),
-            bulk(""),
-            Value::Int(1),
-            Value::Int(1),
-            Value::Int(0),
-        ]);
-        bad_ones.push(vec![
-            Value::Int(0),
             Value::Int(0),
             Value::Nil,
             Value::Int(1),
             Value::Int(1),
-            Value::Int(0),
         ]);
         for v in bad_ones {
             assert!(parse_decision(&v, &plan, 1, 0).is_err(), "{v:?}");

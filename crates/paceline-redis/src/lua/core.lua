@@ -10,10 +10,11 @@
 -- decision: op ("c" check, "r" release, "f<ns>" refund of a charge made
 -- that many nanoseconds ago), plan index, cost in requests, cost in bytes.
 -- Reply: one flat array of integers, decision after decision. A check
--- gives its outcome (0 allowed, 1 denied, 2 a cost over the burst), the
--- deciding policy's index, the wait (ns), then for each policy of its plan
--- the remaining, the reset (ns) and whether it would deny (0/1); a release
--- or a refund gives one 0. A duration of 2^53 ns or more (a window past
+-- gives a head (its outcome: 0 allowed, 1 denied, 2 a cost over the
+-- burst; plus 4 x the deciding policy's index; plus 64 x a bit per policy
+-- that would deny, bit k - 1 for policy k), the wait (ns), then for each
+-- policy of its plan the remaining and the reset (ns); a release or a
+-- refund gives one 0. A duration of 2^53 ns or more (a window past
 -- 104 days) comes as the string of its digits instead of an integer.
 --
 -- A plan spec is "algo,q,window_s,offset_s,shadow,unit;..." with algo one
@@ -415,16 +416,17 @@ local function make()
     return dur_str(a)
   end
 
+  -- the head's outcome and policy, added to the flags already in it
   local function put_head(out, o, code, policy, w)
-    out[o + 1] = code
-    out[o + 2] = policy
-    out[o + 3] = dur_out(w)
+    out[o + 1] = (out[o + 1] or 0) + code + 4 * policy
+    out[o + 2] = dur_out(w)
   end
 
-  local function put_status(out, o, r, t, d)
-    out[o + 1] = r
-    out[o + 2] = dur_out(t)
-    if d then out[o + 3] = 1 else out[o + 3] = 0 end
+  -- policy k's status; its flag goes into the head, which is written first
+  local function put_status(out, o, k, r, t, d)
+    out[o + 2 * k + 1] = r
+    out[o + 2 * k + 2] = dur_out(t)
+    if d then out[o + 1] = out[o + 1] + 64 * 2 ^ (k - 1) end
   end
 
   -- a cost over policy i's burst: nothing is charged, and every policy's
@@ -433,9 +435,9 @@ local function make()
     put_head(out, o, 2, i - 1, 0)
     for k = 1, #plan do
       local adm, r, t = peek(plan[k], states[k], 0)
-      put_status(out, o + 3 * k, r, t, not adm)
+      put_status(out, o, k, r, t, not adm)
     end
-    return o + 3 + 3 * #plan
+    return o + 2 + 2 * #plan
   end
 
   local admitted = {}
@@ -452,8 +454,8 @@ local function make()
         if not p.shadow then return cost_exceeds(plan, states, 1, out, o), false end
         local _, r, t = peek(p, st, 0)
         put_head(out, o, 0, 0, 0)
-        put_status(out, o + 3, r, t, true)
-        return o + 6, false
+        put_status(out, o, 1, r, t, true)
+        return o + 4, false
       end
       local adm, r, t, w = peek(p, st, c)
       if adm then
@@ -464,8 +466,8 @@ local function make()
       else
         put_head(out, o, 1, 0, w)
       end
-      put_status(out, o + 3, r, t, not adm)
-      return o + 6, adm and c > 0
+      put_status(out, o, 1, r, t, not adm)
+      return o + 4, adm and c > 0
     end
     for k = 1, n do
       local p = plan[k]
@@ -476,7 +478,7 @@ local function make()
     local denial, dwait
     -- the head's place first: the reply table fills in order, so it grows
     -- as an array (filled out of order, Lua rehashes it again and again)
-    out[o + 1] = 0; out[o + 2] = 0; out[o + 3] = 0
+    out[o + 1] = 0; out[o + 2] = 0
     for k = 1, n do
       local p = plan[k]
       local c = cr
@@ -492,7 +494,7 @@ local function make()
       if not adm and not p.shadow and (denial == nil or dur_gt(w, dwait)) then
         denial, dwait = k, w
       end
-      put_status(out, o + 3 * k, r, t, not adm)
+      put_status(out, o, k, r, t, not adm)
     end
     local changed = false
     if denial then
@@ -500,8 +502,8 @@ local function make()
       for k = 1, n do
         if admitted[k] then
           local _, r, t = peek(plan[k], states[k], 0)
-          out[o + 3 * k + 1] = r
-          out[o + 3 * k + 2] = dur_out(t)
+          out[o + 2 * k + 1] = r
+          out[o + 2 * k + 2] = dur_out(t)
         end
       end
       put_head(out, o, 1, denial - 1, dwait)
@@ -517,7 +519,7 @@ local function make()
       end
       put_head(out, o, 0, 0, 0)
     end
-    return o + 3 + 3 * n, changed
+    return o + 2 + 2 * n, changed
   end
 
   local function release(plan, states, amount)
@@ -687,9 +689,9 @@ local function make()
     local K, Q, T, W, AT, BY, SH = plan.K, plan.Q, plan.T, plan.W, plan.AT, plan.BY, plan.SH
     local WIDX, WEND = plan.WIDX, plan.WEND
     -- the head's place first: the reply fills in order, as an array
-    out[o + 1] = 0; out[o + 2] = 0; out[o + 3] = 0
+    out[o + 1] = 0; out[o + 2] = 0
     local denial, dwait
-    local s = o + 3
+    local s = o + 2
     local admitted_mask = 0
     local bit = 1
     for k = 1, n do
@@ -700,13 +702,17 @@ local function make()
       if c > q then
         if not SH[k] then
           -- a cost over a burst: nothing is charged, every standing told
-          out[o + 1] = 2; out[o + 2] = k - 1
-          s = o + 3
+          local head = 2 + 4 * (k - 1)
+          local b = 64
+          s = o + 2
           for j = 1, n do
             local r0, t0, d0 = flat_stand(plan, row, j)
-            out[s + 1] = r0; out[s + 2] = t0; out[s + 3] = d0
-            s = s + 3
+            out[s + 1] = r0; out[s + 2] = t0
+            head = head + d0 * b
+            b = b + b
+            s = s + 2
           end
+          out[o + 1] = head; out[o + 2] = 0
           return s, false
         end
         -- a shadow policy the cost is over: it would deny
@@ -745,8 +751,7 @@ local function make()
         denial, dwait = k, w
       end
       out[s + 1] = r; out[s + 2] = t
-      if adm then out[s + 3] = 0 else out[s + 3] = 1 end
-      s = s + 3
+      s = s + 2
       bit = bit + bit
     end
     if denial then
@@ -756,15 +761,18 @@ local function make()
         for k = 1, n do
           if m % 2 == 1 then
             local r, t = flat_stand(plan, row, k)
-            out[o + 3 * k + 1] = r
-            out[o + 3 * k + 2] = t
+            out[o + 2 * k + 1] = r
+            out[o + 2 * k + 2] = t
           end
           m = (m - m % 2) / 2
         end
       end
-      out[o + 1] = 1; out[o + 2] = denial - 1; out[o + 3] = dwait
+      -- bit - 1 has a bit per policy: those not admitted would deny
+      out[o + 1] = 1 + 4 * (denial - 1) + 64 * (bit - 1 - admitted_mask)
+      out[o + 2] = dwait
       return s, false
     end
+    out[o + 1] = 64 * (bit - 1 - admitted_mask)
     -- no denial: each admitted policy is charged (a shadow one that would
     -- deny is not)
     local changed = false
