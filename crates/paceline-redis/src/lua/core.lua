@@ -416,9 +416,10 @@ local function make()
     return dur_str(a)
   end
 
-  -- the head's outcome and policy, added to the flags already in it
+  -- the head's outcome and policy, added to the flags already in it (the
+  -- caller sets the head to 0 first: the reply table is reused)
   local function put_head(out, o, code, policy, w)
-    out[o + 1] = (out[o + 1] or 0) + code + 4 * policy
+    out[o + 1] = out[o + 1] + code + 4 * policy
     out[o + 2] = dur_out(w)
   end
 
@@ -858,6 +859,11 @@ local function make()
   end
 
   local ONE = {1}
+  -- a call's bookkeeping, kept from call to call: a table grown afresh in
+  -- every call is rehashed at every power of two (Lua 5.1 counts its keys
+  -- each time), one kept only has its used slots cleared
+  local S_order, S_row_of, S_plan, S_states, S_dirty, S_out = {}, {}, {}, {}, {}, {}
+  local s_rows = 0
 
   return function(keys, args)
     -- effects replication (TIME before a write): the only way from Redis
@@ -890,7 +896,7 @@ local function make()
       blobs = {redis.call("GET", keys[1])}
     else
       local seen = {}
-      order, row_of = {}, {}
+      order, row_of = S_order, S_row_of
       for i = 1, nkeys do
         local key = keys[i]
         local j = seen[key]
@@ -902,10 +908,12 @@ local function make()
         end
         row_of[i] = j
       end
-      blobs = redis.call("MGET", unpack(order))
+      blobs = redis.call("MGET", unpack(order, 1, nrows))
     end
-    local row_plan, row_states, dirty = {}, {}, {}
-    local out = {}
+    local row_plan, row_states, dirty = S_plan, S_states, S_dirty
+    for j = 1, s_rows do row_plan[j] = nil; row_states[j] = nil; dirty[j] = nil end
+    s_rows = nrows
+    local out = S_out
     local o = 0
     for i = 1, nkeys do
       local j = row_of[i]
@@ -932,6 +940,7 @@ local function make()
         if plan.fast then
           o, changed = flat_check(plan, states, cr, cb, out, o)
         else
+          out[o + 1] = 0
           o, changed = check(plan, states, cr, cb, out, o)
         end
       else
@@ -970,6 +979,8 @@ local function make()
         end
       end
     end
+    -- the reply ends at its first nil
+    out[o + 1] = nil
     return out
   end
 end
