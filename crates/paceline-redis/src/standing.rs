@@ -37,8 +37,9 @@ struct Seen {
 
 type Key = (u128, u64);
 
-/// The key hash is already a keyed hash: its high half (the low one picks
-/// the shard) with the plan's identity is the table's hash, as it is.
+/// The key hash is already a keyed hash: its halves folded (the low one,
+/// which picks the shard, turned so that its shard bits land in the
+/// middle) with the plan's identity are the table's hash, as they are.
 #[derive(Default)]
 struct Spread(u64);
 
@@ -52,7 +53,7 @@ impl Hasher for Spread {
         }
     }
     fn write_u128(&mut self, n: u128) {
-        self.0 ^= (n >> 64) as u64;
+        self.0 ^= (n >> 64) as u64 ^ (n as u64).rotate_left(32);
     }
     fn write_u64(&mut self, n: u64) {
         self.0 ^= n.rotate_left(29);
