@@ -5,33 +5,17 @@
 //! password over TLS too (`auth.rs` has them over plain TCP).
 #![cfg(feature = "tls")]
 
+mod common;
 #[path = "../src/testing.rs"]
 mod testing;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use paceline_core::{Nanos, Plan, Policy, Store, StoreError};
+use common::{assert_logged_in_as_user, burst, config, first, USER};
+use paceline_core::{Nanos, Store, StoreError};
 use paceline_redis::{RedisStore, RedisStoreConfig};
 use testing::{RedisServer, TlsFiles};
-
-fn burst() -> Plan {
-    Plan::new(
-        "free",
-        vec![Policy::token_bucket("burst", 3, 3_600).unwrap()],
-    )
-    .unwrap()
-}
-
-fn config(url: String) -> RedisStoreConfig {
-    RedisStoreConfig {
-        urls: vec![url],
-        deadline: Duration::from_millis(500),
-        connect_timeout: Duration::from_millis(500),
-        key_secret: b"test".to_vec(),
-        ..RedisStoreConfig::default()
-    }
-}
 
 /// A CA and a certificate it signed for 127.0.0.1, written to `dir`.
 fn certificates(dir: &Path) -> (TlsFiles, Vec<u8>) {
@@ -65,19 +49,6 @@ fn certificates(dir: &Path) -> (TlsFiles, Vec<u8>) {
 
 fn scratch(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("paceline-tls-{name}-{}", std::process::id()))
-}
-
-/// Tries a decision until one comes (the first connects, with a TLS
-/// handshake), for at most 5 s.
-async fn first(s: &RedisStore, plan: &Plan, key: &str) -> Result<bool, StoreError> {
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        match s.check(plan, key, 1, Nanos::ZERO).await {
-            Ok(d) => return Ok(d.is_allowed()),
-            Err(e) if Instant::now() >= until => return Err(e),
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,17 +105,6 @@ async fn a_server_whose_ca_is_not_trusted_is_refused_not_used() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// An ACL user that may run everything the store needs.
-const USER: [&str; 7] = [
-    "--user",
-    "paceline",
-    "on",
-    ">s3cret-pw",
-    "~*",
-    "&*",
-    "+@all",
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_username_and_password_work_over_tls_too() {
     assert!(testing::tls_available());
@@ -161,11 +121,6 @@ async fn a_username_and_password_work_over_tls_too() {
     .await
     .unwrap();
     assert!(first(&s, &burst(), "k:a").await.unwrap());
-    let who = s.command(redis::cmd("ACL").arg("WHOAMI")).await.unwrap();
-    assert_eq!(
-        who,
-        redis::Value::BulkString(b"paceline".to_vec()),
-        "{who:?}"
-    );
+    assert_logged_in_as_user(&s).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
