@@ -6,13 +6,14 @@
 //! whose upstream answer never came is given back in Redis too.
 #![cfg(feature = "redis")]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use paceline_core::{Clock, ManualClock, Nanos};
@@ -20,8 +21,6 @@ use paceline_demo::api::{self as demo, DemoOptions};
 use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle};
 use paceline_redis::testing::RedisServer;
 use serde_json::Value;
-
-const LIMIT: Duration = Duration::from_secs(10);
 
 fn config(upstream: SocketAddr, store: &str, fail: &str) -> String {
     format!(
@@ -92,16 +91,7 @@ async fn get(
     addr: SocketAddr,
     path: &str,
 ) -> (u16, http::HeaderMap, Bytes) {
-    let req = Request::get(format!("http://{addr}{path}"))
-        .header("authorization", "Bearer sk_one")
-        .body(Full::default())
-        .unwrap();
-    let res = tokio::time::timeout(LIMIT, client.request(req))
-        .await
-        .expect("answer in time")
-        .expect("a response");
-    let (parts, body) = res.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
+    let (parts, body) = common::get(client, addr, path, "sk_one").await.into_parts();
     (parts.status.as_u16(), parts.headers, body)
 }
 

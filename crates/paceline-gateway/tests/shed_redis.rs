@@ -6,21 +6,22 @@
 //! 503 with no fields, none invented. Every wait is bounded.
 #![cfg(feature = "redis")]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
+use common::get;
+use http::Response;
+use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use paceline_core::{Clock, SystemClock};
 use paceline_demo::api::{self as demo, DemoOptions};
 use paceline_gateway::{Gateway, GatewayConfig};
 use paceline_redis::testing::RedisServer;
-
-const LIMIT: Duration = Duration::from_secs(10);
 
 fn config(upstream: SocketAddr, redis: &str) -> String {
     format!(
@@ -55,29 +56,6 @@ path = "/v1/rates"
 criticality = "SHEDDABLE"
 "#
     )
-}
-
-async fn get(
-    client: &Client<HttpConnector, Full<Bytes>>,
-    addr: SocketAddr,
-    path: &str,
-    key: &str,
-) -> Response<Bytes> {
-    let req = Request::get(format!("http://{addr}{path}"))
-        .header("authorization", format!("Bearer {key}"))
-        .body(Full::default())
-        .unwrap();
-    let res = tokio::time::timeout(LIMIT, client.request(req))
-        .await
-        .expect("answer in time")
-        .expect("a response");
-    let (parts, body) = res.into_parts();
-    let body = tokio::time::timeout(LIMIT, body.collect())
-        .await
-        .expect("body in time")
-        .expect("a body")
-        .to_bytes();
-    Response::from_parts(parts, body)
 }
 
 fn header<'a>(res: &'a Response<Bytes>, name: &str) -> &'a str {

@@ -1,6 +1,6 @@
-//! What the gateway's edge tests share: a counting upstream and a gateway
-//! started in front of it on loopback (each test binary that needs them
-//! declares `mod common;`).
+//! What the gateway's tests share: a bounded `GET`, a counting upstream
+//! and a gateway started in front of it on loopback (each test binary
+//! that needs them declares `mod common;`).
 
 #![allow(dead_code)]
 
@@ -9,12 +9,41 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// The bound on every wait of these tests.
 pub(crate) const LIMIT: Duration = Duration::from_secs(10);
+
+/// `GET path` with `Bearer key`, the answer and its whole body, each
+/// within [`LIMIT`].
+pub(crate) async fn get(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    path: &str,
+    key: &str,
+) -> Response<Bytes> {
+    let req = Request::get(format!("http://{addr}{path}"))
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::default())
+        .unwrap();
+    let res = tokio::time::timeout(LIMIT, client.request(req))
+        .await
+        .expect("answer in time")
+        .expect("a response");
+    let (parts, body) = res.into_parts();
+    let body = tokio::time::timeout(LIMIT, body.collect())
+        .await
+        .expect("body in time")
+        .expect("a body")
+        .to_bytes();
+    Response::from_parts(parts, body)
+}
 
 /// Where `what` first occurs in `buf`.
 pub(crate) fn find(buf: &[u8], what: &[u8]) -> Option<usize> {
