@@ -7,8 +7,10 @@
 //! one, so instances of two releases share one server while they roll. New
 //! operations (a refund, say) are new op codes of the same `run` (see
 //! `core.lua`). Version 2 answers a flat array of integers where version
-//! 1 answered lines of text. Version 3 keeps a plan of token buckets and
-//! fixed windows as a row of doubles (`struct`) instead of msgpack: it
+//! 1 answered lines of text. Version 3 answers 2 + 2 values per policy
+//! of a check (a head holding the outcome, policy and flags) where 2
+//! answered 3 + 3, and keeps a plan of token buckets and fixed windows as
+//! a row of doubles (`struct`) instead of msgpack: it
 //! reads the rows version 2 wrote, so counts carry over an upgrade, but
 //! while both run a version 2 instance reads a row version 3 wrote as
 //! fresh (finish a rolling upgrade quickly).
