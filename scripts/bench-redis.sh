@@ -115,7 +115,10 @@ for i = 1, #KEYS do redis.call("SET", KEYS[i], "0123456789abcdefghij", "PX", "86
 return #v'
 FSHA=$(cli SCRIPT LOAD "$FLOOR")
 keys=(); args=()
-for _ in $(seq "$B"); do keys+=('pl:{__rand_int__}:f'); args+=(c 0 1 0); done
+# one operation (a check costing one request), its index once a decision
+for _ in $(seq "$B"); do keys+=('pl:{__rand_int__}:f'); done
+ops=$(printf '\001%.0s' $(seq "$B"))
+args=(1 "$ops" c 0 1 0)
 batched() { # ARGS...: decisions per second (calls per second x B)
     cli CONFIG RESETSTAT >/dev/null
     redis-benchmark -p "$PORT" -n "$((N / B))" -c 4 -r 100000 --csv "$@" | rps |

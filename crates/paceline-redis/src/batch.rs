@@ -16,6 +16,7 @@
 //! everything queued. A decision whose caller already gave up is not
 //! sent.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -269,8 +270,34 @@ fn fill(cmd: &mut Cmd, reqs: &[&Req], settings: &Settings) {
     for s in &specs {
         cmd.arg(s.as_bytes());
     }
+    // each distinct operation once, and an index into them per decision:
+    // a batch mostly repeats one operation (a check costing one request)
+    let mut ops: SmallVec<[(usize, Op); 4]> = SmallVec::new();
+    let mut seen: HashMap<(usize, Op), usize> = HashMap::new();
+    let mut which: SmallVec<[usize; 64]> = SmallVec::with_capacity(reqs.len());
     for (r, &i) in reqs.iter().zip(&index) {
-        script::push_op(cmd, i, r.op);
+        let op = (i, script::sent_op(r.op, &r.plan));
+        let at = if let Some(at) = ops.iter().rev().take(8).position(|o| *o == op) {
+            ops.len() - 1 - at
+        } else if let Some(&at) = seen.get(&op) {
+            at
+        } else {
+            ops.push(op);
+            if ops.len() > 8 {
+                if seen.is_empty() {
+                    seen.extend(ops.iter().enumerate().map(|(k, o)| (*o, k)));
+                } else {
+                    seen.insert(op, ops.len() - 1);
+                }
+            }
+            ops.len() - 1
+        };
+        which.push(at + 1);
+    }
+    cmd.arg(ops.len());
+    cmd.arg(script::op_index(&which, ops.len()));
+    for &(i, op) in &ops {
+        script::push_op(cmd, i, op);
     }
 }
 

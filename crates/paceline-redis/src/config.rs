@@ -26,6 +26,11 @@ pub enum Scripting {
     Functions,
     /// Scripts only (`EVALSHA`, reloading with `EVAL` on `NOSCRIPT`).
     Eval,
+    /// Scripts only, and without the flat path compiled per plan (every
+    /// plan interpreted, as on a server without `loadstring`): a test aid
+    /// that keeps that path proven, slower than [`Scripting::Eval`].
+    #[doc(hidden)]
+    EvalInterpreted,
 }
 
 /// The degraded local limiter: while Redis cannot be reached, an

@@ -92,13 +92,16 @@ impl Link {
                 conns.push(Conn::Single(c));
             }
         }
-        let script_src = script::script_source();
+        let script_src = script::script_source(config.scripting == Scripting::EvalInterpreted);
         let sha = redis::Script::new(&script_src).get_hash().to_string();
         Ok(Link {
             conns,
             next: AtomicUsize::new(0),
             scripting: config.scripting,
-            use_eval: AtomicBool::new(config.scripting == Scripting::Eval),
+            use_eval: AtomicBool::new(matches!(
+                config.scripting,
+                Scripting::Eval | Scripting::EvalInterpreted
+            )),
             library: script::library_source(),
             script: script_src,
             sha,

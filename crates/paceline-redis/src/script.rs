@@ -2,7 +2,7 @@
 //! as a plain script for `EVALSHA`), what a batch sends, and how its reply
 //! is read back into [`Decision`]s.
 //!
-//! The library is named by version (`paceline_v3`): a release that changes
+//! The library is named by version (`paceline_v4`): a release that changes
 //! the Lua or what it is sent and answers loads a new name next to the old
 //! one, so instances of two releases share one server while they roll. New
 //! operations (a refund, say) are new op codes of the same `run` (see
@@ -13,7 +13,13 @@
 //! a row of doubles (`struct`) instead of msgpack: it
 //! reads the rows version 2 wrote, so counts carry over an upgrade, but
 //! while both run a version 2 instance reads a row version 3 wrote as
-//! fresh (finish a rolling upgrade quickly).
+//! fresh (finish a rolling upgrade quickly). Version 4 sends a batch's
+//! distinct operations once and an index per decision, compiles each
+//! plan of token buckets and fixed windows into Lua of its own, and keeps
+//! in such a row the instant its key expires, so that a write the expiry
+//! already covers keeps it (`KEEPTTL`); it reads the rows of versions 2
+//! and 3, and the same caveat holds for a version 3 instance reading a
+//! row of version 4.
 //!
 //! What a plan needs on the client (its spec string, whether the store can
 //! hold it) is worked out once per plan and kept ([`PlanCache`]).
@@ -33,9 +39,9 @@ use paceline_core::StoreError;
 const CORE: &str = include_str!("lua/core.lua");
 
 /// The function library's name.
-pub(crate) const LIBRARY: &str = "paceline_v3";
+pub(crate) const LIBRARY: &str = "paceline_v4";
 /// The function a batch calls.
-pub(crate) const FUNCTION: &str = "paceline_v3_run";
+pub(crate) const FUNCTION: &str = "paceline_v4_run";
 
 /// The library source for `FUNCTION LOAD`.
 pub(crate) fn library_source() -> String {
@@ -44,9 +50,15 @@ pub(crate) fn library_source() -> String {
     )
 }
 
-/// The script source for `EVAL` / `EVALSHA`.
-pub(crate) fn script_source() -> String {
-    format!("{CORE}\nreturn run(KEYS, ARGV)\n")
+/// The script source for `EVAL` / `EVALSHA`; `interpreted` hides
+/// `loadstring` from the core, so no plan's flat path is compiled.
+pub(crate) fn script_source(interpreted: bool) -> String {
+    let hide = if interpreted {
+        "local loadstring = nil\n"
+    } else {
+        ""
+    };
+    format!("{hide}{CORE}\nreturn run(KEYS, ARGV)\n")
 }
 
 /// The largest value a cost is sent as: every quota the store takes is
@@ -54,7 +66,7 @@ pub(crate) fn script_source() -> String {
 const MAX_SENT_COST: u64 = 1 << 53;
 
 /// What one decision asks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Op {
     /// Check and charge.
     Check { requests: u64, bytes: u64 },
@@ -98,7 +110,43 @@ pub(crate) fn plan_spec(plan: &Plan) -> String {
     s
 }
 
-/// The arguments of one decision.
+/// A decision's operation as sent: a check's cost in a unit none of its
+/// plan's policies counts is sent as 0, so that checks which differ only
+/// there are one operation of the call.
+pub(crate) fn sent_op(op: Op, plan: &Plan) -> Op {
+    match op {
+        Op::Check { requests, bytes } => {
+            let (mut r, mut b) = (false, false);
+            for p in plan.policies() {
+                match p.unit() {
+                    Unit::ContentBytes => b = true,
+                    _ => r = true,
+                }
+            }
+            Op::Check {
+                requests: if r { requests } else { 0 },
+                bytes: if b { bytes } else { 0 },
+            }
+        }
+        other => other,
+    }
+}
+
+/// The string of a call's operation indices (1-based), one a decision: a
+/// byte each, or two (little end first) when there are more than 255
+/// operations.
+pub(crate) fn op_index(which: &[usize], ops: usize) -> Vec<u8> {
+    if ops > 255 {
+        which
+            .iter()
+            .flat_map(|&i| (i as u16).to_le_bytes())
+            .collect()
+    } else {
+        which.iter().map(|&i| i as u8).collect()
+    }
+}
+
+/// The arguments of one operation.
 pub(crate) fn push_op(cmd: &mut Cmd, plan_index: usize, op: Op) {
     let (a, b) = match op {
         Op::Check { requests, bytes } => {

@@ -163,6 +163,13 @@ fn redis_decides_as_memory_does_with_scripts() {
     run_differential(Scripting::Eval, 60);
 }
 
+/// The flat path as interpreted where `loadstring` is missing: the same
+/// decisions as the compiled one.
+#[test]
+fn redis_decides_as_memory_does_interpreted() {
+    run_differential(Scripting::EvalInterpreted, 150);
+}
+
 /// Big counts over a long sliding window: the weighted estimate's product
 /// passes 2^53 and takes the exact long-multiplication path.
 #[test]

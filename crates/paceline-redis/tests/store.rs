@@ -74,12 +74,12 @@ async fn functions_are_reloaded_when_the_server_lost_them() {
     .await;
     let plan = burst(5, 3_600);
     assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v3"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v4"));
     assert!(server.cli("FUNCTION FLUSH").starts_with("+OK"));
-    assert!(!server.cli("FUNCTION LIST").contains("paceline_v3"));
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v4"));
     // loaded again on the next call, and the count went on
     assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v3"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v4"));
 }
 
 /// The library is on the server once the store has connected, so the
@@ -89,7 +89,7 @@ async fn functions_are_reloaded_when_the_server_lost_them() {
 async fn the_library_is_loaded_at_connect() {
     let server = testing::RedisServer::start();
     let s = store(config(server.url())).await;
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v3"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v4"));
     assert_eq!(s.stats().calls, 0, "no decision was made");
     let down = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -110,7 +110,7 @@ async fn scripts_are_reloaded_on_noscript() {
     .await;
     let plan = burst(5, 3_600);
     assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
-    assert!(!server.cli("FUNCTION LIST").contains("paceline_v3"));
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v4"));
     assert!(server.cli("SCRIPT FLUSH").starts_with("+OK"));
     assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
 }
@@ -191,7 +191,7 @@ async fn a_restarted_server_is_used_again_within_a_second() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // the restarted server had no functions: they were loaded again
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v3"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v4"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,16 +353,17 @@ async fn an_old_library_on_the_server_is_left_alone() {
     assert_eq!(d.statuses[0].remaining, 19, "{d:?}");
     let list = server.cli("FUNCTION LIST");
     assert!(
-        list.contains("paceline_v1") && list.contains("paceline_v3"),
+        list.contains("paceline_v1") && list.contains("paceline_v4"),
         "{list}"
     );
 }
 
 /// Rows of token buckets and fixed windows written by version 2 (msgpack
-/// arrays) are read by version 3 (which writes doubles after a marker
-/// byte): the count goes on across an upgrade.
+/// arrays) and version 3 (doubles after the marker byte 1) are read by
+/// version 4 (the marker 2, the doubles and the key's expiry): the count
+/// goes on across an upgrade, and the row is written back in the new form.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_row_of_the_previous_release_is_read() {
+async fn rows_of_the_previous_releases_are_read() {
     let server = testing::RedisServer::start();
     let s = store(config(server.url())).await;
     let plan = Plan::new(
@@ -375,10 +376,34 @@ async fn a_row_of_the_previous_release_is_read() {
     .unwrap();
     let d = s.check(&plan, "k:a", 1, Nanos::ZERO).await.unwrap();
     assert_eq!(d.statuses[0].remaining, 19);
+    let marker = || {
+        let mut first = redis::cmd("EVAL");
+        first
+            .arg("return string.byte(redis.call('GET', redis.call('KEYS', '*')[1]), 1)")
+            .arg(0);
+        first
+    };
+    assert_eq!(s.command(&marker()).await.unwrap(), redis::Value::Int(2));
+    // the row as version 3 kept it: the same fields, without the expiry
+    let to_v3 = "local k = redis.call('KEYS', '*')[1] \
+                 local v = redis.call('GET', k) \
+                 assert(string.byte(v, 1) == 2 and #v == 49, 'a row of version 4') \
+                 local t = {struct.unpack('<ddddd', v, 2)} t[6] = nil \
+                 redis.call('SET', k, struct.pack('<Bddddd', 1, unpack(t)), 'KEEPTTL') \
+                 return #redis.call('GET', k)";
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(to_v3).arg(0);
+    assert_eq!(s.command(&eval).await.unwrap(), redis::Value::Int(41));
+    let d = s.check(&plan, "k:a", 1, Nanos::ZERO).await.unwrap();
+    assert_eq!(
+        (d.statuses[0].remaining, d.statuses[1].remaining),
+        (18, 998),
+        "{d:?}"
+    );
+    assert_eq!(s.command(&marker()).await.unwrap(), redis::Value::Int(2));
     // the row as version 2 kept it: the same fields, as a msgpack array
     let to_v2 = "local k = redis.call('KEYS', '*')[1] \
                  local v = redis.call('GET', k) \
-                 assert(string.byte(v, 1) == 1 and #v == 41, 'a row of doubles') \
                  local t = {struct.unpack('<ddddd', v, 2)} t[6] = nil \
                  redis.call('SET', k, cmsgpack.pack(t), 'KEEPTTL') \
                  return string.byte(redis.call('GET', k), 1)";
@@ -388,15 +413,90 @@ async fn a_row_of_the_previous_release_is_read() {
     let d = s.check(&plan, "k:a", 1, Nanos::ZERO).await.unwrap();
     assert_eq!(
         (d.statuses[0].remaining, d.statuses[1].remaining),
-        (18, 998),
+        (17, 997),
         "{d:?}"
     );
-    // and written back in the new form
-    let mut first = redis::cmd("EVAL");
-    first
-        .arg("return string.byte(redis.call('GET', redis.call('KEYS', '*')[1]), 1)")
+    assert_eq!(s.command(&marker()).await.unwrap(), redis::Value::Int(2));
+}
+
+/// A key lives at least as long as its state must be kept, whether its
+/// write set the expiry or kept the one an earlier write set: after every
+/// decision its TTL covers each policy's reset, and it is kept no longer
+/// than that, the slack and the margin (at most a minute) say; a write
+/// keeps the expiry exactly when that covers what the state needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_lives_as_long_as_its_state_must() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        clock: ClockSource::Server,
+        ..config(server.url())
+    })
+    .await;
+    let slack_ms = RedisStoreConfig::default().ttl_slack.as_millis() as i64;
+    let plans = [
+        burst(20, 2),
+        burst(5, 600),
+        Plan::new(
+            "free",
+            vec![
+                Policy::token_bucket("burst", 20, 2).unwrap(),
+                Policy::daily("daily", 10_000).unwrap(),
+            ],
+        )
+        .unwrap(),
+    ];
+    let mut ttl_of = redis::cmd("EVAL");
+    ttl_of
+        .arg("return redis.call('PTTL', redis.call('KEYS', '*')[1])")
         .arg(0);
-    assert_eq!(s.command(&first).await.unwrap(), redis::Value::Int(1));
+    for (n, plan) in plans.iter().enumerate() {
+        server.cli("FLUSHALL");
+        let mut most_need = 0;
+        for i in 0..30 {
+            let d = s.check(plan, "k:a", 1 + i % 2, Nanos::ZERO).await.unwrap();
+            let need_ms = d
+                .statuses
+                .iter()
+                .map(|p| p.reset_after.as_u64().div_ceil(1_000_000) as i64)
+                .max()
+                .unwrap();
+            most_need = most_need.max(need_ms);
+            let redis::Value::Int(ttl) = s.command(&ttl_of).await.unwrap() else {
+                panic!("no TTL");
+            };
+            assert!(
+                ttl >= need_ms,
+                "plan {n}, step {i}: ttl {ttl} ms < {need_ms} ms ({d:?})"
+            );
+            // a window is kept a second past its end, and all rounded up to seconds
+            let whole = most_need + slack_ms + 3_000;
+            let most = whole + whole.min(60_000);
+            assert!(ttl <= most, "plan {n}, step {i}: ttl {ttl} ms > {most} ms");
+        }
+    }
+    // which writes keep the expiry: one put far out by hand stays there
+    // when kept; a daily quota's writes all keep it, a bucket of 5 per 10
+    // minutes (each charge 2 minutes more to keep, past the margin) sets it
+    for (n, plan, want_kept) in [(1, &plans[1], 0), (2, &plans[2], 4)] {
+        server.cli("FLUSHALL");
+        s.check(plan, "k:b", 1, Nanos::ZERO).await.unwrap();
+        let mut far = redis::cmd("EVAL");
+        far.arg("return redis.call('PEXPIRE', redis.call('KEYS', '*')[1], 900000000)")
+            .arg(0);
+        let mut kept = 0;
+        for i in 0..4 {
+            s.command(&far).await.unwrap();
+            let d = s.check(plan, "k:b", 1, Nanos::ZERO).await.unwrap();
+            assert!(d.is_allowed(), "plan {n}, step {i}: {d:?}");
+            let redis::Value::Int(ttl) = s.command(&ttl_of).await.unwrap() else {
+                panic!("no TTL");
+            };
+            if ttl > 800_000_000 {
+                kept += 1;
+            }
+        }
+        assert_eq!(kept, want_kept, "plan {n}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,9 +6,12 @@
 --
 -- KEYS: one per decision, all in one cluster slot.
 -- ARGV: clock ("T" = the server's TIME, else "<secs> <nanos>"), ttl slack
--- (ms), lease ttl (ms), the number of plans P, P plan specs, then per
--- decision: op ("c" check, "r" release, "f<ns>" refund of a charge made
--- that many nanoseconds ago), plan index, cost in requests, cost in bytes.
+-- (ms), lease ttl (ms), the number of plans P, P plan specs, the number
+-- of distinct operations N, a string of one index (1 to N) per decision
+-- (a byte each, or two, little end first, when N > 255), then the N
+-- operations, four values each: op ("c" check, "r" release, "f<ns>"
+-- refund of a charge made that many nanoseconds ago), plan index, cost in
+-- requests, cost in bytes.
 -- Reply: one flat array of integers, decision after decision. A check
 -- gives a head (its outcome: 0 allowed, 1 denied, 2 a cost over the
 -- burst; plus 4 x the deciding policy's index; plus 64 x a bit per policy
@@ -163,8 +166,11 @@ local function make()
         K, Q, T, W, WS, OFF, AT, BY, SH
       plan.n = #plan
       plan.nf = at - 1
-      plan.fmt = "<" .. string.rep("d", at - 1)
-      plan.wfmt = "<B" .. string.rep("d", at - 1)
+      -- rows of version 3 (marker 1: the fields), of version 4 (marker
+      -- 2: the fields, then the instant the key expires at, see below)
+      plan.fmt1 = "<" .. string.rep("d", at - 1)
+      plan.fmt = "<" .. string.rep("d", at)
+      plan.wfmt = "<B" .. string.rep("d", at)
       -- each window's index and time to its end, for the call's instant
       plan.WIDX, plan.WEND, plan.wnow_s, plan.wnow_n = {}, {}, -1, -1
     end
@@ -605,19 +611,26 @@ local function make()
   -- arithmetic as peek and commit above, without a table per policy;
   -- floor(x / d) is exact for integers 0 <= x < 2^53.
 
-  -- A flat row as stored: the byte 1, then its fields as little-endian
-  -- doubles (exact: every field stays below 2^53). Rows of version 2 were
-  -- msgpack arrays (their first byte is 0x90 and up): still read.
+  -- A flat row as stored: the byte 2, then its fields and the instant
+  -- (ms, the server's clock) its key expires at, as little-endian doubles
+  -- (exact: every value stays below 2^53); in the row as decoded that
+  -- instant is at nf + 1 (0: not known). Rows of version 3 (the byte 1,
+  -- the fields alone) and of version 2 (msgpack arrays, whose first byte
+  -- is 0x90 and up) are still read.
   local function flat_decode(blob, plan)
     local nf = plan.nf
     local row = nil
     if blob then
-      if #blob == 1 + 8 * nf and string.byte(blob, 1) == 1 then
+      local marker = string.byte(blob, 1)
+      if #blob == 9 + 8 * nf and marker == 2 then
         row = {struct.unpack(plan.fmt, blob, 2)}
-        row[nf + 1] = nil
+        row[nf + 2] = nil
+      elseif #blob == 1 + 8 * nf and marker == 1 then
+        row = {struct.unpack(plan.fmt1, blob, 2)}
+        row[nf + 1] = 0
       else
         local ok, r = pcall(cmsgpack.unpack, blob)
-        if ok and type(r) == "table" and #r == nf then row = r end
+        if ok and type(r) == "table" and #r == nf then row = r; row[nf + 1] = 0 end
       end
     end
     if not row then
@@ -626,6 +639,7 @@ local function make()
         local p = plan[k]
         if p.a == "t" then row[p.at] = 0 else row[p.at] = -1; row[p.at + 1] = 0 end
       end
+      row[nf + 1] = 0
       return row
     end
     local shift = (row[1] - now_s) * E9 + (row[2] - now_n)
@@ -642,7 +656,7 @@ local function make()
   end
 
   local function flat_encode(plan, row)
-    return struct.pack(plan.wfmt, 1, unpack(row, 1, plan.nf))
+    return struct.pack(plan.wfmt, 2, unpack(row, 1, plan.nf + 1))
   end
 
   -- the windows' indices and times to their ends at the call's instant,
@@ -834,6 +848,145 @@ local function make()
     end
   end
 
+  -- ---- the flat path, compiled ------------------------------------------
+  -- A flat plan's check, row decoding, keep time and encoding, written out
+  -- as Lua source for that plan alone (each policy's constants inlined, no
+  -- loop over policies, no table per policy) and compiled once, when the
+  -- plan is first seen. The same outcome, fields and charges as
+  -- flat_check, which stays the path where `loadstring` is missing or
+  -- the source fails to compile. The source holds nothing but numbers of
+  -- the parsed spec (each through "%d") and fixed text.
+
+  local function gen_flat(plan)
+    if type(loadstring) ~= "function" then return nil end
+    local n, nf = plan.n, plan.nf
+    local K, Q, T, W, WS, OFF, AT, BY, SH =
+      plan.K, plan.Q, plan.T, plan.W, plan.WS, plan.OFF, plan.AT, plan.BY, plan.SH
+    local src = {}
+    local function emit(...) src[#src + 1] = fmt(...) end
+    emit("local E9, spack, sunpack, byte, fallback = ...\n")
+    emit("local now_s, now_n = -1, -1\n")
+    for k = 1, n do
+      if not K[k] then emit("local widx%d, wend%d = 0, 0\n", k, k) end
+    end
+    emit("local P = {}\n")
+    -- the windows' indices and times to their ends, once per call
+    emit("function P.prepare(s, ns)\n now_s, now_n = s, ns\n")
+    for k = 1, n do
+      if not K[k] then
+        emit(" do local x = s + %d - %d; widx%d = (x - x %% %d) / %d\n", WS[k], OFF[k], k, WS[k], WS[k])
+        emit(" wend%d = (widx%d * %d + %d - s) * E9 - ns end\n", k, k, WS[k], OFF[k])
+      end
+    end
+    emit("end\n")
+    -- each policy's standing as it is: remaining, reset, 1 if past quota
+    for k = 1, n do
+      local at = AT[k]
+      emit("local function stand%d(row)\n", k)
+      if K[k] then
+        emit(" local d = row[%d]\n if d > %d then return 0, d, 1 end\n", at, W[k])
+        emit(" local x = %d - d\n return (x - x %% %d) / %d, d, 0\nend\n", W[k], T[k], T[k])
+      else
+        emit(" local count = row[%d]\n", at + 1)
+        emit(" if row[%d] ~= widx%d or count == 0 then return %d, 0, 0 end\n", at, k, Q[k])
+        emit(" if count > %d then return 0, wend%d, 1 end\n", Q[k], k)
+        emit(" return %d - count, wend%d, 0\nend\n", Q[k], k)
+      end
+    end
+    -- decoding: a row of this version, else the generic reader
+    local len = 9 + 8 * nf
+    emit("function P.decode(blob)\n if blob and #blob == %d and byte(blob, 1) == 2 then\n", len)
+    local fields = {}
+    for i = 1, nf + 1 do fields[i] = "f" .. i end
+    local list = table.concat(fields, ", ")
+    emit("  local _, %s = sunpack(\"<B%s\", blob)\n", list, string.rep("d", nf + 1))
+    emit("  local shift = (f1 - now_s) * E9 + (f2 - now_n)\n")
+    for k = 1, n do
+      if K[k] then emit("  f%d = f%d + shift; if f%d < 0 then f%d = 0 end\n", AT[k], AT[k], AT[k], AT[k]) end
+    end
+    emit("  return {%s}\n end\n return fallback(blob)\nend\n", list)
+    -- the time the row must be kept (ms)
+    emit("function P.keep(row)\n local keep, x, ms = 0\n")
+    for k = 1, n do
+      local at = AT[k]
+      if K[k] then
+        emit(" x = row[%d] + 999999; ms = (x - x %% 1000000) / 1000000; if ms > keep then keep = ms end\n", at)
+      else
+        emit(" if row[%d] > 0 then ms = (row[%d] * %d + %d - now_s + 1) * 1000; if ms > keep then keep = ms end end\n",
+          at + 1, at, WS[k], OFF[k])
+      end
+    end
+    emit(" return keep\nend\n")
+    local rows = {}
+    for i = 1, nf + 1 do rows[i] = fmt("row[%d]", i) end
+    emit("function P.encode(row)\n return spack(\"<B%s\", 2, %s)\nend\n", string.rep("d", nf + 1), table.concat(rows, ", "))
+    -- the check: flat_check, unrolled
+    emit("function P.check(row, cr, cb, out, o)\n out[o + 1] = 0; out[o + 2] = 0\n")
+    local last = fmt("o + %d", 2 + 2 * n)
+    for k = 1, n do
+      local c = BY[k] and "cb" or "cr"
+      local at, q = AT[k], Q[k]
+      emit(" local a%d, r%d, t%d, w%d, n%d\n", k, k, k, k, k)
+      emit(" if %s > %d then\n", c, q)
+      if not SH[k] then
+        -- a cost over a burst: nothing is charged, every standing told
+        emit("  local head, r, t, d = %d\n", 2 + 4 * (k - 1))
+        for j = 1, n do
+          emit("  r, t, d = stand%d(row); out[o + %d] = r; out[o + %d] = t; head = head + d * %d\n",
+            j, 2 * j + 1, 2 * j + 2, 64 * 2 ^ (j - 1))
+        end
+        emit("  out[o + 1] = head; out[o + 2] = 0\n  return %s, false\n", last)
+      else
+        emit("  a%d = false; r%d, t%d = stand%d(row)\n", k, k, k, k)
+        if n ~= 1 then emit("  t%d = 0\n", k) end
+      end
+      if K[k] then
+        local tk, wk = T[k], W[k]
+        emit(" else\n  local d = row[%d]; local after = d + %s * %d\n", at, c, tk)
+        emit("  if after <= %d then local x = %d - after; a%d = true; r%d = (x - x %% %d) / %d; t%d = after; n%d = after\n",
+          wk, wk, k, k, tk, tk, k, k)
+        emit("  else local x = %d - d; if x < 0 then x = 0 end; a%d = false; r%d = (x - x %% %d) / %d; t%d = d; w%d = after - %d end\n",
+          wk, k, k, tk, tk, k, k, wk)
+      else
+        emit(" else\n  local count = 0; if row[%d] == widx%d then count = row[%d] end\n", at, k, at + 1)
+        emit("  local after = count + %s\n", c)
+        emit("  if after <= %d then a%d = true; r%d = %d - after; if after == 0 then t%d = 0 else t%d = wend%d end; n%d = after\n",
+          q, k, k, q, k, k, k, k)
+        emit("  else local rem = %d - count; if rem < 0 then rem = 0 end; a%d = false; r%d = rem; t%d = wend%d; w%d = wend%d end\n",
+          q, k, k, k, k, k, k)
+      end
+      emit(" end\n out[o + %d] = r%d; out[o + %d] = t%d\n", 2 * k + 1, k, 2 * k + 2, k)
+    end
+    -- the deciding policy: the first of the longest waits
+    emit(" local denial, dwait, bits = 0, 0, 0\n")
+    for k = 1, n do
+      emit(" if not a%d then bits = bits + %d", k, 2 ^ (k - 1))
+      if not SH[k] then emit("; if denial == 0 or w%d > dwait then denial = %d; dwait = w%d end", k, k, k) end
+      emit(" end\n")
+    end
+    emit(" if denial > 0 then\n")
+    if n > 1 then
+      for k = 1, n do
+        emit("  if a%d then out[o + %d], out[o + %d] = stand%d(row) end\n", k, 2 * k + 1, 2 * k + 2, k)
+      end
+    end
+    emit("  out[o + 1] = 1 + 4 * (denial - 1) + 64 * bits; out[o + 2] = dwait\n  return %s, false\n end\n", last)
+    emit(" out[o + 1] = 64 * bits\n local changed = false\n")
+    for k = 1, n do
+      local c = BY[k] and "cb" or "cr"
+      emit(" if a%d and %s > 0 then ", k, c)
+      if K[k] then emit("row[%d] = n%d", AT[k], k) else emit("row[%d] = widx%d; row[%d] = n%d", AT[k], k, AT[k] + 1, k) end
+      emit("; changed = true end\n")
+    end
+    emit(" return %s, changed\nend\nreturn P\n", last)
+    local chunk = loadstring(table.concat(src))
+    if not chunk then return nil end
+    local ok, gen = pcall(chunk, E9, struct.pack, struct.unpack, string.byte,
+      function(blob) return flat_decode(blob, plan) end)
+    if not ok then return nil end
+    return gen
+  end
+
   -- "PX" values as strings, memoised: a number's conversion is costly and
   -- rows of one plan mostly share a value (rounded up to whole seconds)
   local px_memo, px_memo_len = {}, 0
@@ -864,6 +1017,15 @@ local function make()
   -- each time), one kept only has its used slots cleared
   local S_order, S_row_of, S_plan, S_states, S_dirty, S_out = {}, {}, {}, {}, {}, {}
   local s_rows = 0
+  -- the call's distinct operations (op, plan, cost in requests, in bytes)
+  local O_op, O_plan, O_cr, O_cb = {}, {}, {}, {}
+  local byte = string.byte
+  -- SET ... KEEPTTL (Redis 6.0 on; asked of 7.0 on, which says its version)
+  local keepttl = redis.REDIS_VERSION_NUM ~= nil
+  -- how much longer than it must a key is kept when its expiry is set,
+  -- so that the writes that follow keep it (KEEPTTL) instead of setting
+  -- it again: as long again as it must, at most a minute (ms)
+  local MARGIN_MAX = 60000
 
   return function(keys, args)
     -- effects replication (TIME before a write): the only way from Redis
@@ -882,8 +1044,36 @@ local function make()
     lease_ns = num(args[3]) * 1000000
     local nplans = num(args[4])
     local plans = {}
-    for k = 1, nplans do plans[k] = parse_plan(args[4 + k]) end
+    for k = 1, nplans do
+      local plan = parse_plan(args[4 + k])
+      if plan.fast then
+        if plan.gen == nil then
+          plan.gen = false
+          if plan.n <= 12 then plan.gen = gen_flat(plan) or false end
+        end
+        if plan.gen then plan.gen.prepare(now_s, now_n) end
+      end
+      plans[k] = plan
+    end
     local base = 4 + nplans
+    -- the distinct operations, then one index into them per decision (a
+    -- byte, or two, little end first, when there are more than 255)
+    local nops = num(args[base + 1])
+    local index = args[base + 2]
+    local wide = nops > 255
+    if not nops or not index or #index ~= #keys * (wide and 2 or 1) then
+      return redis.error_reply("paceline: the operations do not match the keys")
+    end
+    for t = 1, nops do
+      local a = base + 2 + (t - 1) * 4
+      local plan = plans[num(args[a + 2]) + 1]
+      if not plan then return redis.error_reply("paceline: unknown plan") end
+      local sr, sb = args[a + 3], args[a + 4]
+      local cr, cb = SMALL[sr], SMALL[sb]
+      if not cr then cr = tonumber(sr) end
+      if not cb then cb = tonumber(sb) end
+      O_op[t] = args[a + 1]; O_plan[t] = plan; O_cr[t] = cr; O_cb[t] = cb
+    end
     -- each row is read once (one MGET for the whole batch), kept as the
     -- first decision on it found it, and written once at the end if any
     -- decision changed it; rows are numbered in order of first use
@@ -917,27 +1107,30 @@ local function make()
     local o = 0
     for i = 1, nkeys do
       local j = row_of[i]
-      local a = base + (i - 1) * 4
-      local op = args[a + 1]
-      local sr, sb = args[a + 3], args[a + 4]
-      local cr, cb = SMALL[sr], SMALL[sb]
-      if not cr then cr = tonumber(sr) end
-      if not cb then cb = tonumber(sb) end
+      local t
+      if wide then t = byte(index, 2 * i - 1) + 256 * byte(index, 2 * i) else t = byte(index, i) end
+      if t < 1 or t > nops then return redis.error_reply("paceline: unknown operation") end
+      local op, cr, cb = O_op[t], O_cr[t], O_cb[t]
       local states = row_states[j]
       local plan
       if states then
         plan = row_plan[j]
       else
-        plan = plans[num(args[a + 2]) + 1]
+        plan = O_plan[t]
         local blob = blobs[j]
         if not blob then blob = nil end
-        if plan.fast then states = flat_decode(blob, plan) else states = decode(blob, plan) end
+        if plan.gen then states = plan.gen.decode(blob)
+        elseif plan.fast then states = flat_decode(blob, plan)
+        else states = decode(blob, plan) end
         row_states[j] = states
         row_plan[j] = plan
       end
       local changed
       if op == "c" then
-        if plan.fast then
+        local gen = plan.gen
+        if gen then
+          o, changed = gen.check(states, cr, cb, out, o)
+        elseif plan.fast then
           o, changed = flat_check(plan, states, cr, cb, out, o)
         else
           out[o + 1] = 0
@@ -960,22 +1153,49 @@ local function make()
       end
       if changed then dirty[j] = true end
     end
+    -- on the server's clock, the instant now in ms (a key's expiry is on
+    -- that clock); on the caller's, expiries are not remembered
+    local now_ms = nil
+    if keepttl and args[1] == "T" then now_ms = now_s * 1000 + (now_n - now_n % 1000000) / 1000000 end
     for j = 1, nrows do
       if dirty[j] then
         local key, plan, states = order[j], row_plan[j], row_states[j]
-        local keep, blob
         if plan.fast then
-          keep = flat_keep_ms(plan, states)
-          states[1] = now_s; states[2] = now_n
-          if keep > 0 then blob = flat_encode(plan, states) end
+          local gen = plan.gen
+          local keep
+          if gen then keep = gen.keep(states) else keep = flat_keep_ms(plan, states) end
+          if keep <= 0 then
+            redis.call("DEL", key)
+          else
+            -- kept for whole seconds, past the slack; a key that already
+            -- lives that long keeps its expiry (a write that sets none
+            -- costs the server less)
+            local x = keep + slack + 999
+            local ms = x - x % 1000
+            local e = plan.nf + 1
+            local keep_ttl = now_ms and states[e] >= now_ms + ms
+            if not keep_ttl then
+              local m = ms
+              if m > MARGIN_MAX then m = MARGIN_MAX end
+              ms = ms + m
+              if now_ms then states[e] = now_ms + ms else states[e] = 0 end
+            end
+            states[1] = now_s; states[2] = now_n
+            local blob
+            if gen then blob = gen.encode(states) else blob = flat_encode(plan, states) end
+            if keep_ttl then
+              redis.call("SET", key, blob, "KEEPTTL")
+            else
+              redis.call("SET", key, blob, "PX", px(ms))
+            end
+          end
         else
-          keep = keep_ms(plan, states)
-          if keep > 0 then blob = encode(states, plan) end
-        end
-        if keep <= 0 then
-          redis.call("DEL", key)
-        else
-          redis.call("SET", key, blob, "PX", px(keep + slack))
+          local keep = keep_ms(plan, states)
+          if keep <= 0 then
+            redis.call("DEL", key)
+          else
+            redis.call("SET", key, encode(states, plan), "PX", px(keep + slack))
+          end
         end
       end
     end
