@@ -384,39 +384,46 @@ async fn rows_of_the_previous_releases_are_read() {
         first
     };
     assert_eq!(s.command(&marker()).await.unwrap(), redis::Value::Int(2));
-    // the row as version 3 kept it: the same fields, without the expiry
-    let to_v3 = "local k = redis.call('KEYS', '*')[1] \
-                 local v = redis.call('GET', k) \
-                 assert(string.byte(v, 1) == 2 and #v == 49, 'a row of version 4') \
-                 local t = {struct.unpack('<ddddd', v, 2)} t[6] = nil \
-                 redis.call('SET', k, struct.pack('<Bddddd', 1, unpack(t)), 'KEEPTTL') \
-                 return #redis.call('GET', k)";
-    let mut eval = redis::cmd("EVAL");
-    eval.arg(to_v3).arg(0);
-    assert_eq!(s.command(&eval).await.unwrap(), redis::Value::Int(41));
-    let d = s.check(&plan, "k:a", 1, Nanos::ZERO).await.unwrap();
-    assert_eq!(
-        (d.statuses[0].remaining, d.statuses[1].remaining),
+    // the row rewritten as an older version kept it (the script answers
+    // what it wrote), then read on and written back in the new form
+    let older = |lua: &'static str, wrote: i64, after: (u64, u64)| {
+        let (s, plan, marker) = (&s, &plan, &marker);
+        async move {
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(lua).arg(0);
+            assert_eq!(s.command(&eval).await.unwrap(), redis::Value::Int(wrote));
+            let d = s.check(plan, "k:a", 1, Nanos::ZERO).await.unwrap();
+            assert_eq!(
+                (d.statuses[0].remaining, d.statuses[1].remaining),
+                after,
+                "{d:?}"
+            );
+            assert_eq!(s.command(&marker()).await.unwrap(), redis::Value::Int(2));
+        }
+    };
+    // version 3: the same fields after the byte 1, without the expiry
+    older(
+        "local k = redis.call('KEYS', '*')[1] \
+         local v = redis.call('GET', k) \
+         assert(string.byte(v, 1) == 2 and #v == 49, 'a row of version 4') \
+         local t = {struct.unpack('<ddddd', v, 2)} t[6] = nil \
+         redis.call('SET', k, struct.pack('<Bddddd', 1, unpack(t)), 'KEEPTTL') \
+         return #redis.call('GET', k)",
+        41,
         (18, 998),
-        "{d:?}"
-    );
-    assert_eq!(s.command(&marker()).await.unwrap(), redis::Value::Int(2));
-    // the row as version 2 kept it: the same fields, as a msgpack array
-    let to_v2 = "local k = redis.call('KEYS', '*')[1] \
-                 local v = redis.call('GET', k) \
-                 local t = {struct.unpack('<ddddd', v, 2)} t[6] = nil \
-                 redis.call('SET', k, cmsgpack.pack(t), 'KEEPTTL') \
-                 return string.byte(redis.call('GET', k), 1)";
-    let mut eval = redis::cmd("EVAL");
-    eval.arg(to_v2).arg(0);
-    assert_eq!(s.command(&eval).await.unwrap(), redis::Value::Int(0x95));
-    let d = s.check(&plan, "k:a", 1, Nanos::ZERO).await.unwrap();
-    assert_eq!(
-        (d.statuses[0].remaining, d.statuses[1].remaining),
+    )
+    .await;
+    // version 2: the same fields as a msgpack array
+    older(
+        "local k = redis.call('KEYS', '*')[1] \
+         local v = redis.call('GET', k) \
+         local t = {struct.unpack('<ddddd', v, 2)} t[6] = nil \
+         redis.call('SET', k, cmsgpack.pack(t), 'KEEPTTL') \
+         return string.byte(redis.call('GET', k), 1)",
+        0x95,
         (17, 997),
-        "{d:?}"
-    );
-    assert_eq!(s.command(&marker()).await.unwrap(), redis::Value::Int(2));
+    )
+    .await;
 }
 
 /// A key lives at least as long as its state must be kept, whether its
