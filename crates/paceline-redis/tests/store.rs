@@ -434,11 +434,8 @@ async fn rows_of_the_previous_releases_are_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_lives_as_long_as_its_state_must() {
     let server = testing::RedisServer::start();
-    let s = store(RedisStoreConfig {
-        clock: ClockSource::Server,
-        ..config(server.url())
-    })
-    .await;
+    // on the server's clock (the default), where expiries are kept
+    let s = store(config(server.url())).await;
     let slack_ms = RedisStoreConfig::default().ttl_slack.as_millis() as i64;
     let plans = [
         burst(20, 2),
