@@ -334,6 +334,19 @@ pub struct SheddingSettings {
     pub max_rps: u32,
 }
 
+/// How request paths are read before any route is matched (the
+/// `[gateway.paths]` table): brought to their normal form and forwarded
+/// so, or refused unless they are in it already. See
+/// [`paceline_server::path`] for the forms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PathSettings {
+    /// `mode = "strict"`: a path not in normal form is answered `400`
+    /// instead of being normalised.
+    pub strict: bool,
+    /// The normal form's rules (`merge_slashes`, `encoded_slash`).
+    pub rules: paceline_server::path::PathRules,
+}
+
 /// The largest `gateway.shedding.max_rps`.
 pub(crate) const MAX_MAX_RPS: u32 = 10_000_000;
 
@@ -388,6 +401,8 @@ pub struct Settings {
     pub max_head_bytes: usize,
     /// Bounds on buffered bytes and bodies still arriving.
     pub limits: GatewayLimits,
+    /// How request paths are normalised.
+    pub paths: PathSettings,
 }
 
 /// A loaded, validated configuration.
@@ -448,6 +463,16 @@ struct GatewayModel {
     shedding: SheddingModel,
     #[serde(default)]
     limits: LimitsModel,
+    #[serde(default)]
+    paths: PathsModel,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PathsModel {
+    mode: Option<String>,
+    merge_slashes: Option<bool>,
+    encoded_slash: Option<paceline_server::path::EncodedSlash>,
 }
 
 #[derive(Deserialize, Default)]
@@ -865,6 +890,29 @@ fn settings(
         watch: g.watch,
         max_head_bytes: max_head_bytes(src, g.max_head_bytes)?,
         limits: limits(src, &g.limits)?,
+        paths: paths(src, &g.paths)?,
+    })
+}
+
+fn paths(src: &Source<'_>, p: &PathsModel) -> Result<PathSettings, ConfigFileError> {
+    let d = paceline_server::path::PathRules::default();
+    let strict = match p.mode.as_deref() {
+        None | Some("normalize") => false,
+        Some("strict") => true,
+        Some(other) => {
+            return Err(src.at_field(
+                Kind::InvalidValue,
+                "gateway.paths.mode",
+                format!("{other:?}: expected \"normalize\" (the default: paths are brought to their normal form and forwarded so) or \"strict\" (a path not in normal form gets 400)"),
+            ))
+        }
+    };
+    Ok(PathSettings {
+        strict,
+        rules: paceline_server::path::PathRules {
+            merge_slashes: p.merge_slashes.unwrap_or(d.merge_slashes),
+            encoded_slash: p.encoded_slash.unwrap_or(d.encoded_slash),
+        },
     })
 }
 

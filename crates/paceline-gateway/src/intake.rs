@@ -67,7 +67,7 @@ use paceline_wire::problem::{self, Problem, ProblemKind};
 use parking_lot::Mutex;
 use tokio::time::Sleep;
 
-use crate::config::{GatewayLimits, Timeouts};
+use crate::config::{GatewayLimits, PathSettings, Timeouts};
 use crate::upstream::BoxError;
 
 // ---------------------------------------------------------------------------
@@ -632,16 +632,24 @@ pub(crate) struct Intake {
     pub(crate) receiving: Arc<Receiving>,
     limits: GatewayLimits,
     timeouts: Timeouts,
+    /// How paths are read before anything else looks at them.
+    paths: PathSettings,
     clock: Arc<dyn Clock>,
 }
 
 impl Intake {
-    pub(crate) fn new(limits: GatewayLimits, timeouts: Timeouts, clock: Arc<dyn Clock>) -> Intake {
+    pub(crate) fn new(
+        limits: GatewayLimits,
+        timeouts: Timeouts,
+        paths: PathSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Intake {
         Intake {
             buffered: Buffered::new(limits.max_buffered_bytes),
             receiving: Receiving::new(limits.max_receiving, limits.max_receiving_per_ip),
             limits,
             timeouts,
+            paths,
             clock,
         }
     }
@@ -807,13 +815,14 @@ pub(crate) fn refusal_answer(r: Refusal, base: &str, retry_after_s: u64) -> Resp
 }
 
 impl Intake {
-    /// Takes `req` in from client `peer`, then calls `svc` with it; a
-    /// refused intake is answered here, under the problem base of the
-    /// limits in force, charged to nothing.
+    /// Reads `req`'s head once (`front.rs`), takes it in from client
+    /// `peer`, then calls `svc` with it; a refused head or intake is
+    /// answered here, under the problem base of the limits in force,
+    /// charged to nothing.
     pub(crate) async fn serve<S, B>(
         self,
         svc: S,
-        req: Request<hyper::body::Incoming>,
+        mut req: Request<hyper::body::Incoming>,
         peer: IpAddr,
         base: crate::shed::CurrentLimits,
         retry_after_s: u64,
@@ -825,6 +834,12 @@ impl Intake {
         >,
     {
         use tower::ServiceExt;
+        if let Err(r) = crate::front::screen(&mut req, &self.paths) {
+            let res = crate::front::answer(&r, base().problem_base());
+            return Ok(res.map(|data| crate::shed::ShedBody::Full {
+                data: (!data.is_empty()).then_some(data),
+            }));
+        }
         // the head stays in memory while its request is in flight (an
         // HTTP/2 connection has many): counted until the answer's head
         let held = match HeadHeld::reserve(&self.buffered, head_size(&req)) {
@@ -1077,7 +1092,7 @@ mod tests {
             intake_bytes: 35,
             ..GatewayLimits::default()
         };
-        let intake = Intake::new(limits, Timeouts::default(), clock);
+        let intake = Intake::new(limits, Timeouts::default(), PathSettings::default(), clock);
         let req = Request::post("/")
             .body(Trickle {
                 left: 10,
@@ -1106,7 +1121,7 @@ mod tests {
             intake_bytes: 35,
             ..GatewayLimits::default()
         };
-        let intake = Intake::new(limits, Timeouts::default(), clock);
+        let intake = Intake::new(limits, Timeouts::default(), PathSettings::default(), clock);
         let req = Request::post("/")
             .body(Trickle {
                 left: 10,
@@ -1125,7 +1140,12 @@ mod tests {
     #[tokio::test]
     async fn a_full_gauge_refuses_an_intake() {
         let clock: Arc<dyn Clock> = Arc::new(paceline_core::ManualClock::at_unix_secs(1_000));
-        let intake = Intake::new(GatewayLimits::default(), Timeouts::default(), clock);
+        let intake = Intake::new(
+            GatewayLimits::default(),
+            Timeouts::default(),
+            PathSettings::default(),
+            clock,
+        );
         let all = intake.buffered.reserve_up_to(usize::MAX);
         let req = Request::post("/")
             .body(Trickle {

@@ -77,6 +77,7 @@
 
 mod config;
 mod edge;
+mod front;
 mod idempotency;
 mod idle;
 mod intake;
@@ -91,9 +92,9 @@ mod upstream;
 mod webhook;
 
 pub use config::{
-    ConfigFileError, GatewayConfig, GatewayLimits, RedisSettings, Settings, SheddingSettings,
-    StoreKind, Timeouts, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HEAD_BYTES, KEY_HASH_SECRET_ENV,
-    MAX_MAX_HEAD_BYTES, MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
+    ConfigFileError, GatewayConfig, GatewayLimits, PathSettings, RedisSettings, Settings,
+    SheddingSettings, StoreKind, Timeouts, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HEAD_BYTES,
+    KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES, MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
 };
 pub use server::{
     shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback, ReloadEvent,

@@ -18,8 +18,10 @@
 //! sent again on another connection when that is safe: its body is not
 //! streaming, and it is idempotent or none of it was written. The `502`s
 //! and `504`s written because the upstream's answer never came are marked
-//! [`paceline_server::UpstreamFailed`]: by default their charge is given
-//! back.
+//! [`paceline_server::UpstreamFailed`], saying whether the request's head
+//! had been written to the upstream: by default the charge of one that
+//! never reached it is given back, and that of one that did stands (the
+//! upstream may have done the work).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -29,12 +31,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Method, Request, Response, Uri};
+use http::{Request, Response, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use paceline_core::Clock;
-use paceline_server::PeerAddr;
+use paceline_server::{PeerAddr, UpstreamFailed};
 use paceline_wire::problem::{self, Problem, ProblemKind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tower_service::Service;
 
 use crate::config::Timeouts;
@@ -112,16 +115,7 @@ impl Proxy {
     /// Forwards one request.
     pub(crate) async fn forward(&self, req: Request<ClientBody>) -> Response<ProxyBody> {
         let this = &*self.inner;
-        if req.method() == Method::CONNECT {
-            // a tunnel is not a request this proxy forwards
-            let base = (this.limits)();
-            let base = base.problem_base();
-            return gateway_error(
-                base,
-                ProblemKind::MethodNotAllowed,
-                "CONNECT is not forwarded.",
-            );
-        }
+        // (a CONNECT never gets here: `front.rs` answers it)
         let (parts, body) = req.into_parts();
         // how much of a body still coming was in when the upstream was
         // first waited for
@@ -137,7 +131,18 @@ impl Proxy {
             peer,
             trusted: &trusted,
         };
-        let exchange = this.upstream.send(Outgoing { parts: &parts, via }, body);
+        let reached = AtomicBool::new(false);
+        let out = Outgoing {
+            parts: &parts,
+            via,
+            reached: &reached,
+        };
+        let exchange = this.upstream.send(out, body);
+        // whether the upstream may have done the work when its answer failed
+        let failed = |reached: &AtomicBool| match reached.load(Ordering::Acquire) {
+            true => UpstreamFailed::AfterSending,
+            false => UpstreamFailed::NeverSent,
+        };
         match tokio::time::timeout(this.timeouts.upstream_header, exchange).await {
             Ok(Ok(answer)) => {
                 let Answer {
@@ -165,11 +170,14 @@ impl Proxy {
                     true => "The upstream could not be reached.",
                     false => "The upstream failed before answering.",
                 };
-                upstream_failed(gateway_error(
-                    (this.limits)().problem_base(),
-                    ProblemKind::BadGateway,
-                    detail,
-                ))
+                upstream_failed(
+                    gateway_error(
+                        (this.limits)().problem_base(),
+                        ProblemKind::BadGateway,
+                        detail,
+                    ),
+                    failed(&reached),
+                )
             }
             Err(_)
                 if progress
@@ -198,21 +206,26 @@ impl Proxy {
                     timeout_ms = this.timeouts.upstream_header.as_millis() as u64,
                     "upstream timed out"
                 );
-                upstream_failed(gateway_error(
-                    (this.limits)().problem_base(),
-                    ProblemKind::GatewayTimeout,
-                    "The upstream did not answer in time.",
-                ))
+                upstream_failed(
+                    gateway_error(
+                        (this.limits)().problem_base(),
+                        ProblemKind::GatewayTimeout,
+                        "The upstream did not answer in time.",
+                    ),
+                    failed(&reached),
+                )
             }
         }
     }
 }
 
-/// Marks a `502`/`504` written because the upstream's answer never came:
-/// the limit layer gives the request's charge back unless its plan
-/// charges upstream failures.
-fn upstream_failed(mut res: Response<ProxyBody>) -> Response<ProxyBody> {
-    res.extensions_mut().insert(paceline_server::UpstreamFailed);
+/// Marks a `502`/`504` written because the upstream's answer never came,
+/// saying whether the head had reached the upstream: the limit layer gives
+/// the charge of a request that never did back (unless its plan charges
+/// upstream failures) and keeps that of one that did (unless its plan
+/// refunds those too).
+fn upstream_failed(mut res: Response<ProxyBody>, failed: UpstreamFailed) -> Response<ProxyBody> {
+    res.extensions_mut().insert(failed);
     res
 }
 

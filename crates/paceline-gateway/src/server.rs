@@ -180,7 +180,7 @@ impl Gateway {
             _ => tracing::info!("{}", hasher.statement()),
         }
         let shedder = Shedder::with_clock(s.shedding, clock.clone());
-        let intake = Intake::new(s.limits, s.timeouts, clock.clone());
+        let intake = Intake::new(s.limits, s.timeouts, s.paths, clock.clone());
         let store = open_store(&s, config.limits.key_hasher()).await?;
         let limiter = RateLimiter::new(config.limits.clone(), store, clock);
         if let Some(uri) = &s.soft_limit_webhook {
@@ -524,6 +524,7 @@ fn restart_notes(
         watch: _,
         max_head_bytes,
         limits: gateway_limits,
+        paths,
     } = new;
     let mut notes = Vec::new();
     let mut note = |name: &str, changed: bool| {
@@ -546,6 +547,7 @@ fn restart_notes(
         old.max_head_bytes != *max_head_bytes,
     );
     note("gateway.limits", old.limits != *gateway_limits);
+    note("gateway.paths", old.paths != *paths);
     // the limiter keeps these from its construction
     note("escalation", old_limits.escalation() != limits.escalation());
     // the idempotency layer and its store are built once (each route's

@@ -1,9 +1,12 @@
-//! Upstream failures are not charged by default: for every policy kind, a
-//! request admitted and answered `502` (upstream refused, answer
-//! malformed) or `504` (no answer in time) by the gateway itself leaves
-//! the key's budget as it was; a plan with `charge_upstream_failures =
-//! true` is charged. Budgets are read from the usage endpoint. Every wait
-//! is bounded.
+//! Refunds only for work that was never done: for every policy kind, a
+//! request admitted and answered `502` because the upstream refused the
+//! connection (its head never left) leaves the key's budget as it was,
+//! while one whose head reached the upstream before the answer failed
+//! (`502` for a malformed answer, `504` for none in time) stays charged,
+//! since the upstream may have done the work. A plan with
+//! `charge_upstream_failures = true` is charged for both; one with
+//! `refund_sent_failures = true` for neither. Budgets are read from the
+//! usage endpoint. Every wait is bounded.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -79,7 +82,14 @@ struct Rig {
     served: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// Every kind alone, and all of them in one plan; each charged and not.
+/// What a plan says of upstream failures, by the suffix of its name.
+const SETTINGS: [(&str, &str); 3] = [
+    ("free", ""),
+    ("charged", "charge_upstream_failures = true"),
+    ("refunded", "refund_sent_failures = true"),
+];
+
+/// Every kind alone, and all of them in one plan; under each setting.
 fn config(upstream: SocketAddr) -> String {
     let mut text = format!(
         "[gateway]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\nwatch = false\n\
@@ -93,9 +103,9 @@ fn config(upstream: SocketAddr) -> String {
     plans.push(("all".to_string(), all.join(", ")));
     let mut keys = String::from("[keys]\n");
     for (name, policies) in &plans {
-        for (suffix, charge) in [("free", false), ("charged", true)] {
+        for (suffix, setting) in SETTINGS {
             text.push_str(&format!(
-                "[plans.{name}_{suffix}]\ncharge_upstream_failures = {charge}\npolicies = [{policies}]\n\n"
+                "[plans.{name}_{suffix}]\n{setting}\npolicies = [{policies}]\n\n"
             ));
             keys.push_str(&format!("sk_{name}_{suffix} = \"{name}_{suffix}\"\n"));
         }
@@ -155,12 +165,18 @@ impl Rig {
     }
 
     /// Sends a request to `path` for every plan and checks each budget
-    /// against what the plan says about upstream failures.
-    async fn check_every_plan(&self, path: &str, status: u16) {
+    /// against what the plan says about upstream failures, the request
+    /// having reached the upstream (`sent`) or not.
+    async fn check_every_plan(&self, path: &str, status: u16, sent: bool) {
         let mut names: Vec<&str> = KINDS.iter().map(|k| k.0).collect();
         names.push("all");
         for name in names {
-            for (suffix, charged) in [("free", false), ("charged", true)] {
+            for (suffix, _) in SETTINGS {
+                let charged = match suffix {
+                    "charged" => true,
+                    "refunded" => false,
+                    _ => sent,
+                };
                 let key = format!("sk_{name}_{suffix}");
                 let before = self.left(&key).await;
                 let (got, body) = self.get(path, &key).await;
@@ -185,20 +201,20 @@ impl Rig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_upstream_costs_nothing_unless_the_plan_says_so() {
     let rig = Rig::start(refused_port().await).await;
-    rig.check_every_plan("/v1/x", 502).await;
+    rig.check_every_plan("/v1/x", 502, false).await;
     rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_malformed_answer_costs_nothing_unless_the_plan_says_so() {
+async fn a_malformed_answer_after_the_head_went_up_stays_charged_unless_the_plan_says_so() {
     let rig = Rig::start(faulty_upstream().await).await;
-    rig.check_every_plan("/malformed", 502).await;
+    rig.check_every_plan("/malformed", 502, true).await;
     rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_timeout_costs_nothing_unless_the_plan_says_so() {
+async fn an_upstream_timeout_after_the_head_went_up_stays_charged_unless_the_plan_says_so() {
     let rig = Rig::start(faulty_upstream().await).await;
-    rig.check_every_plan("/slow", 504).await;
+    rig.check_every_plan("/slow", 504, true).await;
     rig.stop().await;
 }

@@ -87,6 +87,9 @@ pub(crate) enum Stranger {
     Missing,
     /// It sends a key the configuration does not know.
     Unknown,
+    /// It sends a credential field the limiter cannot read as one key:
+    /// refused whatever the treatments say.
+    Unreadable,
 }
 
 /// One network: an address and a prefix length.
@@ -275,19 +278,176 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
     inner.parse::<IpAddr>().ok().map(canonical)
 }
 
-/// The token of an `Authorization: Bearer` header.
+/// The token of an `Authorization: Bearer` header, when the field is one
+/// credential the limiter reads (see [`read_authorization`]).
 pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    bearer(headers.get(AUTHORIZATION)?)
+    match read_authorization(headers.get(AUTHORIZATION)?, BasicAuth::Refuse) {
+        Credential::Key(std::borrow::Cow::Borrowed(k)) => Some(k),
+        _ => None,
+    }
 }
 
-/// The token of one `Authorization` value, if its scheme is `Bearer`.
-pub(crate) fn bearer(v: &HeaderValue) -> Option<&str> {
-    let v = v.to_str().ok()?;
-    // the scheme is what comes before the first space
-    let (scheme, token) = (v.get(..6)?, v.get(6..)?.strip_prefix(' ')?);
-    // a visible-ASCII value holds no other whitespace than spaces and tabs
-    let token = token.trim_ascii();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+/// What the limiter makes of a present credential field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Credential<'a> {
+    /// One key, read.
+    Key(std::borrow::Cow<'a, str>),
+    /// A field the limiter cannot read as exactly one key: refused with
+    /// 401, never counted as a request without a key (the service behind
+    /// may read it as somebody's key all the same).
+    Unreadable,
+}
+
+/// How `Authorization: Basic` is read when the key is an API key.
+///
+/// Why it matters: a service that takes its key from Basic's user part
+/// (Stripe's style) would serve a request the limiter counted as keyless.
+/// Either the limiter reads the same part, or the field is refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum BasicAuth {
+    /// `Basic` credentials are refused with 401 (the default).
+    #[default]
+    Refuse,
+    /// The user part of `Basic base64(user:password)` is the key.
+    User,
+}
+
+/// Reads one `Authorization` value the one way the limiter and any
+/// service behind it agree on (RFC 9110 §11.4, RFC 6750 §2.1): the scheme
+/// `Bearer` (any case), one or more spaces, then a token of `b64token`
+/// characters (letters, digits, `-._~+/`, then any `=`), spaces after it
+/// allowed; or, with [`BasicAuth::User`], `Basic` and the base64 of
+/// `user:password`. Anything else is [`Credential::Unreadable`]: a tab or
+/// non-ASCII byte where a space belongs, another scheme, a token with
+/// other characters (a service splitting on whitespace would read a part
+/// of it), an empty token.
+///
+/// ```
+/// use paceline_server::{read_authorization, BasicAuth, Credential};
+/// let read = |v: &'static str| {
+///     match read_authorization(&http::HeaderValue::from_static(v), BasicAuth::Refuse) {
+///         Credential::Key(k) => Some(k.into_owned()),
+///         _ => None,
+///     }
+/// };
+/// assert_eq!(read("Bearer  sk_alice ").as_deref(), Some("sk_alice"));
+/// assert_eq!(read("Bearer\tsk_alice"), None);
+/// assert_eq!(read("Token sk_alice"), None);
+/// assert_eq!(read("Bearer sk_alice extra"), None);
+/// ```
+pub fn read_authorization(v: &HeaderValue, basic: BasicAuth) -> Credential<'_> {
+    let b = v.as_bytes();
+    let Some(sp) = b.iter().position(|&c| c == b' ') else {
+        return Credential::Unreadable;
+    };
+    let (scheme, rest) = (&b[..sp], trim_spaces(&b[sp..]));
+    if scheme.eq_ignore_ascii_case(b"bearer") {
+        return match is_b64token(rest) {
+            // b64token bytes are ASCII: this is the field's own text
+            true => std::str::from_utf8(rest)
+                .map_or(Credential::Unreadable, |t| Credential::Key(t.into())),
+            false => Credential::Unreadable,
+        };
+    }
+    if scheme.eq_ignore_ascii_case(b"basic") && basic == BasicAuth::User {
+        return basic_user(rest).map_or(Credential::Unreadable, |u| Credential::Key(u.into()));
+    }
+    Credential::Unreadable
+}
+
+/// Reads a key from a configured header: visible ASCII with no space and
+/// no comma (a list would be read one way here and another further on).
+pub(crate) fn read_key_field(v: &HeaderValue) -> Credential<'_> {
+    let b = trim_spaces(v.as_bytes());
+    let ok = !b.is_empty() && b.iter().all(|&c| c.is_ascii_graphic() && c != b',');
+    match ok.then(|| std::str::from_utf8(b).ok()).flatten() {
+        Some(k) => Credential::Key(k.into()),
+        None => Credential::Unreadable,
+    }
+}
+
+fn trim_spaces(mut b: &[u8]) -> &[u8] {
+    while let [b' ', rest @ ..] = b {
+        b = rest;
+    }
+    while let [rest @ .., b' '] = b {
+        b = rest;
+    }
+    b
+}
+
+/// RFC 6750's `b64token`: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" /
+/// "+" / "/" ) *"="`.
+fn is_b64token(b: &[u8]) -> bool {
+    let body = b.iter().position(|&c| c == b'=').unwrap_or(b.len());
+    body > 0
+        && b[..body]
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || b"-._~+/".contains(&c))
+        && b[body..].iter().all(|&c| c == b'=')
+}
+
+/// The user part of a `Basic` credential: base64 of `user:password`, the
+/// user non-empty visible ASCII.
+fn basic_user(b: &[u8]) -> Option<String> {
+    use base64::Engine;
+    if !is_b64token(b) {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD.decode(b).ok()?;
+    let colon = decoded.iter().position(|&c| c == b':')?;
+    let user = &decoded[..colon];
+    let ok = !user.is_empty() && user.iter().all(|&c| c.is_ascii_graphic());
+    ok.then(|| String::from_utf8(user.to_vec()).ok()).flatten()
+}
+
+/// How many leading bits of a client address name one client for per-IP
+/// keys: one IPv6 host usually holds a whole /64, so counting each of its
+/// addresses apart would give it 2^64 budgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpPrefixes {
+    /// Bits of an IPv4 address (32 by default: each address alone).
+    pub v4: u8,
+    /// Bits of an IPv6 address (64 by default).
+    pub v6: u8,
+}
+
+impl Default for IpPrefixes {
+    fn default() -> Self {
+        IpPrefixes { v4: 32, v6: 64 }
+    }
+}
+
+impl IpPrefixes {
+    /// Checks the lengths: IPv4 1-32, IPv6 1-128.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=32).contains(&self.v4) {
+            return Err(format!("ipv4_prefix {} must be 1-32", self.v4));
+        }
+        if !(1..=128).contains(&self.v6) {
+            return Err(format!("ipv6_prefix {} must be 1-128", self.v6));
+        }
+        Ok(())
+    }
+
+    /// The network `ip` is counted under: the address with the bits past
+    /// the prefix cleared (IPv4-mapped IPv6 counts as IPv4), and the
+    /// prefix length when it is shorter than the address.
+    pub fn group(&self, ip: IpAddr) -> (IpAddr, Option<u8>) {
+        match canonical(ip) {
+            IpAddr::V4(a) if self.v4 < 32 => {
+                let mask = u32::MAX << (32 - u32::from(self.v4));
+                (IpAddr::V4((a.to_bits() & mask).into()), Some(self.v4))
+            }
+            IpAddr::V6(a) if self.v6 < 128 => {
+                let mask = u128::MAX << (128 - u32::from(self.v6));
+                (IpAddr::V6((a.to_bits() & mask).into()), Some(self.v6))
+            }
+            a => (a, None),
+        }
+    }
 }
 
 /// A stable, non-reversible fingerprint of a key for logs and hooks: the
@@ -564,6 +724,38 @@ mod tests {
         let h = headers(&[("authorization", "bearer  sk_1 ")]);
         assert_eq!(bearer_token(&h), Some("sk_1"));
         assert_eq!(
+            bearer_token(&headers(&[("authorization", "Bearer a.b-c_d~e+f/g==")])),
+            Some("a.b-c_d~e+f/g==")
+        );
+        for bad in [
+            "Bearer\tsk_1",
+            "Bearer sk_1\t",
+            "Bearer sk 1",
+            "Bearer sk_1=x",
+            "Bearer =",
+            "Bearer",
+            "Bearer,sk_1",
+            "Token sk_1",
+            "",
+        ] {
+            let v = HeaderValue::from_str(bad).unwrap();
+            assert_eq!(
+                read_authorization(&v, BasicAuth::Refuse),
+                Credential::Unreadable,
+                "{bad:?}"
+            );
+        }
+        let nbsp = HeaderValue::from_bytes(b"Bearer\xc2\xa0sk_1").unwrap();
+        assert_eq!(
+            read_authorization(&nbsp, BasicAuth::User),
+            Credential::Unreadable
+        );
+        let trailing = HeaderValue::from_bytes(b"Bearer sk_1\xc2\xa0").unwrap();
+        assert_eq!(
+            read_authorization(&trailing, BasicAuth::User),
+            Credential::Unreadable
+        );
+        assert_eq!(
             bearer_token(&headers(&[("authorization", "Basic abc")])),
             None
         );
@@ -573,7 +765,90 @@ mod tests {
         );
     }
 
+    #[test]
+    fn basic_is_read_only_when_asked() {
+        // base64("sk_alice:") and base64("sk_alice:secret")
+        for v in ["Basic c2tfYWxpY2U6", "basic  c2tfYWxpY2U6c2VjcmV0"] {
+            let v = HeaderValue::from_static(v);
+            assert_eq!(
+                read_authorization(&v, BasicAuth::Refuse),
+                Credential::Unreadable
+            );
+            assert_eq!(
+                read_authorization(&v, BasicAuth::User),
+                Credential::Key("sk_alice".into())
+            );
+        }
+        // no colon, an empty user, not base64
+        for bad in ["Basic c2tfYWxpY2U=", "Basic OnNlY3JldA==", "Basic !!!"] {
+            let v = HeaderValue::from_static(bad);
+            assert_eq!(
+                read_authorization(&v, BasicAuth::User),
+                Credential::Unreadable,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn key_fields_are_one_visible_token() {
+        assert_eq!(
+            read_key_field(&HeaderValue::from_static("k_1")),
+            Credential::Key("k_1".into())
+        );
+        for bad in ["", "k 1", "k,1", "k\t1"] {
+            assert_eq!(
+                read_key_field(&HeaderValue::from_str(bad).unwrap()),
+                Credential::Unreadable,
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            read_key_field(&HeaderValue::from_bytes(b"k\xc2\xa0").unwrap()),
+            Credential::Unreadable
+        );
+    }
+
+    #[test]
+    fn addresses_group_by_prefix() {
+        let p = IpPrefixes::default();
+        assert_eq!(
+            p.group(ip("2001:db8:1:2:aaaa::1")),
+            (ip("2001:db8:1:2::"), Some(64))
+        );
+        assert_eq!(p.group(ip("2001:db8:1:2:ffff::9")).0, ip("2001:db8:1:2::"));
+        assert_ne!(p.group(ip("2001:db8:1:3::1")).0, ip("2001:db8:1:2::"));
+        assert_eq!(p.group(ip("203.0.113.9")), (ip("203.0.113.9"), None));
+        assert_eq!(p.group(ip("::ffff:203.0.113.9")), (ip("203.0.113.9"), None));
+        let wide = IpPrefixes { v4: 24, v6: 48 };
+        assert_eq!(wide.group(ip("203.0.113.9")), (ip("203.0.113.0"), Some(24)));
+        assert_eq!(
+            wide.group(ip("2001:db8:1:2::1")),
+            (ip("2001:db8:1::"), Some(48))
+        );
+        assert!(IpPrefixes { v4: 0, v6: 64 }.validate().is_err());
+        assert!(IpPrefixes { v4: 32, v6: 129 }.validate().is_err());
+    }
+
     proptest! {
+        #[test]
+        fn a_read_key_is_what_a_whitespace_splitting_service_reads(
+            v in "(Bearer|bEARER|Basic|Token|)[ \t\u{a0}\u{3000}]{0,3}[a-z_=.~ \t,\u{a0}]{0,12}[ \t\u{a0}]{0,2}"
+        ) {
+            // a service that splits the field on any whitespace and takes
+            // the second word (Flask's `auth.split()`, Node's
+            // `/^Bearer\s+(\S+)/`) reads exactly the limiter's key, or
+            // the limiter refuses the field
+            let Ok(hv) = HeaderValue::from_bytes(v.as_bytes()) else { return Ok(()) };
+            if let Credential::Key(k) = read_authorization(&hv, BasicAuth::Refuse) {
+                let text = &v;
+                let words: Vec<&str> = text.split(char::is_whitespace).filter(|w| !w.is_empty()).collect();
+                prop_assert_eq!(words.len(), 2);
+                prop_assert!(words[0].eq_ignore_ascii_case("bearer"));
+                prop_assert_eq!(words[1], &*k);
+            }
+        }
+
         #[test]
         fn any_forwarding_header_from_a_proxy_gives_a_listed_address(
             fwd in "[ -~]{0,60}",

@@ -100,6 +100,7 @@ pub mod idempotency;
 mod identity;
 mod layer;
 mod limiter;
+pub mod path;
 mod respond;
 pub mod route;
 mod soft;
@@ -114,8 +115,9 @@ pub use config::{
 pub use escalation::{EscalationConfig, Level};
 pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyMode, IdempotencySettings};
 pub use identity::{
-    bearer_token, client_ip, peer_ip, IpNet, KeyHash, KeyHasher, KeySource, KeyTreatment, PeerAddr,
-    SecretOrigin, ShortSecret, TrustedProxies, MIN_KEY_HASH_SECRET_BYTES,
+    bearer_token, client_ip, peer_ip, read_authorization, BasicAuth, Credential, IpNet, IpPrefixes,
+    KeyHash, KeyHasher, KeySource, KeyTreatment, PeerAddr, SecretOrigin, ShortSecret,
+    TrustedProxies, MIN_KEY_HASH_SECRET_BYTES,
 };
 pub use layer::{
     RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture, UpstreamFailed,

@@ -18,7 +18,10 @@ use tracing::Instrument;
 use crate::config::{key_prefix, Limits, LimitsInner};
 use crate::escalation::{Escalator, Level};
 use crate::head::{HeadCheck, Refusal};
-use crate::identity::{bearer, client_ip, peer_ip, KeyHash, KeySource, KeyTreatment, Stranger};
+use crate::identity::{
+    client_ip, peer_ip, read_authorization, read_key_field, Credential, IpPrefixes, KeyHash,
+    KeySource, KeyTreatment, Stranger,
+};
 use crate::layer::ReleaseGuard;
 use crate::respond;
 use crate::route::RouteInfo;
@@ -103,6 +106,14 @@ impl Who {
             plan,
             publish,
         }
+    }
+    /// What escalation counts strikes under: the key within its plan, so
+    /// an address's strikes on one plan (a login route's) do not hold it
+    /// on another (the anonymous plan's), where others behind the same
+    /// address may be.
+    fn strikes(&self) -> KeyHash {
+        let plan = (self.plan as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        KeyHash(self.hash.0 ^ plan.rotate_left(29))
     }
     fn key<'a>(&'a self, lim: &'a LimitsInner) -> &'a str {
         match &self.key {
@@ -516,7 +527,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         if p.unknown_len && lim.plans[who.plan].plan.counts_bytes() {
             return Stage::Done(Verdict::Reject(respond::length_required(&lim.problem_base)));
         }
-        match sh.escalator.before(who.hash, now) {
+        match sh.escalator.before(who.strikes(), now) {
             Some(hold) => {
                 let compiled = &lim.plans[who.plan];
                 let plan = &compiled.plan;
@@ -593,9 +604,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 None => {
                     if let Outcome::Denied(den) = &mut d.outcome {
                         let real = den.retry_after;
-                        let (wait, fresh) = sh
-                            .escalator
-                            .denied(who.hash, now, real, den.policy, den.kind);
+                        let (wait, fresh) =
+                            sh.escalator
+                                .denied(who.strikes(), now, real, den.policy, den.kind);
                         den.retry_after = wait;
                         if fresh {
                             escalated(plan_name, mk, who.hash, Level::Extended, wait);
@@ -735,14 +746,19 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
 
 impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// Gives back an admitted request's charge, its upstream's answer
-    /// having never come (unless its plan charges upstream failures).
-    /// The fields of the answer then tell the budget as it stands after.
-    pub(crate) async fn refund(&self, a: &mut Admitted) {
+    /// having never come: when the request never reached the upstream
+    /// (unless its plan charges upstream failures), or reached it and its
+    /// plan refunds those failures too. The fields of the answer then
+    /// tell the budget as it stands after.
+    pub(crate) async fn refund(&self, a: &mut Admitted, failed: crate::UpstreamFailed) {
         let Some((key, cost, charged)) = a.refund.clone() else {
             return;
         };
         let limits = a.limits.clone();
         let compiled = &limits.inner.plans[a.plan];
+        if failed == crate::UpstreamFailed::AfterSending && !compiled.refund_sent_failures {
+            return;
+        }
         let sh = &*self.shared;
         let now = sh.clock.now();
         let given = sh.store.refund(&compiled.plan, &key, cost, charged, now);
@@ -865,7 +881,12 @@ fn who(
         let peer = peer_ip(extensions).or(peer);
         client_ip(headers, peer, &lim.trusted)
     };
-    let anon_key = || ip().map_or_else(|| "ip:unknown".to_string(), ip_key);
+    let anon_key = || {
+        ip().map_or_else(
+            || "ip:unknown".to_string(),
+            |ip| ip_key(ip, &lim.ip_prefixes),
+        )
+    };
     let anonymous = |plan: usize| Who::owned(anon_key(), plan, false, &lim.hasher);
     if route.anonymous {
         // the build makes sure an anonymous route has a plan
@@ -879,6 +900,8 @@ fn who(
         let treatment = match s {
             Stranger::Missing => lim.missing_key,
             Stranger::Unknown => lim.unknown_key,
+            // the service behind may read it as somebody's key
+            Stranger::Unreadable => KeyTreatment::Reject,
         };
         let who = match treatment {
             KeyTreatment::Anonymous => lim.anonymous_plan.map(anonymous),
@@ -886,29 +909,43 @@ fn who(
         };
         (who, Some(s))
     };
-    let lookup = match &lim.key_source {
-        KeySource::ApiKey => fields.authorization.and_then(bearer),
+    let read = match &lim.key_source {
+        KeySource::ApiKey => fields
+            .authorization
+            .map(|v| read_authorization(v, lim.basic_auth)),
         KeySource::ClientIp => {
             let Some(ip) = ip() else {
                 return stranger(Stranger::Missing);
             };
-            let k = ip_key(ip);
-            if let Some(&i) = lim.keys.get(&k[3..]) {
+            // a configured address first, then its network's bucket
+            let mut exact = String::with_capacity(39);
+            paceline_wire::ip::push_ip(&mut exact, ip);
+            if let Some(&i) = lim.keys.get(&exact) {
                 return (Some(Who::configured(lim, i)), None);
             }
             return match lim.default_plan {
-                Some(plan) => (Some(Who::owned(k, plan, true, &lim.hasher)), None),
+                Some(plan) => (
+                    Some(Who::owned(
+                        ip_key(ip, &lim.ip_prefixes),
+                        plan,
+                        true,
+                        &lim.hasher,
+                    )),
+                    None,
+                ),
                 None => stranger(Stranger::Unknown),
             };
         }
-        KeySource::Route => route.pattern.as_deref(),
-        KeySource::Header(name) => headers.get(name).and_then(|v| v.to_str().ok()),
+        KeySource::Route => route.pattern.as_deref().map(|p| Credential::Key(p.into())),
+        KeySource::Header(name) => headers.get(name).map(read_key_field),
     };
-    let Some(l) = lookup else {
-        return stranger(Stranger::Missing);
+    let l = match read {
+        None => return stranger(Stranger::Missing),
+        Some(Credential::Unreadable) => return stranger(Stranger::Unreadable),
+        Some(Credential::Key(l)) => l,
     };
     // a configured key was prepared at build time: no allocation, no hash
-    if let Some(&i) = lim.keys.get(l) {
+    if let Some(&i) = lim.keys.get(&*l) {
         return (Some(Who::configured(lim, i)), None);
     }
     match lim.default_plan {
@@ -916,29 +953,37 @@ fn who(
             let prefix = key_prefix(&lim.key_source);
             let mut k = String::with_capacity(prefix.len() + l.len());
             k.push_str(prefix);
-            k.push_str(l);
+            k.push_str(&l);
             (Some(Who::owned(k, plan, true, &lim.hasher)), None)
         }
         None => stranger(Stranger::Unknown),
     }
 }
 
-/// `ip:` and the address as `Display` writes it (one key per anonymous
-/// request).
-fn ip_key(ip: std::net::IpAddr) -> String {
-    let mut s = String::with_capacity(3 + 39);
+/// `ip:` and the client's network as `Display` writes it: the address
+/// itself where the prefix is the whole address (`ip:203.0.113.9`), else
+/// the network and its length (`ip:2001:db8:1:2::/64`).
+fn ip_key(ip: std::net::IpAddr, prefixes: &IpPrefixes) -> String {
+    let (net, len) = prefixes.group(ip);
+    let mut s = String::with_capacity(3 + 39 + 4);
     s.push_str("ip:");
-    paceline_wire::ip::push_ip(&mut s, ip);
+    paceline_wire::ip::push_ip(&mut s, net);
+    if let Some(len) = len {
+        use std::fmt::Write;
+        let _ = write!(s, "/{len}");
+    }
     s
 }
 
 #[cfg(test)]
 mod tests {
     use super::ip_key;
+    use crate::IpPrefixes;
     use std::net::IpAddr;
 
     #[test]
     fn ip_keys_read_as_the_address_displays() {
+        let whole = IpPrefixes { v4: 32, v6: 128 };
         for a in [
             "127.0.0.1",
             "0.0.0.0",
@@ -948,8 +993,14 @@ mod tests {
             "2001:db8::7",
         ] {
             let ip: IpAddr = a.parse().unwrap();
-            assert_eq!(ip_key(ip), format!("ip:{ip}"));
+            assert_eq!(ip_key(ip, &whole), format!("ip:{ip}"));
         }
+        let d = IpPrefixes::default();
+        assert_eq!(ip_key("10.20.3.40".parse().unwrap(), &d), "ip:10.20.3.40");
+        assert_eq!(
+            ip_key("2001:db8:0:7:1::9".parse().unwrap(), &d),
+            "ip:2001:db8:0:7::/64"
+        );
     }
 
     #[test]

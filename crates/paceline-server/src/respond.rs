@@ -52,6 +52,11 @@ pub(crate) fn unauthorized(base: &str, why: Stranger, source: &KeySource) -> Res
             format!("The API key this request sends is not known here; send a valid key {send}."),
             "Bearer error=\"invalid_token\"",
         ),
+        Stranger::Unreadable => (
+            ProblemKind::UnknownKey,
+            format!("The credential this request sends cannot be read as one API key; send your key {send}."),
+            "Bearer error=\"invalid_request\"",
+        ),
     };
     let mut r = problem::answer(&Problem::new(kind, base, detail));
     if matches!(source, KeySource::ApiKey) {

@@ -5,6 +5,16 @@
 //! and a last segment `{*name}` (or `*`) matches the rest of the path.
 //! The first route that matches wins.
 //!
+//! Literal segments match in any ASCII case, and a path matches with or
+//! without one trailing `/`. Why: many services route so (Express and
+//! ASP.NET ignore case and a trailing slash by default; Rails ignores the
+//! slash), so `/V1/Login/` may reach the login handler; a route matched
+//! more narrowly than the service matches would let such a spelling pass
+//! as some other, cheaper route. Matching more widely costs nothing: a
+//! service that routes strictly answers those spellings 404. (Paths are
+//! expected in normal form, as the gateway makes them: see
+//! [`crate::path`].)
+//!
 //! ```
 //! use paceline_server::{Criticality, Route};
 //!
@@ -218,22 +228,24 @@ impl Route {
         self.idempotency
     }
 
-    /// Whether the route matches.
+    /// Whether the route matches (in any ASCII case, with or without a
+    /// trailing `/`: see the module documentation).
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         if self.method.as_ref().is_some_and(|m| m != method) {
             return false;
         }
+        let path = trim_slash(path);
         if self.literal {
             // splitting two equal texts on '/' gives equal segments, and
             // only equal texts split into equal segments
-            return *self.pattern == *path;
+            return trim_slash(&self.pattern).eq_ignore_ascii_case(path);
         }
         let mut parts = path.split('/');
         for seg in &self.segments {
             match (seg, parts.next()) {
                 (Segment::Rest, _) => return true,
                 (Segment::One, Some(p)) if !p.is_empty() => {}
-                (Segment::Literal(l), Some(p)) if l == p => {}
+                (Segment::Literal(l), Some(p)) if l.eq_ignore_ascii_case(p) => {}
                 _ => return false,
             }
         }
@@ -270,13 +282,21 @@ impl Route {
     }
 }
 
+/// `path` without one trailing `/` (the root path stays `/`).
+fn trim_slash(path: &str) -> &str {
+    match path.len() > 1 {
+        true => path.strip_suffix('/').unwrap_or(path),
+        false => path,
+    }
+}
+
 fn parse_pattern(pattern: &str) -> Result<Vec<Segment>, RouteError> {
     if !pattern.starts_with('/') {
         return Err(RouteError::path(format!(
             "path {pattern:?} must start with '/'"
         )));
     }
-    let parts: Vec<&str> = pattern.split('/').collect();
+    let parts: Vec<&str> = trim_slash(pattern).split('/').collect();
     let last = parts.len() - 1;
     parts
         .iter()
@@ -397,6 +417,23 @@ mod tests {
         assert!(!p.matches(&Method::GET, "/v1/labels/"));
     }
 
+    #[test]
+    fn any_case_and_a_trailing_slash_match_as_services_route() {
+        let exact = Route::new("POST", "/v1/login").unwrap();
+        for p in ["/v1/login/", "/V1/Login", "/v1/LOGIN/"] {
+            assert!(exact.matches(&Method::POST, p), "{p}");
+        }
+        assert!(!exact.matches(&Method::POST, "/v1/login//"));
+        let slash = Route::new("GET", "/v1/items/").unwrap();
+        assert!(slash.matches(&Method::GET, "/v1/items"));
+        assert!(slash.matches(&Method::GET, "/v1/items/"));
+        let p = Route::new("GET", "/v1/labels/{id}").unwrap();
+        assert!(p.matches(&Method::GET, "/V1/LABELS/lbl_1/"));
+        let root = Route::new("GET", "/").unwrap();
+        assert!(root.matches(&Method::GET, "/"));
+        assert!(!root.matches(&Method::GET, "/x"));
+    }
+
     /// The walk over segments, as every pattern is matched without the
     /// literal shortcut.
     fn walk(r: &Route, method: &Method, path: &str) -> bool {
@@ -411,7 +448,7 @@ mod tests {
         #[test]
         fn literal_patterns_match_as_the_segment_walk_does(
             pattern in "(/[a-z:.]{0,3}){1,4}",
-            path in "(/[a-z:.]{0,3}){0,5}/?",
+            path in "(/[a-zA-Z:.]{0,3}){0,5}/?",
         ) {
             let r = Route::new("GET", &pattern).unwrap();
             proptest::prop_assert!(r.literal);

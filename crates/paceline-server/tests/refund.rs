@@ -1,7 +1,9 @@
 //! The limit layer gives a charge back when its inner service marks the
-//! answer [`UpstreamFailed`], unless the plan charges upstream failures;
-//! the file setting and the builder agree, and a setting for a plan that
-//! does not exist is refused.
+//! answer [`UpstreamFailed::NeverSent`], unless the plan charges upstream
+//! failures, and keeps the charge of one marked
+//! [`UpstreamFailed::AfterSending`] (the upstream may have done the work)
+//! unless the plan refunds those too; the file settings and the builder
+//! agree, and a setting for a plan that does not exist is refused.
 
 use std::convert::Infallible;
 
@@ -13,6 +15,10 @@ use paceline_server::{ConfigErrorKind, Limits, LimitsConfig, RateLimiter, Upstre
 use tower::{Service, ServiceExt};
 
 fn limits(charge: bool) -> Limits {
+    limits_with(charge, false)
+}
+
+fn limits_with(charge: bool, refund_sent: bool) -> Limits {
     let plan = Plan::new(
         "free",
         vec![
@@ -25,18 +31,22 @@ fn limits(charge: bool) -> Limits {
         .plan(plan)
         .key("sk_1", "free")
         .charge_upstream_failures("free", charge)
+        .refund_sent_failures("free", refund_sent)
         .build()
         .unwrap()
 }
 
 /// Sends one request through the layer over a service that answers `502`
-/// (marked when `failed`); the burst and daily remaining after it.
-async fn through(limiter: &RateLimiter<MemoryStore, ManualClock>, failed: bool) -> Vec<u64> {
+/// (marked with `failed`); the burst and daily remaining after it.
+async fn through(
+    limiter: &RateLimiter<MemoryStore, ManualClock>,
+    failed: Option<UpstreamFailed>,
+) -> Vec<u64> {
     let inner = tower::service_fn(move |_req: Request<()>| async move {
         let mut res = Response::new(Empty::<Bytes>::new());
         *res.status_mut() = http::StatusCode::BAD_GATEWAY;
-        if failed {
-            res.extensions_mut().insert(UpstreamFailed);
+        if let Some(f) = failed {
+            res.extensions_mut().insert(f);
         }
         Ok::<_, Infallible>(res)
     });
@@ -79,16 +89,32 @@ async fn through(limiter: &RateLimiter<MemoryStore, ManualClock>, failed: bool) 
 async fn an_upstream_failure_is_given_back_by_default() {
     let clock = ManualClock::at_unix_secs(1_790_000_000);
     let limiter = RateLimiter::new(limits(false), MemoryStore::new(), clock);
-    assert_eq!(through(&limiter, true).await, vec![10, 100]);
+    assert_eq!(through(&limiter, NEVER).await, vec![10, 100]);
     // an answer that is not marked stays charged
-    assert_eq!(through(&limiter, false).await, vec![9, 99]);
+    assert_eq!(through(&limiter, None).await, vec![9, 99]);
+}
+
+const NEVER: Option<UpstreamFailed> = Some(UpstreamFailed::NeverSent);
+const SENT: Option<UpstreamFailed> = Some(UpstreamFailed::AfterSending);
+
+#[tokio::test]
+async fn a_failure_after_the_head_was_sent_stays_charged_unless_the_plan_refunds_it() {
+    let clock = ManualClock::at_unix_secs(1_790_000_000);
+    let limiter = RateLimiter::new(limits(false), MemoryStore::new(), clock.clone());
+    assert_eq!(through(&limiter, SENT).await, vec![9, 99]);
+    let limiter = RateLimiter::new(limits_with(false, true), MemoryStore::new(), clock.clone());
+    assert_eq!(through(&limiter, SENT).await, vec![10, 100]);
+    // charging every failure wins over refunding the sent ones
+    let limiter = RateLimiter::new(limits_with(true, true), MemoryStore::new(), clock);
+    assert_eq!(through(&limiter, SENT).await, vec![9, 99]);
+    assert_eq!(through(&limiter, NEVER).await, vec![8, 98]);
 }
 
 #[tokio::test]
 async fn a_plan_may_charge_upstream_failures() {
     let clock = ManualClock::at_unix_secs(1_790_000_000);
     let limiter = RateLimiter::new(limits(true), MemoryStore::new(), clock);
-    assert_eq!(through(&limiter, true).await, vec![9, 99]);
+    assert_eq!(through(&limiter, NEVER).await, vec![9, 99]);
 }
 
 #[test]
@@ -104,6 +130,14 @@ policies = [{ name = "b", algorithm = "token_bucket", q = 1, w = 1 }]
     let m: LimitsConfig =
         toml::from_str(&text.replace("charge_upstream_failures = true\n", "")).unwrap();
     assert!(!m.plans["free"].charge_upstream_failures, "off by default");
+    assert!(!m.plans["free"].refund_sent_failures, "off by default");
+    let m: LimitsConfig = toml::from_str(&text.replace(
+        "charge_upstream_failures = true",
+        "refund_sent_failures = true",
+    ))
+    .unwrap();
+    assert!(m.plans["free"].refund_sent_failures);
+    m.build().unwrap();
     let plan = Plan::new("free", vec![Policy::token_bucket("b", 1, 1).unwrap()]).unwrap();
     let e = Limits::builder()
         .plan(plan)

@@ -5,6 +5,7 @@
 //! straight from the connection.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -67,10 +68,9 @@ impl Client {
         &self,
         method: &Method,
         out: &mut BytesMut,
-        mut rest: Option<&mut Pin<Box<IdleTimeout<B>>>>,
-        framing: Option<BodyFraming>,
-        sent: u64,
+        mut rest: Option<Streaming<'_, B>>,
         now: Nanos,
+        reached: &AtomicBool,
     ) -> Result<(Head, Conn), UpstreamError>
     where
         B: Body<Data = Bytes>,
@@ -94,16 +94,15 @@ impl Client {
                     false => return Err(e),
                 }
             }
+            reached.store(true, Ordering::Release);
             if !replayable {
                 // never sent again: the head and the first body bytes are
                 // not kept while the rest streams
                 *out = BytesMut::new();
             }
-            let head = match (rest.as_deref_mut(), framing) {
-                (Some(body), Some(framing)) => {
-                    Box::pin(conn.stream_and_read(body, framing, sent, method)).await
-                }
-                _ => conn.read_head(method).await,
+            let head = match rest.as_mut() {
+                Some(s) => Box::pin(conn.stream_and_read(s.body, s.framing, s.sent, method)).await,
+                None => conn.read_head(method).await,
             };
             match head {
                 Ok(head) => return Ok((head, conn)),
@@ -141,8 +140,16 @@ where
         let method = &parts.method;
 
         let started = self.pool.now();
+        let streaming = match (rest.as_mut(), framing) {
+            (Some(body), Some(framing)) => Some(Streaming {
+                body,
+                framing,
+                sent,
+            }),
+            _ => None,
+        };
         let (head, conn) = self
-            .exchange(method, &mut out, rest.as_mut(), framing, sent, started)
+            .exchange(method, &mut out, streaming, started, req.reached)
             .await?;
         let now = self.pool.now();
         let Head {
@@ -160,6 +167,14 @@ where
             waited: now.saturating_sub(started).as_duration(),
         })
     }
+}
+
+/// A request body still streaming after the head: how it is framed and
+/// how much of it went with the head.
+struct Streaming<'a, B> {
+    body: &'a mut Pin<Box<IdleTimeout<B>>>,
+    framing: BodyFraming,
+    sent: u64,
 }
 
 /// Appends the body frames that are ready now to `out` (up to

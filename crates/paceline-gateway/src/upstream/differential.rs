@@ -469,9 +469,11 @@ async fn run<U: Upstream<Full<Bytes>>>(client: &U, method: &Method, body: &'stat
         .body(())
         .unwrap()
         .into_parts();
+    let reached = std::sync::atomic::AtomicBool::new(false);
     let req = Outgoing {
         parts: &parts,
         via: Via::UNKNOWN,
+        reached: &reached,
     };
     let answer = match client.send(req, Full::new(Bytes::from_static(body))).await {
         Ok(a) => a,

@@ -58,6 +58,10 @@ pub(crate) struct Outgoing<'a> {
     /// The client connection: its address, appended to `X-Forwarded-For`,
     /// and whether it is a trusted proxy.
     pub(crate) via: Via<'a>,
+    /// Set once the whole head has been written to an upstream
+    /// connection: from then on the upstream may be doing the work, and a
+    /// failure keeps the request's charge.
+    pub(crate) reached: &'a std::sync::atomic::AtomicBool,
 }
 
 /// An upstream's final answer: its head (hop-by-hop fields still in it)

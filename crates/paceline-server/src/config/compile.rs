@@ -19,7 +19,7 @@ use super::{
     DEFAULT_USAGE_PATH,
 };
 use crate::escalation::EscalationConfig;
-use crate::identity::{KeySource, KeyTreatment, TrustedProxies};
+use crate::identity::{BasicAuth, IpPrefixes, KeySource, KeyTreatment, TrustedProxies};
 use crate::route::Route;
 
 /// A plan with everything the responses and the telemetry need of it,
@@ -38,6 +38,10 @@ pub(crate) struct CompiledPlan {
     /// Whether a request whose upstream answer never came (see
     /// [`UpstreamFailed`](crate::UpstreamFailed)) stays charged.
     pub(crate) charge_upstream_failures: bool,
+    /// Whether a request whose head reached the upstream before its answer
+    /// failed is given its charge back too (by default it is not: the
+    /// upstream may have done the work).
+    pub(crate) refund_sent_failures: bool,
 }
 
 impl CompiledPlan {
@@ -57,6 +61,7 @@ impl CompiledPlan {
             meta,
             metric_keys,
             charge_upstream_failures: false,
+            refund_sent_failures: false,
         }
     }
 }
@@ -73,6 +78,8 @@ pub struct LimitsBuilder {
     missing_key: Option<KeyTreatment>,
     unknown_key: Option<KeyTreatment>,
     trusted: TrustedProxies,
+    basic_auth: BasicAuth,
+    ip_prefixes: IpPrefixes,
     dialects: Dialects,
     soft_limit: Option<f64>,
     usage_path: Option<String>,
@@ -80,6 +87,8 @@ pub struct LimitsBuilder {
     escalation: EscalationConfig,
     /// Plans whose upstream failures stay charged.
     charged_failures: Vec<String>,
+    /// Plans whose failures after the head went upstream are refunded.
+    refunded_sent: Vec<String>,
     hasher: crate::KeyHasher,
     idempotency: crate::IdempotencySettings,
 }
@@ -96,12 +105,15 @@ impl Default for LimitsBuilder {
             missing_key: None,
             unknown_key: None,
             trusted: TrustedProxies::none(),
+            basic_auth: BasicAuth::default(),
+            ip_prefixes: IpPrefixes::default(),
             dialects: Dialects::default(),
             soft_limit: Some(DEFAULT_SOFT_LIMIT),
             usage_path: Some(DEFAULT_USAGE_PATH.to_string()),
             problem_base: DEFAULT_PROBLEM_BASE.to_string(),
             escalation: EscalationConfig::default(),
             charged_failures: Vec::new(),
+            refunded_sent: Vec::new(),
             hasher: crate::KeyHasher::per_process().clone(),
             idempotency: crate::IdempotencySettings::default(),
         }
@@ -126,6 +138,34 @@ impl LimitsBuilder {
         if charge {
             self.charged_failures.push(plan.to_string());
         }
+        self
+    }
+    /// Whether requests of the plan named `plan` whose upstream failed
+    /// after their head was sent to it (a `504` for an answer that came
+    /// too late, a `502` for one too large or malformed) are given their
+    /// charge back as well. By default they are not: the upstream may
+    /// have done the work, and a client that can make it slow or its
+    /// answer large would otherwise get that work for nothing. Only
+    /// failures before the head left (connection refused, no connection
+    /// to be had) are refunded. Has no effect on a plan that
+    /// [charges every upstream failure](Self::charge_upstream_failures).
+    pub fn refund_sent_failures(mut self, plan: &str, refund: bool) -> Self {
+        self.refunded_sent.retain(|p| p != plan);
+        if refund {
+            self.refunded_sent.push(plan.to_string());
+        }
+        self
+    }
+    /// How `Authorization: Basic` is read when the key is an API key
+    /// (default [`BasicAuth::Refuse`]: 401).
+    pub fn basic_auth(mut self, basic: BasicAuth) -> Self {
+        self.basic_auth = basic;
+        self
+    }
+    /// How client addresses are grouped for per-IP keys (default: IPv4
+    /// addresses alone, IPv6 by /64).
+    pub fn ip_prefixes(mut self, prefixes: IpPrefixes) -> Self {
+        self.ip_prefixes = prefixes;
         self
     }
     /// Adds a plan.
@@ -323,15 +363,35 @@ impl LimitsBuilder {
                 ),
             ));
         }
+        self.ip_prefixes
+            .validate()
+            .map_err(|m| ConfigError::new(Kind::OutOfRange, "ipv6_prefix", m))?;
+        if let Some(p) = self
+            .refunded_sent
+            .iter()
+            .find(|p| !index.contains_key(p.as_str()))
+        {
+            return Err(ConfigError::new(
+                Kind::UnknownPlan,
+                "plans",
+                format!(
+                    "no plan named {p:?} to refund failures to; plans are {:?}",
+                    names(&self.plans)
+                ),
+            ));
+        }
         let charged = std::mem::take(&mut self.charged_failures);
+        let refunded = std::mem::take(&mut self.refunded_sent);
         self.idempotency.problem_base = self.problem_base.clone();
         let plans = self
             .plans
             .into_iter()
             .map(|p| {
                 let charge = charged.iter().any(|c| c == p.name());
+                let refund = refunded.iter().any(|r| r == p.name());
                 let mut c = CompiledPlan::new(p, &self.problem_base, &self.dialects);
                 c.charge_upstream_failures = charge;
+                c.refund_sent_failures = refund;
                 c
             })
             .collect();
@@ -347,6 +407,8 @@ impl LimitsBuilder {
                 missing_key: self.missing_key.unwrap_or_default(),
                 unknown_key: self.unknown_key.unwrap_or_default(),
                 trusted: self.trusted,
+                basic_auth: self.basic_auth,
+                ip_prefixes: self.ip_prefixes,
                 dialects: self.dialects,
                 soft_limit: self.soft_limit,
                 usage_path: self.usage_path,

@@ -91,6 +91,10 @@ pub(crate) struct LimitsInner {
     /// What an unlisted key gets when there is no default plan.
     pub(crate) unknown_key: KeyTreatment,
     pub(crate) trusted: TrustedProxies,
+    /// How `Authorization: Basic` is read.
+    pub(crate) basic_auth: crate::identity::BasicAuth,
+    /// How client addresses group into per-IP keys.
+    pub(crate) ip_prefixes: crate::identity::IpPrefixes,
     pub(crate) dialects: Dialects,
     pub(crate) soft_limit: Option<f64>,
     pub(crate) usage_path: Option<String>,

@@ -52,6 +52,15 @@ pub struct LimitsConfig {
     pub unknown_key: Option<KeyTreatment>,
     /// Networks whose `X-Forwarded-For`/`Forwarded` are believed.
     pub trusted_proxies: Vec<String>,
+    /// How `Authorization: Basic` is read with `key = "api_key"`:
+    /// `refuse` (401, the default) or `user` (its user part is the key).
+    pub basic_auth: crate::identity::BasicAuth,
+    /// How many leading bits of an IPv4 client address make one per-IP
+    /// key (32, the default: each address alone).
+    pub ipv4_prefix: u8,
+    /// How many leading bits of an IPv6 client address make one per-IP
+    /// key (64, the default: one host's usual share).
+    pub ipv6_prefix: u8,
     /// Which header dialects to publish (`ietf`, `x_ratelimit`, `draft03`;
     /// by default the IETF fields alone).
     #[serde(with = "DialectsModel")]
@@ -132,6 +141,9 @@ impl Default for LimitsConfig {
             missing_key: None,
             unknown_key: None,
             trusted_proxies: Vec::new(),
+            basic_auth: crate::identity::BasicAuth::default(),
+            ipv4_prefix: crate::identity::IpPrefixes::default().v4,
+            ipv6_prefix: crate::identity::IpPrefixes::default().v6,
             dialects: Dialects::default(),
             soft_limit: DEFAULT_SOFT_LIMIT,
             usage_path: DEFAULT_USAGE_PATH.into(),
@@ -153,6 +165,12 @@ pub struct PlanConfig {
     /// its cost is given back.
     #[serde(default)]
     pub charge_upstream_failures: bool,
+    /// Whether a request whose upstream failed after its head was sent
+    /// (a `504`, or a `502` for a malformed or oversized answer) is given
+    /// its charge back too; by default (`false`) only failures before the
+    /// head left are refunded, since the upstream may have done the work.
+    #[serde(default)]
+    pub refund_sent_failures: bool,
 }
 
 /// A policy as a file holds it.
@@ -263,7 +281,8 @@ impl LimitsConfig {
         for (name, plan) in &self.plans {
             b = b
                 .plan(build_plan(name, plan)?)
-                .charge_upstream_failures(name, plan.charge_upstream_failures);
+                .charge_upstream_failures(name, plan.charge_upstream_failures)
+                .refund_sent_failures(name, plan.refund_sent_failures);
         }
         for (k, p) in &self.keys {
             b = b.key(k, p);
@@ -293,7 +312,20 @@ impl LimitsConfig {
         }
         let trusted = TrustedProxies::parse(&self.trusted_proxies)
             .map_err(|m| ConfigError::new(Kind::InvalidValue, "trusted_proxies", m))?;
+        let prefixes = crate::identity::IpPrefixes {
+            v4: self.ipv4_prefix,
+            v6: self.ipv6_prefix,
+        };
+        prefixes.validate().map_err(|m| {
+            let field = match self.ipv4_prefix {
+                1..=32 => "ipv6_prefix",
+                _ => "ipv4_prefix",
+            };
+            ConfigError::new(Kind::OutOfRange, field, m)
+        })?;
         b.trusted_proxies(trusted)
+            .basic_auth(self.basic_auth)
+            .ip_prefixes(prefixes)
             .dialects(self.dialects)
             .soft_limit((self.soft_limit != 0.0).then_some(self.soft_limit))
             .usage_path((!self.usage_path.is_empty()).then_some(self.usage_path.as_str()))

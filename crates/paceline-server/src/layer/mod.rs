@@ -25,9 +25,12 @@
 //!
 //! An inner service that answers for an upstream whose answer never came
 //! (a proxy's own `502` or `504`) marks its response with
-//! [`UpstreamFailed`]; the request's charge is then given back
-//! ([`paceline_core::Store::refund`]) unless its plan says
-//! `charge_upstream_failures = true`.
+//! [`UpstreamFailed`], saying whether the request had reached the
+//! upstream. One that never left (the connection refused, none to be
+//! had) has its charge given back ([`paceline_core::Store::refund`])
+//! unless its plan says `charge_upstream_failures = true`; one whose head
+//! was sent keeps its charge, since the upstream may have done the work,
+//! unless its plan says `refund_sent_failures = true`.
 
 mod body;
 #[allow(clippy::module_inception)]
@@ -39,8 +42,17 @@ pub use layer::RateLimitLayer;
 pub use service::{RateLimit, ResponseFuture};
 
 /// Marks, in a response's extensions, an answer an inner service wrote
-/// itself because the upstream's answer never came (refused, malformed,
-/// timed out): the limit layer gives the request's charge back unless its
-/// plan charges upstream failures.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct UpstreamFailed;
+/// itself because the upstream's answer never came, and says whether the
+/// request had reached the upstream: the limit layer gives the charge of
+/// one that never did back (unless its plan charges upstream failures),
+/// and keeps that of one that did (unless its plan refunds those too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpstreamFailed {
+    /// Nothing of the request reached the upstream: no connection could
+    /// be had, or it failed before the whole head was written.
+    NeverSent,
+    /// The head was sent, and then the answer failed (timed out, broke
+    /// the protocol, was too large): the upstream may have done the work.
+    AfterSending,
+}

@@ -247,9 +247,9 @@ impl<I, S, C> RateLimit<I, S, C> {
                         req.extensions_mut().insert(route);
                     }
                     let mut res = inner.call(req).await?;
-                    if res.extensions().get::<super::UpstreamFailed>().is_some() {
-                        // the answer never came: the charge goes back
-                        limiter.refund(&mut admitted).await;
+                    if let Some(&failed) = res.extensions().get::<super::UpstreamFailed>() {
+                        // the answer never came: the charge may go back
+                        limiter.refund(&mut admitted, failed).await;
                     }
                     admitted.decorate(res.headers_mut());
                     Ok(res.map(|b| RateLimitBody::guarded(b, guard)))
