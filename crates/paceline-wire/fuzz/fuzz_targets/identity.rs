@@ -10,6 +10,10 @@
 //!   chunked coding (once) and agreeing decimal lengths;
 //! - where keys are required, what is passed on carries a configured key,
 //!   the one the limiter counted (its answer publishes `RateLimit`);
+//! - where the key is the bearer token, an `Authorization` field passed on
+//!   is one the limiter read, and a service splitting it on whitespace
+//!   reads the same key (one it cannot read is refused, never counted as
+//!   no key);
 //! - a 200 that is not passed on is the layer's usage document;
 //! - the client address is the socket peer unless the peer is a trusted
 //!   proxy, and is always known.
@@ -23,7 +27,10 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Response};
 use libfuzzer_sys::fuzz_target;
 use paceline_core::{ManualClock, MemoryStore};
-use paceline_server::{bearer_token, client_ip, Limits, LimitsConfig, RateLimiter};
+use paceline_server::{
+    bearer_token, client_ip, read_authorization, BasicAuth, Credential, Limits, LimitsConfig,
+    RateLimiter,
+};
 use tower::{Service, ServiceExt};
 
 const KEYS: [&str; 2] = ["sk_a", "sk_b"];
@@ -212,6 +219,15 @@ fuzz_target!(|data: &[u8]| {
             assert_unambiguous(&h);
             if deployment == 1 {
                 assert!(count(&h, "x-api-key") <= 1, "{h:?}");
+            }
+            if let (0 | 3, Some(v)) = (deployment, h.get("authorization")) {
+                let Credential::Key(k) = read_authorization(v, BasicAuth::Refuse) else {
+                    panic!("an unreadable credential passed on: {h:?}");
+                };
+                let text = String::from_utf8_lossy(v.as_bytes());
+                let words: Vec<&str> = text.split_whitespace().collect();
+                assert_eq!(words.get(1).copied(), Some(&*k), "{h:?}");
+                assert_eq!(words.len(), 2, "{h:?}");
             }
             if keys_required {
                 let key = match deployment {
