@@ -2,20 +2,21 @@
 //! for and hold before its request counts against anything shared.
 //!
 //! Why: a request counts in flight (against the shedder's
-//! `max_in_flight`) from the moment the shed layer admits it. Were that the
+//! `max_in_flight`) once it holds a unit of that capacity. Were that the
 //! moment its head is read, a few hundred connections sending their bodies
 //! at a byte a second would hold every place, and every client, critical
 //! routes included, would get `503` for as long as they cared to keep it
-//! up. So a request whose body has not all come with its head first waits
-//! here:
+//! up. So a request the limiter admitted (it decides from the head, before
+//! any of this: see `admitted.rs`) whose body has not all come with its
+//! head first waits here:
 //!
 //! - it takes a *receiving* place, at most `gateway.limits.max_receiving`
 //!   overall and `max_receiving_per_ip` per client address (`503
 //!   overloaded` past either), kept until its whole body has arrived;
 //! - it waits until `gateway.limits.intake_bytes` of its body (or all of
 //!   it) are in, the bytes counted against the memory bound below, and
-//!   only then goes on to the shedder (which counts it in flight), the
-//!   limiter and the upstream.
+//!   only then takes its unit of in-flight capacity and goes on to the
+//!   upstream.
 //!
 //! Every request body, in the intake and afterwards while it streams up,
 //! is held to two deadlines ([`Pace`]): the whole body within
@@ -815,21 +816,21 @@ pub(crate) fn refusal_answer(r: Refusal, base: &str, retry_after_s: u64) -> Resp
 }
 
 impl Intake {
-    /// Reads `req`'s head once (`front.rs`), takes it in from client
-    /// `peer`, then calls `svc` with it; a refused head or intake is
-    /// answered here, under the problem base of the limits in force,
-    /// charged to nothing.
+    /// Reads `req`'s head once (`front.rs`), counts it in the memory
+    /// gauge while it is in flight, then calls `svc` with it (whose
+    /// stages take the body in once the limiter has admitted it: see
+    /// `admitted.rs`); a refused head is answered here, under the problem
+    /// base of the limits in force, charged to nothing.
     pub(crate) async fn serve<S, B>(
         self,
         svc: S,
         mut req: Request<hyper::body::Incoming>,
-        peer: IpAddr,
         base: crate::shed::CurrentLimits,
         retry_after_s: u64,
     ) -> Result<Response<crate::shed::ShedBody<B>>, S::Error>
     where
         S: tower_service::Service<
-            Request<RequestBody>,
+            Request<hyper::body::Incoming>,
             Response = Response<crate::shed::ShedBody<B>>,
         >,
     {
@@ -849,12 +850,8 @@ impl Intake {
                 Err(Refusal::Overloaded)
             }
         };
-        let taken = match held {
-            Ok(held) => self.take(req, peer).await.map(|r| (r, held)),
-            Err(r) => Err(r),
-        };
-        match taken {
-            Ok((req, _held)) => svc.oneshot(req).await,
+        match held {
+            Ok(_held) => svc.oneshot(req).await,
             Err(r) => {
                 let res = refusal_answer(r, base().problem_base(), retry_after_s);
                 Ok(res.map(|data| crate::shed::ShedBody::Full {

@@ -28,15 +28,19 @@
 //!     │  idle.rs (a connection with nothing in flight too long is closed)
 //!     │  edge.rs (the socket: hyper's own refusals, unfinished heads counted)
 //!     ▼
-//!  intake.rs   a body still to come: a receiving place, its first bytes
-//!     │        in, its deadlines (least rate, whole body), the memory bound
+//!  front.rs    the head read once: the path in normal form, the forms an
+//!     │        upstream could read two ways refused
 //!     ▼
-//!  shed/ service.rs (LoadShed: classify once, admit or 503, time the inner call)
-//!        mod.rs     (Shedder: in-flight units by criticality, latency rule)
-//!     │
+//!  shed/ service.rs (LoadShed: classify once, room from the head or 503,
+//!     │              a ticket for the unit, time the upstream call)
+//!     │  mod.rs     (Shedder: in-flight units by criticality, latency rule)
 //!     ▼
 //!  paceline-server RateLimit  (decide from the head; 429 without going on)
 //!     │
+//!     ▼
+//!  admitted.rs intake.rs: a body still to come takes a receiving place,
+//!     │        its first bytes in, its deadlines (least rate, whole body),
+//!     │        the memory bound; then the in-flight unit is taken
 //!     ▼
 //!  idempotency.rs  paceline-server's idempotency layer on the routes that
 //!     │            take keys (replay, 409, never a second execution)
@@ -75,6 +79,7 @@
 
 #![forbid(unsafe_code)]
 
+mod admitted;
 mod config;
 mod edge;
 mod front;

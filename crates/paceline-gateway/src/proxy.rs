@@ -304,6 +304,11 @@ pub(crate) fn gateway_error(base: &str, kind: ProblemKind, detail: &str) -> Resp
     res
 }
 
+/// Marks `res` as an answer the gateway wrote itself.
+pub(crate) fn mark_gateway_answer<B>(res: &mut Response<B>) {
+    res.extensions_mut().insert(GatewayAnswer);
+}
+
 /// Whether the proxy wrote `res` itself rather than passing on the
 /// upstream's answer.
 pub(crate) fn is_gateway_answer<B>(res: &Response<B>) -> bool {

@@ -1,11 +1,15 @@
 //! The gateway: accept connections, run the layers, reload, shut down.
 //!
-//! Each request goes through, in order: the load shedder (so a shed request
-//! is charged to nothing), the rate limiter of `paceline-server` (which
-//! answers 429s and the usage endpoint from the request head alone), the
-//! idempotency layer (on the routes configured with `idempotency`: a
-//! retried write is replayed, never run twice), and the [`Proxy`]. HTTP/1.1 and cleartext HTTP/2 (prior knowledge) are
-//! served on the same port.
+//! Each request goes through, in order: the head read once (`front.rs`:
+//! the path in normal form, the forms an upstream could read two ways
+//! refused), the load shedder (from the head: so a shed request is charged
+//! to nothing), the rate limiter of `paceline-server` (which answers 429s
+//! and the usage endpoint from the request head alone, before any of the
+//! body is read), the admitted request's body intake and unit of
+//! in-flight capacity (`admitted.rs`), the idempotency layer (on the
+//! routes configured with `idempotency`: a retried write is replayed,
+//! never run twice), and the [`Proxy`]. HTTP/1.1 and cleartext HTTP/2
+//! (prior knowledge) are served on the same port.
 //!
 //! A reload (SIGHUP, a change to the file, or [`GatewayHandle::reload`])
 //! swaps the limits (plans, keys, routes, dialects, problem base, ...),
@@ -46,6 +50,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower_layer::Layer;
 
+use crate::admitted::Admitted;
 use crate::config::{ConfigFileError, GatewayConfig, Settings};
 use crate::edge::{HeadBytes, Metered};
 use crate::idle::{Activity, Tracked, TrackedCall};
@@ -309,7 +314,15 @@ impl Gateway {
             // a stack per connection, knowing its peer: no address to put
             // into every request
             let keyed = idempotency.for_peer(peer).layer(proxy.with_peer(peer));
-            let limited = RateLimit::new(keyed, h.inner.limiter.clone());
+            let retry = h.inner.shedder.settings().retry_after_s;
+            let admitted = Admitted::new(
+                keyed,
+                h.inner.intake.clone(),
+                peer.ip(),
+                current_limits(&h),
+                retry,
+            );
+            let limited = RateLimit::new(admitted, h.inner.limiter.clone());
             let stack = shed.layer(limited.with_peer(peer));
             let activity = Activity::new();
             let watched = activity.clone();
@@ -325,10 +338,9 @@ impl Gateway {
                 head.dispatched();
                 // a body still to come is taken in before anything counts it
                 let retry = shedder.settings().retry_after_s;
-                let call =
-                    intake
-                        .clone()
-                        .serve(stack.clone(), req, peer.ip(), limits.clone(), retry);
+                let call = intake
+                    .clone()
+                    .serve(stack.clone(), req, limits.clone(), retry);
                 let fut: ServeFuture = Box::pin(TrackedCall::new(call, busy));
                 fut
             });
@@ -368,8 +380,10 @@ impl Gateway {
     }
 }
 
+/// The shed layer decides from the head; an admitted request takes its
+/// unit of in-flight capacity once its body can flow (`admitted.rs`).
 fn shed_layer(h: &GatewayHandle) -> LoadShedLayer {
-    LoadShedLayer::new(h.inner.shedder.clone(), current_limits(h))
+    LoadShedLayer::deferred(h.inner.shedder.clone(), current_limits(h))
 }
 
 /// The limits in force at each call, reloads included.

@@ -660,9 +660,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 .has_concurrency()
                 .then(|| (who.key(lim).to_string(), p.cost));
             let cost = Cost::requests(p.cost).with_bytes(p.bytes);
-            let refund =
-                (!compiled.charge_upstream_failures && ask.hold.is_none() && ask.cost == cost)
-                    .then(|| (who.key(lim).to_string(), cost, now));
+            // what was charged, should the answer never come
+            let refund = (ask.hold.is_none() && ask.cost == cost)
+                .then(|| (who.key(lim).to_string(), cost, now));
             return Verdict::Admit(Admitted {
                 limits: p.limits.clone(),
                 plan: who.plan,
@@ -746,17 +746,24 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
 
 impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// Gives back an admitted request's charge, its upstream's answer
-    /// having never come: when the request never reached the upstream
-    /// (unless its plan charges upstream failures), or reached it and its
-    /// plan refunds those failures too. The fields of the answer then
-    /// tell the budget as it stands after.
+    /// having never come: always when it was shed; when it never reached
+    /// the upstream, unless its plan charges upstream failures; when it
+    /// reached it, only if its plan refunds those too. The fields of the
+    /// answer then tell the budget as it stands after.
     pub(crate) async fn refund(&self, a: &mut Admitted, failed: crate::UpstreamFailed) {
         let Some((key, cost, charged)) = a.refund.clone() else {
             return;
         };
         let limits = a.limits.clone();
         let compiled = &limits.inner.plans[a.plan];
-        if failed == crate::UpstreamFailed::AfterSending && !compiled.refund_sent_failures {
+        let give = match failed {
+            crate::UpstreamFailed::Shed => true,
+            crate::UpstreamFailed::NeverSent => !compiled.charge_upstream_failures,
+            crate::UpstreamFailed::AfterSending => {
+                !compiled.charge_upstream_failures && compiled.refund_sent_failures
+            }
+        };
+        if !give {
             return;
         }
         let sh = &*self.shared;

@@ -27,12 +27,16 @@
 //! measures itself, by the shedder's clock: from the call of the service
 //! it guards to the head of the upstream's answer.
 //!
-//! A request counts in flight from the moment the shed layer admits it,
-//! and the gateway hands a request to the shed layer only once its body
-//! can flow: one whose body has still to come first waits in the intake
-//! (`intake.rs`: a receiving place per client address and overall, its
-//! first bytes in, the least rate held to), so clients sending bodies
-//! slowly cannot hold the in-flight places critical work needs.
+//! A request counts in flight from the moment it holds a unit. The
+//! gateway's shed layer is [deferred](LoadShedLayer::deferred): it decides
+//! from the head whether there is room (a `503` then costs the client no
+//! wait for its body), and the unit is taken only once the limiter has
+//! admitted the request and its body can flow: one whose body has still
+//! to come first waits in the intake (`intake.rs`: a receiving place per
+//! client address and overall, its first bytes in, the least rate held
+//! to), so clients sending bodies slowly cannot hold the in-flight places
+//! critical work needs. A request that finds no room by then is shed with
+//! its charge given back.
 //!
 //! Beside the in-flight capacity, `max_rps` caps the requests a second the
 //! gateway passes on, the heaviest caller's excess dropped first (see
@@ -201,11 +205,73 @@ impl Shedder {
         }
     }
 
+    /// Whether a request of criticality `c` would be admitted now under
+    /// settings `s` (nothing is taken: see [`ShedTicket`]).
+    pub(crate) fn would_admit(&self, s: &SheddingSettings, c: Criticality) -> bool {
+        if s.max_in_flight == 0 {
+            return true;
+        }
+        let slow = match (s.max_latency, self.latency()) {
+            (Some(max), Some(l)) => l > max,
+            _ => false,
+        };
+        self.in_flight() < limit(s, c, slow)
+    }
+
     fn guard(&self) -> ShedGuard {
         self.inner.in_flight.fetch_add(1, Ordering::AcqRel);
         ShedGuard {
             shedder: self.clone(),
         }
+    }
+}
+
+/// A request's claim on the in-flight capacity, left in its extensions by
+/// a [deferred](LoadShedLayer::deferred) shed layer that found room for it
+/// from its head: a later stage (the gateway's intake, once the body can
+/// flow) [redeems](ShedTicket::redeem) it, and the shed layer holds the
+/// unit taken until the answer's body ends.
+#[derive(Clone, Debug)]
+pub struct ShedTicket {
+    inner: Arc<TicketInner>,
+}
+
+#[derive(Debug)]
+struct TicketInner {
+    shedder: Shedder,
+    criticality: Criticality,
+    /// The unit taken, and when (by the shedder's clock).
+    held: parking_lot::Mutex<Option<(ShedGuard, Nanos)>>,
+}
+
+impl ShedTicket {
+    fn new(shedder: Shedder, criticality: Criticality) -> ShedTicket {
+        ShedTicket {
+            inner: Arc::new(TicketInner {
+                shedder,
+                criticality,
+                held: parking_lot::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Takes the request's unit of in-flight capacity now: false when
+    /// there is no room left for its criticality (it is to be shed).
+    pub fn redeem(&self) -> bool {
+        let i = &*self.inner;
+        let Some(guard) = i.shedder.admit(&i.shedder.settings(), i.criticality) else {
+            metrics::counter!(crate::metrics::SHED, "criticality" => i.criticality.as_str(), "reason" => "in_flight")
+                .increment(1);
+            return false;
+        };
+        *i.held.lock() = Some((guard, i.shedder.now()));
+        true
+    }
+
+    /// The unit taken and when, once the request is done with the stages
+    /// after the shed layer.
+    fn take(&self) -> Option<(ShedGuard, Nanos)> {
+        self.inner.held.lock().take()
     }
 }
 

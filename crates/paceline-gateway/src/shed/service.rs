@@ -24,7 +24,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{ShedGuard, Shedder};
+use super::{ShedGuard, ShedTicket, Shedder};
 
 /// Gives the limits in force when a request arrives: their routes say how
 /// critical it is, their problem base prefixes the `type` of a shed answer.
@@ -95,6 +95,9 @@ pub struct LoadShedLayer {
 struct LayerInner {
     shedder: Shedder,
     limits: CurrentLimits,
+    /// The unit of in-flight capacity is taken by a later stage
+    /// ([`ShedTicket`]), not at the call.
+    deferred: bool,
 }
 
 impl fmt::Debug for LoadShedLayer {
@@ -110,7 +113,29 @@ impl LoadShedLayer {
     /// force, read for each request (so a reload reaches it at once).
     pub fn new(shedder: Shedder, limits: CurrentLimits) -> Self {
         LoadShedLayer {
-            inner: Arc::new(LayerInner { shedder, limits }),
+            inner: Arc::new(LayerInner {
+                shedder,
+                limits,
+                deferred: false,
+            }),
+        }
+    }
+
+    /// A layer that decides from the head alone whether there is room
+    /// (and sheds at once when there is not), but leaves taking the unit
+    /// of in-flight capacity to a later stage, which redeems the
+    /// [`ShedTicket`] it finds in the request's extensions: the gateway
+    /// does so once a request's body can flow, so requests still
+    /// receiving their bodies (and those the limiter refuses) hold no
+    /// unit. A request whose ticket is never redeemed holds none; one
+    /// whose ticket finds no room is the later stage's to shed.
+    pub fn deferred(shedder: Shedder, limits: CurrentLimits) -> Self {
+        LoadShedLayer {
+            inner: Arc::new(LayerInner {
+                shedder,
+                limits,
+                deferred: true,
+            }),
         }
     }
 }
@@ -160,7 +185,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let layer = &*self.layer.inner;
         let settings = layer.shedder.settings();
         // shedding off: no need to look, and nothing for the limit layer
@@ -178,7 +203,17 @@ where
         // over the requests-per-second capacity: dropped before it holds
         // a unit of the in-flight one (see `rate.rs`)
         let passed = layer.shedder.admit_rate(&settings, &req);
-        let Some(guard) = passed.then(|| layer.shedder.admit(&settings, c)).flatten() else {
+        let admitted = match (passed, layer.deferred && settings.max_in_flight > 0) {
+            (false, _) => None,
+            // room now, from the head; the unit is taken later
+            (true, true) => layer.shedder.would_admit(&settings, c).then(|| {
+                let ticket = ShedTicket::new(layer.shedder.clone(), c);
+                req.extensions_mut().insert(ticket.clone());
+                Admitted::Ticket(ticket)
+            }),
+            (true, false) => layer.shedder.admit(&settings, c).map(Admitted::Guard),
+        };
+        let Some(admitted) = admitted else {
             let reason = if passed { "in_flight" } else { "rate" };
             metrics::counter!(crate::metrics::SHED, "criticality" => c.as_str(), "reason" => reason)
                 .increment(1);
@@ -202,17 +237,31 @@ where
             }
             return ShedFuture::Shed { res: Some(res) };
         };
-        let started = guard.shedder.now();
+        let (guard, ticket, started) = match admitted {
+            Admitted::Guard(g) => {
+                let started = g.shedder.now();
+                (Some(g), None, started)
+            }
+            Admitted::Ticket(t) => (None, Some(t), Nanos::ZERO),
+        };
         let call = match classified {
             Some((_, route)) => self.inner.call_classified(req, route),
             None => self.inner.call(req),
         };
         ShedFuture::Inner {
             call,
-            guard: Some(guard),
+            guard,
+            ticket,
             started,
         }
     }
+}
+
+/// How a request passed the shed layer: holding its unit, or with a
+/// ticket for one.
+enum Admitted {
+    Guard(ShedGuard),
+    Ticket(ShedTicket),
 }
 
 pin_project! {
@@ -229,7 +278,9 @@ pin_project! {
             #[pin]
             call: F,
             guard: Option<ShedGuard>,
-            // when it was called, by the shedder's clock
+            // the ticket a later stage redeems (a deferred layer)
+            ticket: Option<ShedTicket>,
+            // when its unit was taken, by the shedder's clock
             started: Nanos,
         },
     }
@@ -251,14 +302,19 @@ where
             ShedFutureProj::Inner {
                 call,
                 guard,
+                ticket,
                 started,
             } => {
                 let res = std::task::ready!(call.poll(cx))?;
-                let guard = guard.take();
+                let (guard, started) = match (guard.take(), ticket.take()) {
+                    (Some(g), _) => (Some(g), *started),
+                    (None, Some(t)) => t.take().map_or((None, *started), |(g, at)| (Some(g), at)),
+                    (None, None) => (None, *started),
+                };
                 if let Some(g) = &guard {
                     if is_upstream_answer(&res) {
                         // a clock set back gives zero, never an underflow
-                        let waited = g.shedder.now().saturating_sub(*started);
+                        let waited = g.shedder.now().saturating_sub(started);
                         g.shedder.record_latency(waited.as_duration());
                     }
                 }

@@ -47,6 +47,11 @@ impl<B> IdempotencyBody<B> {
             kind: Kind::Inner { body },
         }
     }
+    /// A body written whole: an answer a stage in front of the
+    /// idempotency layer gives in place of the inner service's.
+    pub fn whole(data: Bytes) -> Self {
+        Self::full(data)
+    }
     pub(crate) fn full(data: Bytes) -> Self {
         IdempotencyBody {
             kind: Kind::Full {

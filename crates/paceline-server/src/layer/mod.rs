@@ -55,4 +55,8 @@ pub enum UpstreamFailed {
     /// The head was sent, and then the answer failed (timed out, broke
     /// the protocol, was too large): the upstream may have done the work.
     AfterSending,
+    /// A stage after the limit layer shed the request for load before it
+    /// went anywhere (`503 overloaded`): the client did nothing wrong,
+    /// and the charge goes back whatever the plan says.
+    Shed,
 }
