@@ -105,3 +105,20 @@ pub use error::ClientError;
 pub use event::{Event, Hook, Mode};
 pub use observe::{Observation, PolicyObservation, ResponseKind};
 pub use request::{Call, RequestInfo};
+
+/// The `http` crate the public API speaks (methods, header maps).
+pub use http;
+/// `reqwest` at the version the middleware is built against (0.13): use
+/// this one, or a `reqwest = "0.13"` of your own, so the types match.
+#[cfg(feature = "reqwest")]
+pub use reqwest;
+/// `reqwest-middleware` at the version the middleware implements (0.5).
+#[cfg(feature = "reqwest")]
+pub use reqwest_middleware;
+/// `tower-layer` and `tower-service` (0.3), which the tower adapter
+/// implements.
+#[cfg(feature = "tower")]
+pub use {tower_layer, tower_service};
+/// The body types the tower adapter sends (`Full<Bytes>`).
+#[cfg(feature = "tower")]
+pub use {bytes, http_body, http_body_util};
