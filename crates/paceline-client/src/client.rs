@@ -1,8 +1,10 @@
 //! The transport-free client: before a request, go / wait / drop; after a
 //! response, done / retry after / error.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -120,6 +122,7 @@ impl ClientBuilder {
                 hooks: RwLock::new(Vec::new()),
                 hooked: AtomicBool::new(false),
                 calls: AtomicU64::new(0),
+                credential_keys: RandomState::new(),
             }),
         }
     }
@@ -152,6 +155,8 @@ struct Inner {
     /// Whether any hook is subscribed (read without the lock).
     hooked: AtomicBool,
     calls: AtomicU64,
+    /// Keys the hash that names a credential's scope (random per client).
+    credential_keys: RandomState,
 }
 
 /// The SDK's state machine. Cheap to clone; every clone shares the same
@@ -248,6 +253,12 @@ impl Client {
         let mut b = [0u8; 16];
         self.inner.state.lock().rng.fill_bytes(&mut b);
         uuid::Builder::from_random_bytes(b).into_uuid().to_string()
+    }
+
+    /// A name for a credential that does not reveal it: a hash keyed per
+    /// client (clones share the key), as 16 hex digits.
+    pub(crate) fn credential_tag(&self, credential: &[u8]) -> String {
+        format!("{:016x}", self.inner.credential_keys.hash_one(credential))
     }
 
     /// Starts a call: one application request across all its attempts. A

@@ -115,10 +115,10 @@ pub use reqwest;
 /// `reqwest-middleware` at the version the middleware implements (0.5).
 #[cfg(feature = "reqwest")]
 pub use reqwest_middleware;
+/// The body types the tower adapter sends (`Full<Bytes>`).
+#[cfg(feature = "tower")]
+pub use {bytes, http_body, http_body_util};
 /// `tower-layer` and `tower-service` (0.3), which the tower adapter
 /// implements.
 #[cfg(feature = "tower")]
 pub use {tower_layer, tower_service};
-/// The body types the tower adapter sends (`Full<Bytes>`).
-#[cfg(feature = "tower")]
-pub use {bytes, http_body, http_body_util};

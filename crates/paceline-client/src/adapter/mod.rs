@@ -8,8 +8,11 @@ use paceline_core::{Clock, Nanos};
 
 use crate::{Call, Client};
 
+pub use scoping::{PacingScope, RequestHead, ScopeFn, Scoping};
+
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
+mod scoping;
 #[cfg(feature = "tower")]
 pub mod tower;
 

@@ -31,7 +31,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next, Result};
 use tokio::sync::OnceCell;
 
-use super::{sleep, Guard, IDEMPOTENCY_KEY};
+use super::{sleep, Guard, RequestHead, Scoping, IDEMPOTENCY_KEY};
 use crate::{After, Before, Client, ClientError, Mode, RequestInfo};
 
 /// The most body bytes read from a 429 or 503 to classify it.
@@ -41,6 +41,7 @@ const PROBLEM_BODY_CAP: usize = 64 * 1024;
 #[derive(Clone, Debug)]
 pub struct PacelineMiddleware {
     client: Client,
+    scoping: Scoping,
     usage_path: Option<String>,
     usage_seeded: Arc<Mutex<HashMap<String, Arc<OnceCell<()>>>>>,
 }
@@ -50,6 +51,7 @@ impl PacelineMiddleware {
     pub fn new(client: Client) -> Self {
         PacelineMiddleware {
             client,
+            scoping: Scoping::default(),
             usage_path: None,
             usage_seeded: Arc::default(),
         }
@@ -63,6 +65,37 @@ impl PacelineMiddleware {
     pub fn usage_path(mut self, path: impl Into<String>) -> Self {
         self.usage_path = Some(path.into());
         self
+    }
+
+    /// Reads the credential that names a request's scope from `header`
+    /// instead of `Authorization` (see [`Scoping`]).
+    pub fn key_header(mut self, header: http::HeaderName) -> Self {
+        self.scoping = self.scoping.key_header(header);
+        self
+    }
+
+    /// Names every request's scope with `f` (see [`Scoping`]); a
+    /// [`PacingScope`](super::PacingScope) extension on a request still wins.
+    pub fn scope_fn(
+        mut self,
+        f: impl Fn(&RequestHead<'_>) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.scoping = self.scoping.scope_fn(f);
+        self
+    }
+
+    /// The scope a request is paced in, with the extensions it is sent with
+    /// (for seeding a scope by hand, or to find it in the diagnostics).
+    pub fn scope_of(&self, req: &Request, extensions: &Extensions) -> String {
+        let info = RequestInfo::new(req.method().clone(), req.url().as_str());
+        self.scoping.scope_of(
+            &self.client,
+            req.method(),
+            &info.scope,
+            &info.path,
+            req.headers(),
+            extensions,
+        )
     }
 
     async fn seed_from_usage(
@@ -99,10 +132,13 @@ impl PacelineMiddleware {
         url.set_path(path);
         url.set_query(None);
         let mut usage = Request::new(http::Method::GET, url);
-        if let Some(auth) = req.headers().get(http::header::AUTHORIZATION) {
-            usage
-                .headers_mut()
-                .insert(http::header::AUTHORIZATION, auth.clone());
+        for name in [
+            &http::header::AUTHORIZATION,
+            self.scoping.credential_header(),
+        ] {
+            if let Some(v) = req.headers().get(name) {
+                usage.headers_mut().insert(name.clone(), v.clone());
+            }
         }
         let Ok(resp) = next.clone().run(usage, extensions).await else {
             return;
@@ -160,7 +196,8 @@ impl Middleware for PacelineMiddleware {
         next: Next<'_>,
     ) -> Result<Response> {
         let req = replayable(req, self.client.config().replay_buffer_cap).await?;
-        let mut info = RequestInfo::new(req.method().clone(), req.url().as_str());
+        let scope = self.scope_of(&req, extensions);
+        let mut info = RequestInfo::new(req.method().clone(), req.url().as_str()).with_scope(scope);
         if let Some(k) = req
             .headers()
             .get(IDEMPOTENCY_KEY)

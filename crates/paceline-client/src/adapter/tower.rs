@@ -36,7 +36,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{sleep, Guard, IDEMPOTENCY_KEY};
+use super::{sleep, Guard, RequestHead, Scoping, IDEMPOTENCY_KEY};
 use crate::{After, Before, Client, ClientError, RequestInfo};
 
 /// A boxed error: a [`ClientError`] or the inner service's error.
@@ -46,12 +46,33 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone, Debug)]
 pub struct PacelineLayer {
     client: Client,
+    scoping: Scoping,
 }
 
 impl PacelineLayer {
     /// A layer over `client` (clones share its state).
     pub fn new(client: Client) -> Self {
-        PacelineLayer { client }
+        PacelineLayer {
+            client,
+            scoping: Scoping::default(),
+        }
+    }
+
+    /// Reads the credential that names a request's scope from `header`
+    /// instead of `Authorization` (see [`Scoping`]).
+    pub fn key_header(mut self, header: http::HeaderName) -> Self {
+        self.scoping = self.scoping.key_header(header);
+        self
+    }
+
+    /// Names every request's scope with `f` (see [`Scoping`]); a
+    /// [`PacingScope`](super::PacingScope) extension on a request still wins.
+    pub fn scope_fn(
+        mut self,
+        f: impl Fn(&RequestHead<'_>) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.scoping = self.scoping.scope_fn(f);
+        self
     }
 }
 
@@ -61,6 +82,7 @@ impl<S> Layer<S> for PacelineLayer {
         Paceline {
             inner,
             client: self.client.clone(),
+            scoping: self.scoping.clone(),
         }
     }
 }
@@ -70,6 +92,7 @@ impl<S> Layer<S> for PacelineLayer {
 pub struct Paceline<S> {
     inner: S,
     client: Client,
+    scoping: Scoping,
 }
 
 impl<S> Paceline<S> {
@@ -102,12 +125,14 @@ where
         let inner = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, inner);
         let client = self.client.clone();
-        Box::pin(run(client, inner, req))
+        let scoping = self.scoping.clone();
+        Box::pin(run(client, scoping, inner, req))
     }
 }
 
 async fn run<S, B, RB>(
     client: Client,
+    scoping: Scoping,
     mut inner: S,
     req: Request<B>,
 ) -> Result<Response<RB>, BoxError>
@@ -133,6 +158,14 @@ where
             info.scope = h.to_string();
         }
     }
+    info.scope = scoping.scope_of(
+        &client,
+        &parts.method,
+        &info.scope,
+        &info.path,
+        &parts.headers,
+        &parts.extensions,
+    );
     if let Some(k) = parts
         .headers
         .get(IDEMPOTENCY_KEY)
