@@ -1,5 +1,7 @@
 //! The diagnostics snapshot: what the client knows and did, as data.
 
+use std::collections::BTreeMap;
+
 use paceline_core::Nanos;
 use serde::Serialize;
 
@@ -114,8 +116,8 @@ pub struct Snapshot {
     pub gave_up: u64,
     /// Network errors.
     pub transport_errors: u64,
-    /// Responses by status.
-    pub by_status: Vec<(String, u64)>,
+    /// Responses by status (in JSON, an object keyed by the status).
+    pub by_status: BTreeMap<u16, u64>,
     /// Attempts per second over the last minute.
     pub request_rate_per_s: f64,
     /// Retries per second over the last minute.

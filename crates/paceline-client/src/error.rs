@@ -1,8 +1,7 @@
 //! What a call can end in, other than a response.
 
 use std::fmt;
-
-use paceline_core::Nanos;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Why a call ended without a response the application should use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,14 +12,14 @@ pub enum ClientError {
     QuotaExceeded {
         /// The policy that ran out (`daily`), when the server named it.
         policy: String,
-        /// When the quota resets (nanoseconds since the UNIX epoch).
-        reset_at: Nanos,
+        /// When the quota resets, on the client's clock.
+        reset_at: SystemTime,
     },
     /// The wait the server asked for is longer than the configured ceiling,
     /// so the client will not sleep it; try again after `until`.
     WaitTooLong {
-        /// The earliest instant a request may go.
-        until: Nanos,
+        /// The earliest instant a request may go, on the client's clock.
+        until: SystemTime,
     },
     /// The adaptive throttle dropped the request locally: most recent
     /// requests to this scope were rejected, so this one never left.
@@ -67,7 +66,7 @@ impl ClientError {
         )
     }
     /// The instant after which trying again makes sense, when known.
-    pub fn retry_at(&self) -> Option<Nanos> {
+    pub fn retry_at(&self) -> Option<SystemTime> {
         match self {
             ClientError::QuotaExceeded { reset_at, .. } => Some(*reset_at),
             ClientError::WaitTooLong { until } => Some(*until),
@@ -93,13 +92,13 @@ impl fmt::Display for ClientError {
         match self {
             ClientError::QuotaExceeded { policy, reset_at } => write!(
                 f,
-                "quota {policy:?} exceeded; it resets at {}s after the epoch",
-                reset_at.as_secs_ceil()
+                "quota {policy:?} exceeded; it resets at {}",
+                Utc(*reset_at)
             ),
             ClientError::WaitTooLong { until } => write!(
                 f,
-                "the server asked to wait until {}s after the epoch, past the configured ceiling",
-                until.as_secs_ceil()
+                "the server asked to wait until {}, past the configured ceiling",
+                Utc(*until)
             ),
             ClientError::Throttled {
                 probability_per_mille,
@@ -110,12 +109,13 @@ impl fmt::Display for ClientError {
                 probability_per_mille % 10
             ),
             ClientError::BudgetExhausted { status } => {
-                write!(f, "retry budget spent (last status {status:?})")
+                write!(f, "retry budget spent ({})", LastStatus(*status))
             }
             ClientError::RetriesExhausted { attempts, status } => {
                 write!(
                     f,
-                    "gave up after {attempts} attempts (last status {status:?})"
+                    "gave up after {attempts} attempts ({})",
+                    LastStatus(*status)
                 )
             }
             ClientError::Transport { message } => write!(f, "transport error: {message}"),
@@ -129,3 +129,90 @@ impl fmt::Display for ClientError {
 }
 
 impl std::error::Error for ClientError {}
+
+/// `last status 429`, or `no response` after a network error.
+struct LastStatus(Option<u16>);
+
+impl fmt::Display for LastStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(s) => write!(f, "last status {s}"),
+            None => f.write_str("no response"),
+        }
+    }
+}
+
+/// An instant as RFC 3339 in UTC, to the second (rounded up: the earliest
+/// whole second at which trying again makes sense).
+struct Utc(SystemTime);
+
+impl fmt::Display for Utc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Ok(d) = self.0.duration_since(UNIX_EPOCH) else {
+            return f.write_str("a time before 1970");
+        };
+        let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        let (y, m, day) = civil_from_days(days);
+        write!(
+            f,
+            "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}Z",
+            rem / 3_600,
+            rem % 3_600 / 60,
+            rem % 60
+        )
+    }
+}
+
+/// Year, month and day of a count of days since 1970-01-01 (Howard
+/// Hinnant's algorithm, for the proleptic Gregorian calendar).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn messages_print_plainly() {
+        let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let quota = ClientError::QuotaExceeded {
+            policy: "daily".into(),
+            reset_at: at(1_796_256_000),
+        };
+        assert_eq!(
+            quota.to_string(),
+            "quota \"daily\" exceeded; it resets at 2026-12-03T00:00:00Z"
+        );
+        let spent = ClientError::RetriesExhausted {
+            attempts: 3,
+            status: Some(429),
+        };
+        assert_eq!(
+            spent.to_string(),
+            "gave up after 3 attempts (last status 429)"
+        );
+        let net = ClientError::RetriesExhausted {
+            attempts: 3,
+            status: None,
+        };
+        assert_eq!(net.to_string(), "gave up after 3 attempts (no response)");
+        assert_eq!(Utc(at(951_782_400)).to_string(), "2000-02-29T00:00:00Z");
+        assert_eq!(
+            Utc(at(0) + Duration::from_millis(1)).to_string(),
+            "1970-01-01T00:00:01Z"
+        );
+    }
+}

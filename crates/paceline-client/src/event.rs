@@ -1,8 +1,8 @@
 //! Events the client raises, for tracing and for subscribed hooks.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use paceline_core::Nanos;
 use serde::Serialize;
 
 use crate::error::ClientError;
@@ -41,7 +41,7 @@ pub enum Event {
         /// The scope.
         scope: String,
         /// How long.
-        wait: Nanos,
+        wait: Duration,
         /// Why: `pacing`, `pause`, `probe` or `retry`.
         reason: &'static str,
     },
@@ -52,7 +52,7 @@ pub enum Event {
         /// Attempts made so far.
         attempt: u32,
         /// The wait before the next attempt.
-        wait: Nanos,
+        wait: Duration,
         /// The status that caused it (None for a network error).
         status: Option<u16>,
     },
@@ -105,7 +105,7 @@ pub(crate) fn trace(e: &Event) {
             reason,
         } => tracing::debug!(
             scope,
-            wait_ms = wait.as_u64() / 1_000_000,
+            wait_ms = wait.as_millis() as u64,
             reason,
             "paceline wait"
         ),
@@ -117,7 +117,7 @@ pub(crate) fn trace(e: &Event) {
         } => tracing::info!(
             scope,
             attempt,
-            wait_ms = wait.as_u64() / 1_000_000,
+            wait_ms = wait.as_millis() as u64,
             status,
             "paceline retry"
         ),

@@ -394,7 +394,7 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
     let plain = reqwest::Client::builder().timeout(timeout).build()?;
     let sdk = Sdk::builder()
         .clock(SystemClock::new())
-        .max_wait(Nanos::from_secs(args.max_wait))
+        .max_wait(Duration::from_secs(args.max_wait))
         .build();
     let paced = PacelineMiddleware::new(sdk.clone());
     if let (Some(url), false) = (&args.usage, args.naive) {
