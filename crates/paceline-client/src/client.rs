@@ -389,6 +389,14 @@ impl Client {
             marks,
         });
         call.attempts += 1;
+        scope.last_attempt = Some((call.attempts, call.key.clone()));
+        if heard {
+            events.push(Event::Attempt {
+                scope: scope.name.clone(),
+                attempt: call.attempts,
+                idempotency_key: call.key.clone(),
+            });
+        }
         st.totals.requests += 1;
         st.rates.add(now, 1, u64::from(retry));
         Before::Go
@@ -503,6 +511,7 @@ impl Client {
         }
         if obs.status == 429 {
             scope.last_429 = Some((now, obs.headers.clone()));
+            scope.last_429_attempt = Some((call.attempts, call.key.clone()));
         }
         let retryable = match obs.kind {
             ResponseKind::QuotaExhausted => {
@@ -661,6 +670,7 @@ impl Client {
         events.push(Event::Retry {
             scope: scope.to_string(),
             attempt: call.attempts,
+            idempotency_key: call.key.clone(),
             wait: wait.into(),
             status,
         });

@@ -71,6 +71,14 @@ pub struct Config {
     pub max_factor: u32,
     /// The largest request body buffered so it can be replayed (1 MiB).
     pub replay_buffer_cap: usize,
+    /// What the adapters hand back when a call ends in an error after a
+    /// response (retries or the retry budget spent, a quota used up, a
+    /// wait past `max_wait`): by default (false) the typed
+    /// [`ClientError`](crate::ClientError); when true, the server's last
+    /// response itself (the 429 or 503, as `reqwest-retry` does), with the
+    /// error in its extensions (`response.extensions().get::<ClientError>()`).
+    /// Errors without a response (local drops, network errors) stay errors.
+    pub final_response: bool,
 }
 
 impl Default for Config {
@@ -96,6 +104,7 @@ impl Default for Config {
             restore_after: 10,
             max_factor: 64,
             replay_buffer_cap: 1 << 20,
+            final_response: false,
         }
     }
 }

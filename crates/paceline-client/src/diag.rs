@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::budget::BudgetStats;
 use crate::event::Mode;
+use crate::request::Attempt;
 use crate::scope::Scope;
 
 /// One mirrored policy.
@@ -57,6 +58,10 @@ pub struct ScopeSnapshot {
     pub last_429_ago_s: Option<f64>,
     /// The last 429's headers.
     pub last_429_headers: Vec<(String, String)>,
+    /// The last attempt sent.
+    pub last_attempt: Option<Attempt>,
+    /// The attempt that drew the last 429.
+    pub last_429_attempt: Option<Attempt>,
 }
 
 impl ScopeSnapshot {
@@ -92,8 +97,18 @@ impl ScopeSnapshot {
                 .as_ref()
                 .map(|(_, h)| h.clone())
                 .unwrap_or_default(),
+            last_attempt: attempt(s, &s.last_attempt),
+            last_429_attempt: attempt(s, &s.last_429_attempt),
         }
     }
+}
+
+fn attempt(s: &Scope, a: &Option<(u32, Option<String>)>) -> Option<Attempt> {
+    a.as_ref().map(|(number, key)| Attempt {
+        scope: s.name.clone(),
+        number: *number,
+        idempotency_key: key.clone(),
+    })
 }
 
 /// Everything the client knows and did, at one instant.

@@ -51,6 +51,14 @@ pub enum ClientError {
         /// The buffering cap in bytes.
         cap: usize,
     },
+    /// The adapter was asked again to send a request whose 429 or 503 it
+    /// had already answered: another retrying layer (such as
+    /// `reqwest-retry`) wraps it, and every retry of that layer would run
+    /// all of the SDK's retries again. Keep one retrying layer.
+    NestedRetry {
+        /// The status the SDK handed back before.
+        status: u16,
+    },
 }
 
 impl ClientError {
@@ -83,6 +91,7 @@ impl ClientError {
             ClientError::RetriesExhausted { .. } => "retries_exhausted",
             ClientError::Transport { .. } => "transport",
             ClientError::BodyNotReplayable { .. } => "body_not_replayable",
+            ClientError::NestedRetry { .. } => "nested_retry",
         }
     }
 }
@@ -123,6 +132,12 @@ impl fmt::Display for ClientError {
                 f,
                 "the request body is a stream larger than {cap} bytes, so it cannot be retried; \
                  send a buffered body or raise the buffering cap"
+            ),
+            ClientError::NestedRetry { status } => write!(
+                f,
+                "another retrying layer (such as reqwest-retry) wraps paceline's and retried a \
+                 {status} paceline had already retried, which multiplies the retries; remove \
+                 it and let paceline retry"
             ),
         }
     }

@@ -45,12 +45,24 @@ pub enum Event {
         /// Why: `pacing`, `pause`, `probe` or `retry`.
         reason: &'static str,
     },
+    /// An attempt goes on the wire now (raised only when a hook is
+    /// subscribed or a tracing subscriber wants debug events).
+    Attempt {
+        /// The scope.
+        scope: String,
+        /// 1 for the first attempt, 2 for the first retry, and so on.
+        attempt: u32,
+        /// The `Idempotency-Key` it carries, the same on every attempt.
+        idempotency_key: Option<String>,
+    },
     /// A failed attempt will be retried after `wait`.
     Retry {
         /// The scope.
         scope: String,
         /// Attempts made so far.
         attempt: u32,
+        /// The `Idempotency-Key` the retry will carry again.
+        idempotency_key: Option<String>,
         /// The wait before the next attempt.
         wait: Duration,
         /// The status that caused it (None for a network error).
@@ -109,14 +121,26 @@ pub(crate) fn trace(e: &Event) {
             reason,
             "paceline wait"
         ),
+        Event::Attempt {
+            scope,
+            attempt,
+            idempotency_key,
+        } => tracing::debug!(
+            scope,
+            attempt,
+            idempotency_key = idempotency_key.as_deref(),
+            "paceline attempt"
+        ),
         Event::Retry {
             scope,
             attempt,
+            idempotency_key,
             wait,
             status,
         } => tracing::info!(
             scope,
             attempt,
+            idempotency_key = idempotency_key.as_deref(),
             wait_ms = wait.as_millis() as u64,
             status,
             "paceline retry"

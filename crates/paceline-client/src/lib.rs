@@ -104,7 +104,7 @@ pub use diag::{PolicySnapshot, ScopeSnapshot, Snapshot};
 pub use error::ClientError;
 pub use event::{Event, Hook, Mode};
 pub use observe::{Observation, PolicyObservation, ResponseKind};
-pub use request::{Call, RequestInfo};
+pub use request::{Attempt, Call, RequestInfo};
 
 /// Time as the state machine counts it: [`Nanos`] are integer nanoseconds
 /// (an instant is nanoseconds since the UNIX epoch on the client's

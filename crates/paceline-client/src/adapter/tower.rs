@@ -7,7 +7,14 @@
 //! contract says. Rejections are classified from their headers (the body
 //! stays untouched for the caller). Errors are boxed: a
 //! [`ClientError`] from the SDK, or the inner
-//! service's error.
+//! service's error; with [`Config::final_response`](crate::Config::final_response)
+//! a call whose retries are spent ends with the server's last 429 or 503
+//! instead. The response, and each request the inner service gets, carry
+//! the [`Attempt`](crate::Attempt) in their extensions (its number and `Idempotency-Key`).
+//!
+//! Versions: `tower-layer` and `tower-service` 0.3 (what tower 0.5 uses),
+//! `http` 1 and `http-body` 1 (what hyper 1 and hyper-util 0.1 use), all
+//! re-exported from the crate's root with `bytes` and `http-body-util`.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -173,6 +180,7 @@ where
     {
         info = info.with_idempotency_key(k);
     }
+    let final_response = client.config().final_response;
     let mut g = Guard {
         call: client.call(info),
         client,
@@ -192,6 +200,8 @@ where
                 attempt.headers_mut().insert(IDEMPOTENCY_KEY, v);
             }
         }
+        let sent = g.call.attempt().expect("an attempt is on the wire");
+        attempt.extensions_mut().insert(sent.clone());
         let ready: Result<(), BoxError> = std::future::poll_fn(|cx| inner.poll_ready(cx))
             .await
             .map_err(Into::into);
@@ -201,14 +211,22 @@ where
         }
         let result: Result<Response<RB>, BoxError> = inner.call(attempt).await.map_err(Into::into);
         match result {
-            Ok(resp) => {
+            Ok(mut resp) => {
                 let status = resp.status().as_u16();
                 match g
                     .client
                     .after_response(&mut g.call, status, resp.headers(), None)
                 {
-                    After::Done => return Ok(resp),
+                    After::Done => {
+                        resp.extensions_mut().insert(sent);
+                        return Ok(resp);
+                    }
                     After::RetryAfter(d) => sleep(d).await,
+                    After::Error(e) if final_response => {
+                        resp.extensions_mut().insert(sent);
+                        resp.extensions_mut().insert(e);
+                        return Ok(resp);
+                    }
                     After::Error(e) => return Err(Box::new(e)),
                 }
             }

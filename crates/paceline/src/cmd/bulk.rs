@@ -532,6 +532,7 @@ fn watch(sdk: &Sdk, bar: &indicatif::ProgressBar, verbose: bool) {
                 attempt,
                 wait,
                 status,
+                ..
             } => format!(
                 "{scope}: retry after attempt {attempt} (status {}) in {:.2} s",
                 status.map_or("none".to_string(), |s| s.to_string()),
