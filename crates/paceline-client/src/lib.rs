@@ -130,3 +130,8 @@ pub use {bytes, http_body, http_body_util};
 /// implements.
 #[cfg(feature = "tower")]
 pub use {tower_layer, tower_service};
+
+/// The README, whose example is compiled as a doctest.
+#[cfg(all(doctest, feature = "reqwest"))]
+#[doc = include_str!("../README.md")]
+struct Readme;
