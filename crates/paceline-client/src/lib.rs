@@ -114,6 +114,10 @@ pub use request::{Attempt, Call, RequestInfo};
 /// default. Settings, errors and events speak `Duration` and `SystemTime`.
 pub use paceline_core::{Clock, ManualClock, Nanos, SystemClock};
 
+/// `rand` (0.8), whose traits seed and drive the client's random draws
+/// (`ClientBuilder::rng`, the jitter and throttle functions).
+pub use rand;
+
 /// The `http` crate the public API speaks (methods, header maps).
 pub use http;
 /// `reqwest` at the version the middleware is built against (0.13): use

@@ -84,9 +84,12 @@ fn sdk(final_response: bool) -> Client {
         .build()
 }
 
+/// What the events told: (kind, attempt number, key).
+type Heard = Arc<Mutex<Vec<(&'static str, u32, Option<String>)>>>;
+
 /// Every `Event::Attempt` and `Event::Retry` as (kind, number, key).
-fn record(sdk: &Client) -> Arc<Mutex<Vec<(&'static str, u32, Option<String>)>>> {
-    let heard: Arc<Mutex<Vec<_>>> = Arc::default();
+fn record(sdk: &Client) -> Heard {
+    let heard: Heard = Arc::default();
     let sink = heard.clone();
     sdk.subscribe(move |e| match e {
         Event::Attempt {
