@@ -27,7 +27,8 @@ use tower::{Layer, ServiceExt};
 type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
 /// `/twice` answers a burst 429 twice, then 201; `/always` always 429;
-/// every answer publishes its limit.
+/// `/stored` marks the answer to a key it saw before as a replay; every
+/// answer publishes its limit.
 async fn spawn() -> (SocketAddr, Seen) {
     async fn answer(State(seen): State<Seen>, uri: Uri, headers: HeaderMap) -> Response {
         let path = uri.path().to_string();
@@ -37,7 +38,7 @@ async fn spawn() -> (SocketAddr, Seen) {
         let before = {
             let mut s = seen.lock();
             let n = s.iter().filter(|(p, _)| *p == path).count();
-            s.push((path.clone(), key));
+            s.push((path.clone(), key.clone()));
             n
         };
         if path == "/always" || (path == "/twice" && before < 2) {
@@ -54,6 +55,17 @@ async fn spawn() -> (SocketAddr, Seen) {
         }
         let mut r = (StatusCode::CREATED, "{}").into_response();
         published(r.headers_mut(), 10);
+        // a key seen before: the stored answer, marked as a replay
+        let again = seen
+            .lock()
+            .iter()
+            .filter(|(_, k)| *k == key && key.is_some())
+            .count()
+            > 1;
+        if path == "/stored" && again {
+            r.headers_mut()
+                .insert("idempotent-replayed", "true".parse().unwrap());
+        }
         r
     }
     let seen: Seen = Arc::default();
@@ -251,4 +263,66 @@ async fn a_retrying_layer_around_the_sdk_is_a_clear_error() {
     assert!(err.to_string().contains("reqwest-retry"), "{err}");
     // the SDK's three attempts, not three times three
     assert_eq!(seen.lock().len(), 3);
+}
+
+/// A layer that sends every request twice (as a retrying layer does after
+/// a lost answer) and hands back the second answer.
+struct SendTwice;
+
+#[async_trait::async_trait]
+impl Middleware for SendTwice {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let first = req.try_clone().unwrap();
+        next.clone().run(first, extensions).await?;
+        next.run(req, extensions).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resending_layer_inside_the_sdk_s_is_told() {
+    let (addr, seen) = spawn().await;
+    let url = format!("http://{addr}/stored");
+    let alone = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(PacelineMiddleware::new(sdk(false)))
+        .build();
+    assert_eq!(alone.post(&url).send().await.unwrap().status(), 201);
+    // a key the application chose may be a replay: that is what it is for
+    let again = alone
+        .post(&url)
+        .header("idempotency-key", "order-1")
+        .send()
+        .await
+        .unwrap();
+    let replay = alone
+        .post(&url)
+        .header("idempotency-key", "order-1")
+        .send()
+        .await
+        .unwrap();
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    seen.lock().clear();
+    let inside = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(PacelineMiddleware::new(sdk(false)))
+        .with(SendTwice)
+        .build();
+    let told = tokio::spawn(async move { inside.post(&url).send().await.map(|r| r.status()) });
+    let outcome = told.await;
+    if cfg!(debug_assertions) {
+        let panic = outcome.unwrap_err().into_panic();
+        let message = panic.downcast_ref::<String>().unwrap();
+        assert!(
+            message.contains("retrying middleware added after paceline's"),
+            "{message}"
+        );
+    } else {
+        // release builds only warn
+        assert_eq!(outcome.unwrap().unwrap(), 201);
+    }
+    assert_eq!(seen.lock().len(), 2);
 }

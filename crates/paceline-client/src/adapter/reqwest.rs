@@ -28,7 +28,10 @@
 //!   ours). Inside (added after) it retries where this middleware cannot
 //!   see or pace it; outside (added before), sending again a request
 //!   whose 429 or 503 this middleware handed back fails with
-//!   [`ClientError::NestedRetry`] instead of retrying it all again.
+//!   [`ClientError::NestedRetry`] instead of retrying it all again; inside,
+//!   a first attempt whose answer is marked as a replay of the key the SDK
+//!   made for it (`Idempotent-Replayed: true`, as paceline's gateway and
+//!   Stripe send) trips a debug assertion (a warning in release builds).
 //!
 //! # What the response tells
 //!
@@ -65,7 +68,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next, Result};
 use tokio::sync::OnceCell;
 
-use super::{sleep, Guard, RequestHead, Scoping, IDEMPOTENCY_KEY};
+use super::{check_no_inner_resend, sleep, Guard, RequestHead, Scoping, IDEMPOTENCY_KEY};
 #[cfg(doc)]
 use crate::Config;
 use crate::{After, Attempt, Before, Client, ClientError, Mode, RequestInfo};
@@ -295,6 +298,7 @@ impl Middleware for PacelineMiddleware {
             extensions.insert(sent.clone());
             let (after, resp) = match next.clone().run(attempt, extensions).await {
                 Ok(resp) if !matches!(resp.status().as_u16(), 429 | 503) => {
+                    check_no_inner_resend(&g.call, resp.headers());
                     let status = resp.status().as_u16();
                     let a = g
                         .client

@@ -43,7 +43,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{sleep, Guard, RequestHead, Scoping, IDEMPOTENCY_KEY};
+use super::{check_no_inner_resend, sleep, Guard, RequestHead, Scoping, IDEMPOTENCY_KEY};
 use crate::{After, Before, Client, ClientError, RequestInfo};
 
 /// A boxed error: a [`ClientError`] or the inner service's error.
@@ -212,6 +212,7 @@ where
         let result: Result<Response<RB>, BoxError> = inner.call(attempt).await.map_err(Into::into);
         match result {
             Ok(mut resp) => {
+                check_no_inner_resend(&g.call, resp.headers());
                 let status = resp.status().as_u16();
                 match g
                     .client
