@@ -4,7 +4,6 @@
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,6 +156,7 @@ struct Inner {
     hooked: AtomicBool,
     calls: AtomicU64,
     /// Keys the hash that names a credential's scope (random per client).
+    #[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
     credential_keys: RandomState,
 }
 
@@ -258,7 +258,9 @@ impl Client {
 
     /// A name for a credential that does not reveal it: a hash keyed per
     /// client (clones share the key), as 16 hex digits.
+    #[cfg(any(feature = "reqwest", feature = "tower"))]
     pub(crate) fn credential_tag(&self, credential: &[u8]) -> String {
+        use std::hash::BuildHasher;
         format!("{:016x}", self.inner.credential_keys.hash_one(credential))
     }
 

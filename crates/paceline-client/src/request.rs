@@ -13,8 +13,10 @@ use crate::scope::Marks;
 pub struct RequestInfo {
     /// The method.
     pub method: Method,
-    /// The pacing scope: by default the authority (`host:port`); set it to
-    /// an account name to pace several hosts as one.
+    /// The pacing scope: by default the authority (`host:port`), to which
+    /// the adapters add a hash of the request's credential (see
+    /// `adapter::Scoping`, features `reqwest` and `tower`); set it to an
+    /// account name to pace several hosts as one.
     pub scope: String,
     /// The path, without the query (used by per-endpoint policies).
     pub path: String,
