@@ -1,7 +1,9 @@
 //! What a call can end in, other than a response.
 
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
+
+use paceline_core::Nanos;
 
 /// Why a call ended without a response the application should use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,40 +165,14 @@ struct Utc(SystemTime);
 
 impl fmt::Display for Utc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Ok(d) = self.0.duration_since(UNIX_EPOCH) else {
-            return f.write_str("a time before 1970");
-        };
-        let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-        let (days, rem) = (secs / 86_400, secs % 86_400);
-        let (y, m, day) = civil_from_days(days);
-        write!(
-            f,
-            "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}Z",
-            rem / 3_600,
-            rem % 3_600 / 60,
-            rem % 60
-        )
+        let t = Nanos::from_system_time(self.0);
+        f.write_str(&paceline_wire::time::format_rfc3339_ceil(t))
     }
-}
-
-/// Year, month and day of a count of days since 1970-01-01 (Howard
-/// Hinnant's algorithm, for the proleptic Gregorian calendar).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
 
