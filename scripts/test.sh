@@ -36,6 +36,7 @@ need_npm_peers
 export CARGO_TERM_COLOR=never
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+(cd examples-outside/sdk-user && cargo fmt -- --check)
 echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test"
