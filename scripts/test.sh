@@ -36,10 +36,50 @@ need_npm_peers
 export CARGO_TERM_COLOR=never
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+(cd examples-outside/sdk-user && cargo fmt -- --check)
 echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test"
 cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.txt
+# The SDK as a new user meets it: examples-outside/sdk-user, a crate outside
+# the workspace on the reqwest, reqwest-middleware, hyper and tower versions
+# `cargo add` picks, runs the README's example (and the same through the
+# tower adapter) against `paceline demo --no-race` on a free loopback port. It
+# shares the workspace's target directory, so only the crates whose
+# features differ build again (13 s on a quiet 2-core machine).
+echo "== the client README's example, from a crate outside the workspace"
+sdk_user() {
+    local dir="${CARGO_TARGET_DIR:-target}"
+    case "$dir" in /*) ;; *) dir="$(pwd)/$dir" ;; esac
+    cargo build -q -p paceline --bin paceline
+    (cd examples-outside/sdk-user && CARGO_TARGET_DIR="$dir" cargo build -q)
+    "$dir/debug/paceline" demo --no-race --listen 127.0.0.1:0 >"$dir/sdk-user-demo.txt" 2>&1 &
+    local demo=$!
+    local url=""
+    for _ in $(seq 100); do
+        url=$(sed -n 's/^paceline demo: gateway on //p' "$dir/sdk-user-demo.txt")
+        [ -n "$url" ] && break
+        sleep 0.1
+    done
+    local ok=0
+    if [ -n "$url" ] && PACELINE_URL="$url" timeout 60 "$dir/debug/sdk-user" >"$dir/sdk-user.txt" 2>&1 \
+        && tail -n 1 "$dir/sdk-user.txt" | grep -qx '60 labels created, 0 failed' \
+        && PACELINE_URL="$url" timeout 60 "$dir/debug/sdk-user-tower" >>"$dir/sdk-user.txt" 2>&1 \
+        && tail -n 1 "$dir/sdk-user.txt" | grep -qx '30 of 30 quotes through tower'; then
+        ok=1
+    fi
+    kill "$demo" 2>/dev/null || true
+    wait "$demo" 2>/dev/null || true
+    if [ "$ok" = 1 ]; then
+        echo "sdk-user, against $url:"
+        tail -n 2 "$dir/sdk-user.txt" | sed 's/^/  /'
+    else
+        echo "sdk-user: FAILED (the demo: $dir/sdk-user-demo.txt; the example's output:)"
+        tail -n 20 "$dir/sdk-user.txt" 2>/dev/null || true
+        return 1
+    fi
+}
+sdk_user
 # The noisy-neighbour bound is about what users run, a release build (in
 # the debug run above it is ignored, so it counts once as skipped there and
 # once here). It runs alone, after the rest, since it measures latency.

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use paceline_client::adapter::reqwest::PacelineMiddleware;
 use paceline_client::Client;
-use paceline_core::SystemClock;
+use paceline_client::SystemClock;
 
 #[tokio::main]
 async fn main() {

@@ -7,13 +7,15 @@
 //!
 //! ```
 //! use paceline_client::backoff::ABSENT;
-//! use paceline_core::Nanos;
+//! use paceline_client::Nanos;
 //! use rand::SeedableRng;
 //!
 //! let mut rng = rand::rngs::StdRng::seed_from_u64(3);
 //! let w = ABSENT.wait(2, &mut rng); // after the second attempt: 2 s ± 10%
 //! assert!(w >= Nanos::from_millis(1_800) && w <= Nanos::from_millis(2_200));
 //! ```
+
+use std::time::Duration;
 
 use paceline_core::Nanos;
 use rand::Rng;
@@ -22,9 +24,9 @@ use rand::Rng;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
     /// The first wait.
-    pub base: Nanos,
+    pub base: Duration,
     /// The longest wait.
-    pub cap: Nanos,
+    pub cap: Duration,
     /// Jitter, in percent of the wait, either way.
     pub jitter_percent: u32,
     /// Attempts in all, the first included.
@@ -33,8 +35,8 @@ pub struct Backoff {
 
 /// Header-absent mode: 1 s × 2 ± 10%, capped at 300 s, up to 6 attempts.
 pub const ABSENT: Backoff = Backoff {
-    base: Nanos::SECOND,
-    cap: Nanos::from_secs(300),
+    base: Duration::from_secs(1),
+    cap: Duration::from_secs(300),
     jitter_percent: 10,
     max_attempts: 6,
 };
@@ -45,7 +47,8 @@ impl Backoff {
     pub fn nominal(&self, attempt: u32) -> Nanos {
         let shift = attempt.saturating_sub(1).min(63);
         let mult = 1u64.checked_shl(shift).unwrap_or(u64::MAX);
-        Nanos::new(self.base.as_u64().saturating_mul(mult)).min(self.cap)
+        let base = Nanos::from_duration(self.base);
+        Nanos::new(base.as_u64().saturating_mul(mult)).min(Nanos::from_duration(self.cap))
     }
 
     /// The wait after `attempt` attempts, jittered, never above the cap.
@@ -54,7 +57,7 @@ impl Backoff {
         let spread = n / 100 * u64::from(self.jitter_percent);
         let lo = n - spread.min(n);
         let hi = n.saturating_add(spread);
-        Nanos::new(rng.gen_range(lo..=hi)).min(self.cap)
+        Nanos::new(rng.gen_range(lo..=hi)).min(Nanos::from_duration(self.cap))
     }
 }
 
@@ -79,7 +82,7 @@ mod tests {
             let w = ABSENT.wait(attempt, &mut rng).as_u64();
             let n = ABSENT.nominal(attempt).as_u64();
             prop_assert!(w * 10 >= n * 9 && w * 10 <= n * 11);
-            prop_assert!(w <= ABSENT.cap.as_u64());
+            prop_assert!(u128::from(w) <= ABSENT.cap.as_nanos());
         }
     }
 }

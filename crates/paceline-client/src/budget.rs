@@ -25,7 +25,7 @@
 //!
 //! ```
 //! use paceline_client::budget::RetryBudget;
-//! use paceline_core::Nanos;
+//! use paceline_client::Nanos;
 //!
 //! let mut b = RetryBudget::new(Nanos::from_secs(60), 10, 0);
 //! let now = Nanos::from_secs(1_000);

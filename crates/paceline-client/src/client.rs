@@ -1,10 +1,12 @@
 //! The transport-free client: before a request, go / wait / drop; after a
 //! response, done / retry after / error.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Method;
 use paceline_core::{Clock, Nanos, SystemClock};
@@ -14,7 +16,7 @@ use rand::{Rng, RngCore, SeedableRng};
 
 use crate::bucket::Seen;
 use crate::budget::RetryBudget;
-use crate::config::Config;
+use crate::config::{ns, Config};
 use crate::diag::{ScopeSnapshot, Snapshot};
 use crate::error::ClientError;
 use crate::event::{trace, Event, Hook, Mode};
@@ -95,7 +97,7 @@ impl ClientBuilder {
         self
     }
     /// Changes the ceiling above which waits are never slept.
-    pub fn max_wait(mut self, max_wait: Nanos) -> Self {
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.config.max_wait = max_wait;
         self
     }
@@ -106,7 +108,7 @@ impl ClientBuilder {
         let c = &self.config;
         let state = State {
             rng,
-            budget: RetryBudget::new(c.budget_window, c.budget_percent, c.budget_min_retries)
+            budget: RetryBudget::new(ns(c.budget_window), c.budget_percent, c.budget_min_retries)
                 .with_floor(c.budget_floor_per_s, c.budget_floor_burst),
             scopes: Scopes::default(),
             totals: Totals::default(),
@@ -120,6 +122,7 @@ impl ClientBuilder {
                 hooks: RwLock::new(Vec::new()),
                 hooked: AtomicBool::new(false),
                 calls: AtomicU64::new(0),
+                credential_keys: RandomState::new(),
             }),
         }
     }
@@ -152,6 +155,9 @@ struct Inner {
     /// Whether any hook is subscribed (read without the lock).
     hooked: AtomicBool,
     calls: AtomicU64,
+    /// Keys the hash that names a credential's scope (random per client).
+    #[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
+    credential_keys: RandomState,
 }
 
 /// The SDK's state machine. Cheap to clone; every clone shares the same
@@ -159,7 +165,7 @@ struct Inner {
 ///
 /// ```
 /// use paceline_client::{After, Before, Client, Observation, RequestInfo};
-/// use paceline_core::{ManualClock, Nanos};
+/// use paceline_client::{ManualClock, Nanos};
 ///
 /// let clock = ManualClock::new(Nanos::from_secs(1_000));
 /// let client = Client::builder().clock(clock.clone()).seed(7).build();
@@ -250,6 +256,14 @@ impl Client {
         uuid::Builder::from_random_bytes(b).into_uuid().to_string()
     }
 
+    /// A name for a credential that does not reveal it: a hash keyed per
+    /// client (clones share the key), as 16 hex digits.
+    #[cfg(any(feature = "reqwest", feature = "tower"))]
+    pub(crate) fn credential_tag(&self, credential: &[u8]) -> String {
+        use std::hash::BuildHasher;
+        format!("{:016x}", self.inner.credential_keys.hash_one(credential))
+    }
+
     /// Starts a call: one application request across all its attempts. A
     /// POST or PATCH gets an `Idempotency-Key` (a UUID v4) unless it has
     /// one; every attempt of the call sends the same key.
@@ -298,10 +312,10 @@ impl Client {
         let mut guard = self.inner.state.lock();
         let st = &mut *guard;
         let scope = st.scopes.get_or_make(call, cfg);
-        let (until, hold) = scope.earliest(now, &call.info.path, cfg.pace_margin);
+        let (until, hold) = scope.earliest(now, &call.info.path, ns(cfg.pace_margin));
         if until > now {
             let wait = until.saturating_sub(now);
-            if wait > cfg.max_wait {
+            if wait > ns(cfg.max_wait) {
                 let error = match hold {
                     h @ Some(Hold::Mirror(_) | Hold::Endpoint(_))
                         if scope.held(h, &call.info.path).is_some_and(|m| m.is_quota()) =>
@@ -311,10 +325,12 @@ impl Client {
                                 .held(h, &call.info.path)
                                 .map(|m| m.name.clone())
                                 .unwrap_or_default(),
-                            reset_at: until,
+                            reset_at: until.as_system_time(),
                         }
                     }
-                    _ => ClientError::WaitTooLong { until },
+                    _ => ClientError::WaitTooLong {
+                        until: until.as_system_time(),
+                    },
                 };
                 scope.drops += 1;
                 st.totals.drops += 1;
@@ -337,12 +353,12 @@ impl Client {
             }
             return Before::Wait(wait);
         }
-        let probing = now.saturating_sub(scope.probe_sent_at) < cfg.probe_timeout;
+        let probing = now.saturating_sub(scope.probe_sent_at) < ns(cfg.probe_timeout);
         if scope.mode == Mode::Unseeded && !scope.in_flight.is_empty() && probing {
             if heard {
-                events.push(wait_event(&scope.name, cfg.probe_poll, "probe"));
+                events.push(wait_event(&scope.name, ns(cfg.probe_poll), "probe"));
             }
-            return Before::Wait(cfg.probe_poll);
+            return Before::Wait(ns(cfg.probe_poll));
         }
         if scope.throttle.should_drop(now, &mut st.rng) {
             let p = scope.throttle.probability(now);
@@ -375,6 +391,14 @@ impl Client {
             marks,
         });
         call.attempts += 1;
+        scope.last_attempt = Some((call.attempts, call.key.clone()));
+        if heard {
+            events.push(Event::Attempt {
+                scope: scope.name.clone(),
+                attempt: call.attempts,
+                idempotency_key: call.key.clone(),
+            });
+        }
         st.totals.requests += 1;
         st.rates.add(now, 1, u64::from(retry));
         Before::Go
@@ -438,7 +462,7 @@ impl Client {
                 .iter()
                 .any(|p| p.counts_requests && p.remaining.is_some())
             {
-                s.set_mode(Mode::Paced, cfg.absent_gap, &mut events);
+                s.set_mode(Mode::Paced, ns(cfg.absent_gap), &mut events);
             }
         }
         self.emit(events);
@@ -475,11 +499,11 @@ impl Client {
         if obs.has_limits() {
             scope.headerless = 0;
             scope.observe(now, &call.info.path, &obs.policies, &seen, &flight.marks);
-            scope.set_mode(Mode::Paced, cfg.absent_gap, events);
+            scope.set_mode(Mode::Paced, ns(cfg.absent_gap), events);
         } else {
             scope.headerless += 1;
             if scope.mode == Mode::Unseeded || scope.headerless >= 5 {
-                scope.set_mode(Mode::HeaderAbsent, cfg.absent_gap, events);
+                scope.set_mode(Mode::HeaderAbsent, ns(cfg.absent_gap), events);
             }
         }
         let rejected = matches!(obs.status, 429 | 503);
@@ -489,13 +513,17 @@ impl Client {
         }
         if obs.status == 429 {
             scope.last_429 = Some((now, obs.headers.clone()));
+            scope.last_429_attempt = Some((call.attempts, call.key.clone()));
         }
         let retryable = match obs.kind {
             ResponseKind::QuotaExhausted => {
                 let policy = obs.limit.clone().unwrap_or_else(|| quota_name(scope));
                 let reset_at = now.saturating_add(obs.retry_after.unwrap_or(Nanos::ZERO));
                 mark_exhausted(scope, &policy, now, reset_at);
-                let error = ClientError::QuotaExceeded { policy, reset_at };
+                let error = ClientError::QuotaExceeded {
+                    policy,
+                    reset_at: reset_at.as_system_time(),
+                };
                 st.totals.gave_up += 1;
                 events.push(Event::Drop {
                     scope: scope.name.clone(),
@@ -519,11 +547,11 @@ impl Client {
         if obs.kind == ResponseKind::RateLimited {
             match scope.mode {
                 Mode::HeaderAbsent => {
-                    scope.absent_429(now, flight.seq, cfg.absent_gap);
+                    scope.absent_429(now, flight.seq, ns(cfg.absent_gap));
                     let wait = obs
                         .retry_after
                         .unwrap_or_else(|| cfg.absent_backoff.nominal(call.attempts));
-                    scope.pause(now, now.saturating_add(wait.min(cfg.max_wait)), false);
+                    scope.pause(now, now.saturating_add(wait.min(ns(cfg.max_wait))), false);
                 }
                 _ => {
                     if flight.mode == Mode::Paced {
@@ -536,12 +564,12 @@ impl Client {
                         );
                     }
                     if let Some(ra) = obs.retry_after {
-                        scope.pause(now, now.saturating_add(ra.min(cfg.max_wait)), false);
+                        scope.pause(now, now.saturating_add(ra.min(ns(cfg.max_wait))), false);
                     }
                 }
             }
         } else if let Some(ra) = obs.retry_after {
-            scope.pause(now, now.saturating_add(ra.min(cfg.max_wait)), true);
+            scope.pause(now, now.saturating_add(ra.min(ns(cfg.max_wait))), true);
         }
         let absent = scope.mode == Mode::HeaderAbsent;
         let scope_name = scope.name.clone();
@@ -551,12 +579,12 @@ impl Client {
             cfg.max_attempts
         };
         if let Some(ra) = obs.retry_after {
-            if ra > cfg.max_wait {
+            if ra > ns(cfg.max_wait) {
                 return self.fail(
                     st,
                     &scope_name,
                     ClientError::WaitTooLong {
-                        until: now.saturating_add(ra),
+                        until: now.saturating_add(ra).as_system_time(),
                     },
                     events,
                 );
@@ -644,7 +672,8 @@ impl Client {
         events.push(Event::Retry {
             scope: scope.to_string(),
             attempt: call.attempts,
-            wait,
+            idempotency_key: call.key.clone(),
+            wait: wait.into(),
             status,
         });
         After::RetryAfter(wait)
@@ -696,12 +725,7 @@ impl Client {
             local_drops: st.totals.drops,
             gave_up: st.totals.gave_up,
             transport_errors: st.totals.transport_errors,
-            by_status: st
-                .totals
-                .by_status
-                .iter()
-                .map(|(k, v)| (k.to_string(), *v))
-                .collect(),
+            by_status: st.totals.by_status.clone(),
             request_rate_per_s: req_min as f64 / 60.0,
             retry_rate_per_s: retry_min as f64 / 60.0,
             budget: st.budget.stats(now),
@@ -719,7 +743,7 @@ impl Client {
 fn wait_event(scope: &str, wait: Nanos, reason: &'static str) -> Event {
     Event::Wait {
         scope: scope.to_string(),
-        wait,
+        wait: wait.into(),
         reason,
     }
 }
@@ -814,7 +838,7 @@ impl Scopes {
     }
 
     fn make(&mut self, name: &str, cfg: &Config) -> usize {
-        let throttle = AdaptiveThrottle::new(cfg.throttle_window, cfg.throttle_k)
+        let throttle = AdaptiveThrottle::new(ns(cfg.throttle_window), cfg.throttle_k)
             .with_min_requests(cfg.throttle_min_requests);
         self.list.push(Scope::new(name, throttle));
         self.index.insert(name.to_string(), self.list.len() - 1);

@@ -1,10 +1,13 @@
 //! The diagnostics snapshot: what the client knows and did, as data.
 
+use std::collections::BTreeMap;
+
 use paceline_core::Nanos;
 use serde::Serialize;
 
 use crate::budget::BudgetStats;
 use crate::event::Mode;
+use crate::request::Attempt;
 use crate::scope::Scope;
 
 /// One mirrored policy.
@@ -55,6 +58,10 @@ pub struct ScopeSnapshot {
     pub last_429_ago_s: Option<f64>,
     /// The last 429's headers.
     pub last_429_headers: Vec<(String, String)>,
+    /// The last attempt sent.
+    pub last_attempt: Option<Attempt>,
+    /// The attempt that drew the last 429.
+    pub last_429_attempt: Option<Attempt>,
 }
 
 impl ScopeSnapshot {
@@ -90,8 +97,18 @@ impl ScopeSnapshot {
                 .as_ref()
                 .map(|(_, h)| h.clone())
                 .unwrap_or_default(),
+            last_attempt: attempt(s, &s.last_attempt),
+            last_429_attempt: attempt(s, &s.last_429_attempt),
         }
     }
+}
+
+fn attempt(s: &Scope, a: &Option<(u32, Option<String>)>) -> Option<Attempt> {
+    a.as_ref().map(|(number, key)| Attempt {
+        scope: s.name.clone(),
+        number: *number,
+        idempotency_key: key.clone(),
+    })
 }
 
 /// Everything the client knows and did, at one instant.
@@ -114,8 +131,8 @@ pub struct Snapshot {
     pub gave_up: u64,
     /// Network errors.
     pub transport_errors: u64,
-    /// Responses by status.
-    pub by_status: Vec<(String, u64)>,
+    /// Responses by status (in JSON, an object keyed by the status).
+    pub by_status: BTreeMap<u16, u64>,
     /// Attempts per second over the last minute.
     pub request_rate_per_s: f64,
     /// Retries per second over the last minute.

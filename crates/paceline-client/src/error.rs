@@ -1,6 +1,7 @@
 //! What a call can end in, other than a response.
 
 use std::fmt;
+use std::time::SystemTime;
 
 use paceline_core::Nanos;
 
@@ -13,14 +14,14 @@ pub enum ClientError {
     QuotaExceeded {
         /// The policy that ran out (`daily`), when the server named it.
         policy: String,
-        /// When the quota resets (nanoseconds since the UNIX epoch).
-        reset_at: Nanos,
+        /// When the quota resets, on the client's clock.
+        reset_at: SystemTime,
     },
     /// The wait the server asked for is longer than the configured ceiling,
     /// so the client will not sleep it; try again after `until`.
     WaitTooLong {
-        /// The earliest instant a request may go.
-        until: Nanos,
+        /// The earliest instant a request may go, on the client's clock.
+        until: SystemTime,
     },
     /// The adaptive throttle dropped the request locally: most recent
     /// requests to this scope were rejected, so this one never left.
@@ -52,6 +53,14 @@ pub enum ClientError {
         /// The buffering cap in bytes.
         cap: usize,
     },
+    /// The adapter was asked again to send a request whose 429 or 503 it
+    /// had already answered: another retrying layer (such as
+    /// `reqwest-retry`) wraps it, and every retry of that layer would run
+    /// all of the SDK's retries again. Keep one retrying layer.
+    NestedRetry {
+        /// The status the SDK handed back before.
+        status: u16,
+    },
 }
 
 impl ClientError {
@@ -67,7 +76,7 @@ impl ClientError {
         )
     }
     /// The instant after which trying again makes sense, when known.
-    pub fn retry_at(&self) -> Option<Nanos> {
+    pub fn retry_at(&self) -> Option<SystemTime> {
         match self {
             ClientError::QuotaExceeded { reset_at, .. } => Some(*reset_at),
             ClientError::WaitTooLong { until } => Some(*until),
@@ -84,6 +93,7 @@ impl ClientError {
             ClientError::RetriesExhausted { .. } => "retries_exhausted",
             ClientError::Transport { .. } => "transport",
             ClientError::BodyNotReplayable { .. } => "body_not_replayable",
+            ClientError::NestedRetry { .. } => "nested_retry",
         }
     }
 }
@@ -93,13 +103,13 @@ impl fmt::Display for ClientError {
         match self {
             ClientError::QuotaExceeded { policy, reset_at } => write!(
                 f,
-                "quota {policy:?} exceeded; it resets at {}s after the epoch",
-                reset_at.as_secs_ceil()
+                "quota {policy:?} exceeded; it resets at {}",
+                Utc(*reset_at)
             ),
             ClientError::WaitTooLong { until } => write!(
                 f,
-                "the server asked to wait until {}s after the epoch, past the configured ceiling",
-                until.as_secs_ceil()
+                "the server asked to wait until {}, past the configured ceiling",
+                Utc(*until)
             ),
             ClientError::Throttled {
                 probability_per_mille,
@@ -110,12 +120,13 @@ impl fmt::Display for ClientError {
                 probability_per_mille % 10
             ),
             ClientError::BudgetExhausted { status } => {
-                write!(f, "retry budget spent (last status {status:?})")
+                write!(f, "retry budget spent ({})", LastStatus(*status))
             }
             ClientError::RetriesExhausted { attempts, status } => {
                 write!(
                     f,
-                    "gave up after {attempts} attempts (last status {status:?})"
+                    "gave up after {attempts} attempts ({})",
+                    LastStatus(*status)
                 )
             }
             ClientError::Transport { message } => write!(f, "transport error: {message}"),
@@ -124,8 +135,75 @@ impl fmt::Display for ClientError {
                 "the request body is a stream larger than {cap} bytes, so it cannot be retried; \
                  send a buffered body or raise the buffering cap"
             ),
+            ClientError::NestedRetry { status } => write!(
+                f,
+                "another retrying layer (such as reqwest-retry) wraps paceline's and retried a \
+                 {status} paceline had already retried, which multiplies the retries; remove \
+                 it and let paceline retry"
+            ),
         }
     }
 }
 
 impl std::error::Error for ClientError {}
+
+/// `last status 429`, or `no response` after a network error.
+struct LastStatus(Option<u16>);
+
+impl fmt::Display for LastStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(s) => write!(f, "last status {s}"),
+            None => f.write_str("no response"),
+        }
+    }
+}
+
+/// An instant as RFC 3339 in UTC, to the second (rounded up: the earliest
+/// whole second at which trying again makes sense).
+struct Utc(SystemTime);
+
+impl fmt::Display for Utc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = Nanos::from_system_time(self.0);
+        f.write_str(&paceline_wire::time::format_rfc3339_ceil(t))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn messages_print_plainly() {
+        let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let quota = ClientError::QuotaExceeded {
+            policy: "daily".into(),
+            reset_at: at(1_796_256_000),
+        };
+        assert_eq!(
+            quota.to_string(),
+            "quota \"daily\" exceeded; it resets at 2026-12-03T00:00:00Z"
+        );
+        let spent = ClientError::RetriesExhausted {
+            attempts: 3,
+            status: Some(429),
+        };
+        assert_eq!(
+            spent.to_string(),
+            "gave up after 3 attempts (last status 429)"
+        );
+        let net = ClientError::RetriesExhausted {
+            attempts: 3,
+            status: None,
+        };
+        assert_eq!(net.to_string(), "gave up after 3 attempts (no response)");
+        assert_eq!(Utc(at(951_782_400)).to_string(), "2000-02-29T00:00:00Z");
+        assert_eq!(
+            Utc(at(0) + Duration::from_millis(1)).to_string(),
+            "1970-01-01T00:00:01Z"
+        );
+    }
+}

@@ -1,8 +1,8 @@
 //! Events the client raises, for tracing and for subscribed hooks.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use paceline_core::Nanos;
 use serde::Serialize;
 
 use crate::error::ClientError;
@@ -41,9 +41,19 @@ pub enum Event {
         /// The scope.
         scope: String,
         /// How long.
-        wait: Nanos,
+        wait: Duration,
         /// Why: `pacing`, `pause`, `probe` or `retry`.
         reason: &'static str,
+    },
+    /// An attempt goes on the wire now (raised only when a hook is
+    /// subscribed or a tracing subscriber wants debug events).
+    Attempt {
+        /// The scope.
+        scope: String,
+        /// 1 for the first attempt, 2 for the first retry, and so on.
+        attempt: u32,
+        /// The `Idempotency-Key` it carries, the same on every attempt.
+        idempotency_key: Option<String>,
     },
     /// A failed attempt will be retried after `wait`.
     Retry {
@@ -51,8 +61,10 @@ pub enum Event {
         scope: String,
         /// Attempts made so far.
         attempt: u32,
+        /// The `Idempotency-Key` the retry will carry again.
+        idempotency_key: Option<String>,
         /// The wait before the next attempt.
-        wait: Nanos,
+        wait: Duration,
         /// The status that caused it (None for a network error).
         status: Option<u16>,
     },
@@ -105,19 +117,31 @@ pub(crate) fn trace(e: &Event) {
             reason,
         } => tracing::debug!(
             scope,
-            wait_ms = wait.as_u64() / 1_000_000,
+            wait_ms = wait.as_millis() as u64,
             reason,
             "paceline wait"
+        ),
+        Event::Attempt {
+            scope,
+            attempt,
+            idempotency_key,
+        } => tracing::debug!(
+            scope,
+            attempt,
+            idempotency_key = idempotency_key.as_deref(),
+            "paceline attempt"
         ),
         Event::Retry {
             scope,
             attempt,
+            idempotency_key,
             wait,
             status,
         } => tracing::info!(
             scope,
             attempt,
-            wait_ms = wait.as_u64() / 1_000_000,
+            idempotency_key = idempotency_key.as_deref(),
+            wait_ms = wait.as_millis() as u64,
             status,
             "paceline retry"
         ),

@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use paceline_client::jitter::retry_wait;
-//! use paceline_core::Nanos;
+//! use paceline_client::Nanos;
 //! use rand::SeedableRng;
 //!
 //! let mut rng = rand::rngs::StdRng::seed_from_u64(7);

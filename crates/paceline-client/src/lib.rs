@@ -7,7 +7,7 @@
 //! Why a transport-free core: the same decisions must hold for a `reqwest`
 //! client, a `tower` stack, a CLI and a simulator running on virtual time.
 //! So [`Client`] does no I/O and reads time from a
-//! [`Clock`](paceline_core::Clock): before each attempt it answers
+//! [`Clock`]: before each attempt it answers
 //! [`Before::Go`], [`Before::Wait`] or [`Before::Drop`]; after each response
 //! it answers [`After::Done`], [`After::RetryAfter`] or [`After::Error`].
 //! Adapters (features `reqwest` and `tower`) turn those answers into sleeps
@@ -56,7 +56,7 @@
 //!
 //! ```
 //! use paceline_client::{After, Before, Client, ClientError, Observation, RequestInfo, ResponseKind};
-//! use paceline_core::{ManualClock, Nanos};
+//! use paceline_client::{ManualClock, Nanos};
 //!
 //! let clock = ManualClock::new(Nanos::from_secs(1_790_000_000));
 //! let client = Client::builder().clock(clock.clone()).seed(1).build();
@@ -71,7 +71,7 @@
 //! match client.after(&mut call, &quota) {
 //!     After::Error(ClientError::QuotaExceeded { policy, reset_at }) => {
 //!         assert_eq!(policy, "daily");
-//!         assert_eq!(reset_at, Nanos::from_secs(1_790_000_000 + 19_200));
+//!         assert_eq!(reset_at, Nanos::from_secs(1_790_000_000 + 19_200).as_system_time());
 //!     }
 //!     other => panic!("{other:?}"),
 //! }
@@ -104,4 +104,38 @@ pub use diag::{PolicySnapshot, ScopeSnapshot, Snapshot};
 pub use error::ClientError;
 pub use event::{Event, Hook, Mode};
 pub use observe::{Observation, PolicyObservation, ResponseKind};
-pub use request::{Call, RequestInfo};
+pub use request::{Attempt, Call, RequestInfo};
+
+/// Time as the state machine counts it: [`Nanos`] are integer nanoseconds
+/// (an instant is nanoseconds since the UNIX epoch on the client's
+/// [`Clock`]; convert with `Nanos::from_duration`, `as_duration`,
+/// `from_system_time` and `as_system_time`). [`ManualClock`] moves only
+/// when told to, for tests and simulations; [`SystemClock`] is the
+/// default. Settings, errors and events speak `Duration` and `SystemTime`.
+pub use paceline_core::{Clock, ManualClock, Nanos, SystemClock};
+
+/// `rand` (0.8), whose traits seed and drive the client's random draws
+/// (`ClientBuilder::rng`, the jitter and throttle functions).
+pub use rand;
+
+/// The `http` crate the public API speaks (methods, header maps).
+pub use http;
+/// `reqwest` at the version the middleware is built against (0.13): use
+/// this one, or a `reqwest = "0.13"` of your own, so the types match.
+#[cfg(feature = "reqwest")]
+pub use reqwest;
+/// `reqwest-middleware` at the version the middleware implements (0.5).
+#[cfg(feature = "reqwest")]
+pub use reqwest_middleware;
+/// The body types the tower adapter sends (`Full<Bytes>`).
+#[cfg(feature = "tower")]
+pub use {bytes, http_body, http_body_util};
+/// `tower-layer` and `tower-service` (0.3), which the tower adapter
+/// implements.
+#[cfg(feature = "tower")]
+pub use {tower_layer, tower_service};
+
+/// The README, whose example is compiled as a doctest.
+#[cfg(all(doctest, feature = "reqwest"))]
+#[doc = include_str!("../README.md")]
+struct Readme;

@@ -3,6 +3,7 @@
 
 use http::Method;
 use paceline_core::Nanos;
+use serde::Serialize;
 
 use crate::event::Mode;
 use crate::scope::Marks;
@@ -12,8 +13,10 @@ use crate::scope::Marks;
 pub struct RequestInfo {
     /// The method.
     pub method: Method,
-    /// The pacing scope: by default the authority (`host:port`); set it to
-    /// an account name to pace several hosts as one.
+    /// The pacing scope: by default the authority (`host:port`), to which
+    /// the adapters add a hash of the request's credential (see
+    /// `adapter::Scoping`, features `reqwest` and `tower`); set it to an
+    /// account name to pace several hosts as one.
     pub scope: String,
     /// The path, without the query (used by per-endpoint policies).
     pub path: String,
@@ -88,6 +91,23 @@ fn strip_query(s: &str) -> &str {
     &s[..end]
 }
 
+/// One attempt of a call, as the application can see it: the adapters put
+/// it on the response they hand back (`response.extensions().get::<Attempt>()`)
+/// and in the extensions an inner middleware or service receives, and the
+/// client names it in its [`Event::Attempt`](crate::Event::Attempt) events
+/// and in the diagnostics.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Attempt {
+    /// The scope the attempt was paced in.
+    pub scope: String,
+    /// 1 for the first attempt, 2 for the first retry, and so on.
+    pub number: u32,
+    /// The `Idempotency-Key` the attempt carried, the same on every attempt
+    /// of a call (none for a GET without one).
+    pub idempotency_key: Option<String>,
+}
+
 /// One attempt on the wire.
 #[derive(Clone, Debug)]
 pub(crate) struct Flight {
@@ -141,6 +161,14 @@ impl Call {
     /// Whether an attempt is on the wire (between `Go` and its answer).
     pub fn in_flight(&self) -> bool {
         self.flight.is_some()
+    }
+    /// The attempt sent last (or being sent), if any.
+    pub fn attempt(&self) -> Option<Attempt> {
+        (self.attempts > 0).then(|| Attempt {
+            scope: self.info.scope.clone(),
+            number: self.attempts,
+            idempotency_key: self.key.clone(),
+        })
     }
     /// The status of the last response, if any.
     pub fn last_status(&self) -> Option<u16> {

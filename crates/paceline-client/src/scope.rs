@@ -94,6 +94,10 @@ pub(crate) struct Scope {
     pub(crate) reset_window: Nanos,
     pub(crate) headerless: u32,
     pub(crate) last_429: Option<(Nanos, Vec<(String, String)>)>,
+    /// The number and idempotency key of the last attempt sent, and of the
+    /// one that drew the last 429.
+    pub(crate) last_attempt: Option<(u32, Option<String>)>,
+    pub(crate) last_429_attempt: Option<(u32, Option<String>)>,
     pub(crate) drops: u64,
     pub(crate) requests: u64,
     pub(crate) retries: u64,
@@ -131,6 +135,8 @@ impl Scope {
             reset_window: Nanos::SECOND,
             headerless: 0,
             last_429: None,
+            last_attempt: None,
+            last_429_attempt: None,
             drops: 0,
             requests: 0,
             retries: 0,

@@ -157,7 +157,11 @@ async fn a_daily_quota_comes_back_as_quota_exceeded() {
         Some(ClientError::QuotaExceeded { policy, reset_at }) => {
             assert_eq!(policy, "daily");
             // Retry-After is whole seconds, rounded up: midnight UTC, up to 1 s late
-            let past_midnight = reset_at.as_secs_floor() % 86_400;
+            let past_midnight = reset_at
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                % 86_400;
             assert!(past_midnight <= 1, "{past_midnight} s past midnight");
         }
         other => panic!("{err}: {other:?}"),

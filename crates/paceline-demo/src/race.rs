@@ -521,7 +521,7 @@ pub struct Race {
     feed: Mutex<Vec<mpsc::Sender<Arc<str>>>>,
     /// The cooperative fleet's SDK pace margin (the SDK's default unless
     /// set, to measure what it must be).
-    margin: Mutex<paceline_core::Nanos>,
+    margin: Mutex<std::time::Duration>,
     /// The gateways each run goes through.
     deployment: Mutex<Deployment>,
 }
@@ -558,11 +558,11 @@ impl Race {
 
     /// Sets the cooperative fleet's SDK pace margin (to measure what it
     /// must be; the SDK's default otherwise).
-    pub fn set_pace_margin(&self, margin: paceline_core::Nanos) {
+    pub fn set_pace_margin(&self, margin: std::time::Duration) {
         *self.margin.lock() = margin;
     }
 
-    fn pace_margin(&self) -> paceline_core::Nanos {
+    fn pace_margin(&self) -> std::time::Duration {
         *self.margin.lock()
     }
 
@@ -999,7 +999,7 @@ async fn workers(
 async fn cooperative(
     run: Arc<Run>,
     base: String,
-    margin: paceline_core::Nanos,
+    margin: std::time::Duration,
 ) -> anyhow::Result<()> {
     use paceline_client::adapter::reqwest::PacelineMiddleware;
     let config = paceline_client::Config {

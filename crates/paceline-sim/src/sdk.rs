@@ -136,7 +136,7 @@ fn after_error(e: &ClientError, now: Nanos) -> After {
     }
     let wait = e
         .retry_at()
-        .map(|t| t.saturating_sub(now))
+        .map(|t| Nanos::from_system_time(t).saturating_sub(now))
         .unwrap_or(Nanos::SECOND);
     After::Requeue(wait.max(Nanos::from_millis(1)))
 }

@@ -4,20 +4,57 @@
 //! runs), a 429 or 503 is retried as the contract says, and a POST carries
 //! the same `Idempotency-Key` on every attempt. Errors the SDK raises come
 //! back as `reqwest_middleware::Error::Middleware` wrapping a
-//! [`ClientError`] you can downcast to.
+//! [`ClientError`] you can downcast to; with [`Config::final_response`]
+//! a call whose retries are spent hands back the server's last 429 or 503
+//! instead, as `reqwest-retry` does.
+//!
+//! Versions: built against reqwest 0.13 and reqwest-middleware 0.5, both
+//! re-exported ([`crate::reqwest`], [`crate::reqwest_middleware`]).
+//! `RequestBuilder::json` needs reqwest-middleware's `json` feature (and
+//! `query`, `form`, `multipart` theirs) in your own `Cargo.toml`.
+//!
+//! # Where it goes in the chain
+//!
+//! Middlewares run in the order they are added, each around the ones added
+//! after it. So:
+//!
+//! - **Add it after** middlewares that should see one call (logging,
+//!   metrics of calls, auth that refreshes a token and sends again).
+//! - **Add before it** middlewares that should see every attempt (a
+//!   per-attempt log, a check of the `Idempotency-Key`): the extensions
+//!   they get hold the [`Attempt`] being sent.
+//! - **Keep one retrying layer.** `reqwest-retry` beside this middleware
+//!   multiplies the retries (three of its attempts, each of them three of
+//!   ours). Inside (added after) it retries where this middleware cannot
+//!   see or pace it; outside (added before), sending again a request
+//!   whose 429 or 503 this middleware handed back fails with
+//!   [`ClientError::NestedRetry`] instead of retrying it all again; inside,
+//!   a first attempt whose answer is marked as a replay of the key the SDK
+//!   made for it (`Idempotent-Replayed: true`, as paceline's gateway and
+//!   Stripe send) trips a debug assertion (a warning in release builds).
+//!
+//! # What the response tells
+//!
+//! The response carries the [`Attempt`] that drew it
+//! (`resp.extensions().get::<Attempt>()`: its number and its
+//! `Idempotency-Key`), the [`Event::Attempt`](crate::Event::Attempt) and
+//! [`Event::Retry`](crate::Event::Retry) events name every attempt's key,
+//! and the diagnostics the last one of each scope.
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use paceline_client::adapter::reqwest::PacelineMiddleware;
-//! use paceline_client::Client;
+//! use paceline_client::{reqwest, reqwest_middleware, Attempt, Client};
 //!
-//! let sdk = Client::new(); // clone it into every worker: one shared state
-//! let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-//!     .with(PacelineMiddleware::new(sdk.clone()))
-//!     .build();
-//! let resp = http.get("http://127.0.0.1:8080/v1/rates").send().await?;
-//! println!("{}", resp.status());
-//! # Ok(()) }
+//! async fn run() -> Result<(), reqwest_middleware::Error> {
+//!     let sdk = Client::new(); // clone it into every worker: one shared state
+//!     let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!         .with(PacelineMiddleware::new(sdk.clone()))
+//!         .build();
+//!     let resp = http.get("http://127.0.0.1:8080/v1/rates").send().await?;
+//!     let attempt = resp.extensions().get::<Attempt>().cloned();
+//!     println!("{} after {:?}", resp.status(), attempt.map(|a| a.number));
+//!     Ok(())
+//! }
 //! ```
 
 use std::collections::HashMap;
@@ -31,8 +68,10 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next, Result};
 use tokio::sync::OnceCell;
 
-use super::{sleep, Guard, IDEMPOTENCY_KEY};
-use crate::{After, Before, Client, ClientError, Mode, RequestInfo};
+use super::{check_no_inner_resend, sleep, Guard, RequestHead, Scoping, IDEMPOTENCY_KEY};
+#[cfg(doc)]
+use crate::Config;
+use crate::{After, Attempt, Before, Client, ClientError, Mode, RequestInfo};
 
 /// The most body bytes read from a 429 or 503 to classify it.
 const PROBLEM_BODY_CAP: usize = 64 * 1024;
@@ -41,6 +80,7 @@ const PROBLEM_BODY_CAP: usize = 64 * 1024;
 #[derive(Clone, Debug)]
 pub struct PacelineMiddleware {
     client: Client,
+    scoping: Scoping,
     usage_path: Option<String>,
     usage_seeded: Arc<Mutex<HashMap<String, Arc<OnceCell<()>>>>>,
 }
@@ -50,6 +90,7 @@ impl PacelineMiddleware {
     pub fn new(client: Client) -> Self {
         PacelineMiddleware {
             client,
+            scoping: Scoping::default(),
             usage_path: None,
             usage_seeded: Arc::default(),
         }
@@ -57,12 +98,43 @@ impl PacelineMiddleware {
 
     /// Seeds each new scope from the API's usage endpoint at `path` (for
     /// example `/v1/usage`) before its first request, sent with the same
-    /// `Authorization` header, so every worker can start at once instead
+    /// `Authorization` header (and key header, when one is set), so every worker can start at once instead
     /// of waiting for a first response. A failure is ignored: the scope
     /// then learns from its first response.
     pub fn usage_path(mut self, path: impl Into<String>) -> Self {
         self.usage_path = Some(path.into());
         self
+    }
+
+    /// Reads the credential that names a request's scope from `header`
+    /// instead of `Authorization` (see [`Scoping`]).
+    pub fn key_header(mut self, header: http::HeaderName) -> Self {
+        self.scoping = self.scoping.key_header(header);
+        self
+    }
+
+    /// Names every request's scope with `f` (see [`Scoping`]); a
+    /// [`PacingScope`](super::PacingScope) extension on a request still wins.
+    pub fn scope_fn(
+        mut self,
+        f: impl Fn(&RequestHead<'_>) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.scoping = self.scoping.scope_fn(f);
+        self
+    }
+
+    /// The scope a request is paced in, with the extensions it is sent with
+    /// (for seeding a scope by hand, or to find it in the diagnostics).
+    pub fn scope_of(&self, req: &Request, extensions: &Extensions) -> String {
+        let info = RequestInfo::new(req.method().clone(), req.url().as_str());
+        self.scoping.scope_of(
+            &self.client,
+            req.method(),
+            &info.scope,
+            &info.path,
+            req.headers(),
+            extensions,
+        )
     }
 
     async fn seed_from_usage(
@@ -99,10 +171,13 @@ impl PacelineMiddleware {
         url.set_path(path);
         url.set_query(None);
         let mut usage = Request::new(http::Method::GET, url);
-        if let Some(auth) = req.headers().get(http::header::AUTHORIZATION) {
-            usage
-                .headers_mut()
-                .insert(http::header::AUTHORIZATION, auth.clone());
+        for name in [
+            &http::header::AUTHORIZATION,
+            self.scoping.credential_header(),
+        ] {
+            if let Some(v) = req.headers().get(name) {
+                usage.headers_mut().insert(name.clone(), v.clone());
+            }
         }
         let Ok(resp) = next.clone().run(usage, extensions).await else {
             return;
@@ -151,6 +226,31 @@ fn transient(e: &reqwest_middleware::Error) -> bool {
     }
 }
 
+/// Left in the extensions when the middleware hands back a 429 or 503, so
+/// that a retrying layer around it that sends the request again is caught.
+#[derive(Clone, Copy, Debug)]
+struct Answered(u16);
+
+/// The response the application gets: the attempt that drew it in its
+/// extensions (and in the caller's), and the SDK's error when
+/// `final_response` hands back a rejection instead of the error.
+fn hand_back(
+    mut resp: Response,
+    attempt: Attempt,
+    error: Option<ClientError>,
+    extensions: &mut Extensions,
+) -> Response {
+    let status = resp.status().as_u16();
+    if matches!(status, 429 | 503) {
+        extensions.insert(Answered(status));
+    }
+    resp.extensions_mut().insert(attempt);
+    if let Some(e) = error {
+        resp.extensions_mut().insert(e);
+    }
+    resp
+}
+
 #[async_trait::async_trait]
 impl Middleware for PacelineMiddleware {
     async fn handle(
@@ -159,8 +259,12 @@ impl Middleware for PacelineMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
+        if let Some(Answered(status)) = extensions.get::<Answered>() {
+            return Err(sdk_error(ClientError::NestedRetry { status: *status }));
+        }
         let req = replayable(req, self.client.config().replay_buffer_cap).await?;
-        let mut info = RequestInfo::new(req.method().clone(), req.url().as_str());
+        let scope = self.scope_of(&req, extensions);
+        let mut info = RequestInfo::new(req.method().clone(), req.url().as_str()).with_scope(scope);
         if let Some(k) = req
             .headers()
             .get(IDEMPOTENCY_KEY)
@@ -170,6 +274,7 @@ impl Middleware for PacelineMiddleware {
         }
         let scope = info.scope.clone();
         self.seed_from_usage(&req, &scope, extensions, &next).await;
+        let final_response = self.client.config().final_response;
         let mut g = Guard {
             client: self.client.clone(),
             call: self.client.call(info),
@@ -189,22 +294,18 @@ impl Middleware for PacelineMiddleware {
                     attempt.headers_mut().insert(IDEMPOTENCY_KEY, v);
                 }
             }
-            let after = match next.clone().run(attempt, extensions).await {
-                Ok(resp) => {
+            let sent = g.call.attempt().expect("an attempt is on the wire");
+            extensions.insert(sent.clone());
+            let (after, resp) = match next.clone().run(attempt, extensions).await {
+                Ok(resp) if !matches!(resp.status().as_u16(), 429 | 503) => {
+                    check_no_inner_resend(&g.call, resp.headers());
                     let status = resp.status().as_u16();
-                    if !matches!(status, 429 | 503) {
-                        let a = g
-                            .client
-                            .after_response(&mut g.call, status, resp.headers(), None);
-                        if a == After::Done {
-                            return Ok(resp);
-                        }
-                        (a, None)
-                    } else {
-                        let (a, rebuilt) = classify_rejection(&mut g, resp).await;
-                        (a, Some(rebuilt))
-                    }
+                    let a = g
+                        .client
+                        .after_response(&mut g.call, status, resp.headers(), None);
+                    (a, Some(resp))
                 }
+                Ok(resp) => classify_rejection(&mut g, resp).await,
                 Err(e) => {
                     let a = g
                         .client
@@ -215,10 +316,13 @@ impl Middleware for PacelineMiddleware {
                     (a, None)
                 }
             };
-            match after {
-                (After::Done, Some(resp)) => return Ok(resp),
-                (After::Done, None) => unreachable!("a passed-through response returned above"),
+            match (after, resp) {
+                (After::Done, Some(resp)) => return Ok(hand_back(resp, sent, None, extensions)),
+                (After::Done, None) => unreachable!("an error never ends a call as done"),
                 (After::RetryAfter(d), _) => sleep(d).await,
+                (After::Error(e), Some(resp)) if final_response => {
+                    return Ok(hand_back(resp, sent, Some(e), extensions))
+                }
                 (After::Error(e), _) => return Err(sdk_error(e)),
             }
         }
@@ -227,7 +331,7 @@ impl Middleware for PacelineMiddleware {
 
 /// Reads a 429/503 body (bounded) so the problem document can tell a
 /// burst from a quota, then rebuilds the response for the caller.
-async fn classify_rejection(g: &mut Guard, resp: Response) -> (After, Response) {
+async fn classify_rejection(g: &mut Guard, resp: Response) -> (After, Option<Response>) {
     let status = resp.status();
     let headers = resp.headers().clone();
     let version = resp.version();
@@ -246,5 +350,5 @@ async fn classify_rejection(g: &mut Guard, resp: Response) -> (After, Response) 
     *rebuilt.status_mut() = status;
     *rebuilt.headers_mut() = headers;
     *rebuilt.version_mut() = version;
-    (a, Response::from(rebuilt))
+    (a, Some(Response::from(rebuilt)))
 }

@@ -7,7 +7,14 @@
 //! contract says. Rejections are classified from their headers (the body
 //! stays untouched for the caller). Errors are boxed: a
 //! [`ClientError`] from the SDK, or the inner
-//! service's error.
+//! service's error; with [`Config::final_response`](crate::Config::final_response)
+//! a call whose retries are spent ends with the server's last 429 or 503
+//! instead. The response, and each request the inner service gets, carry
+//! the [`Attempt`](crate::Attempt) in their extensions (its number and `Idempotency-Key`).
+//!
+//! Versions: `tower-layer` and `tower-service` 0.3 (what tower 0.5 uses),
+//! `http` 1 and `http-body` 1 (what hyper 1 and hyper-util 0.1 use), all
+//! re-exported from the crate's root with `bytes` and `http-body-util`.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -36,7 +43,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{sleep, Guard, IDEMPOTENCY_KEY};
+use super::{check_no_inner_resend, sleep, Guard, RequestHead, Scoping, IDEMPOTENCY_KEY};
 use crate::{After, Before, Client, ClientError, RequestInfo};
 
 /// A boxed error: a [`ClientError`] or the inner service's error.
@@ -46,12 +53,33 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone, Debug)]
 pub struct PacelineLayer {
     client: Client,
+    scoping: Scoping,
 }
 
 impl PacelineLayer {
     /// A layer over `client` (clones share its state).
     pub fn new(client: Client) -> Self {
-        PacelineLayer { client }
+        PacelineLayer {
+            client,
+            scoping: Scoping::default(),
+        }
+    }
+
+    /// Reads the credential that names a request's scope from `header`
+    /// instead of `Authorization` (see [`Scoping`]).
+    pub fn key_header(mut self, header: http::HeaderName) -> Self {
+        self.scoping = self.scoping.key_header(header);
+        self
+    }
+
+    /// Names every request's scope with `f` (see [`Scoping`]); a
+    /// [`PacingScope`](super::PacingScope) extension on a request still wins.
+    pub fn scope_fn(
+        mut self,
+        f: impl Fn(&RequestHead<'_>) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.scoping = self.scoping.scope_fn(f);
+        self
     }
 }
 
@@ -61,6 +89,7 @@ impl<S> Layer<S> for PacelineLayer {
         Paceline {
             inner,
             client: self.client.clone(),
+            scoping: self.scoping.clone(),
         }
     }
 }
@@ -70,6 +99,7 @@ impl<S> Layer<S> for PacelineLayer {
 pub struct Paceline<S> {
     inner: S,
     client: Client,
+    scoping: Scoping,
 }
 
 impl<S> Paceline<S> {
@@ -102,12 +132,14 @@ where
         let inner = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, inner);
         let client = self.client.clone();
-        Box::pin(run(client, inner, req))
+        let scoping = self.scoping.clone();
+        Box::pin(run(client, scoping, inner, req))
     }
 }
 
 async fn run<S, B, RB>(
     client: Client,
+    scoping: Scoping,
     mut inner: S,
     req: Request<B>,
 ) -> Result<Response<RB>, BoxError>
@@ -133,6 +165,14 @@ where
             info.scope = h.to_string();
         }
     }
+    info.scope = scoping.scope_of(
+        &client,
+        &parts.method,
+        &info.scope,
+        &info.path,
+        &parts.headers,
+        &parts.extensions,
+    );
     if let Some(k) = parts
         .headers
         .get(IDEMPOTENCY_KEY)
@@ -140,6 +180,7 @@ where
     {
         info = info.with_idempotency_key(k);
     }
+    let final_response = client.config().final_response;
     let mut g = Guard {
         call: client.call(info),
         client,
@@ -159,6 +200,8 @@ where
                 attempt.headers_mut().insert(IDEMPOTENCY_KEY, v);
             }
         }
+        let sent = g.call.attempt().expect("an attempt is on the wire");
+        attempt.extensions_mut().insert(sent.clone());
         let ready: Result<(), BoxError> = std::future::poll_fn(|cx| inner.poll_ready(cx))
             .await
             .map_err(Into::into);
@@ -168,14 +211,23 @@ where
         }
         let result: Result<Response<RB>, BoxError> = inner.call(attempt).await.map_err(Into::into);
         match result {
-            Ok(resp) => {
+            Ok(mut resp) => {
+                check_no_inner_resend(&g.call, resp.headers());
                 let status = resp.status().as_u16();
                 match g
                     .client
                     .after_response(&mut g.call, status, resp.headers(), None)
                 {
-                    After::Done => return Ok(resp),
+                    After::Done => {
+                        resp.extensions_mut().insert(sent);
+                        return Ok(resp);
+                    }
                     After::RetryAfter(d) => sleep(d).await,
+                    After::Error(e) if final_response => {
+                        resp.extensions_mut().insert(sent);
+                        resp.extensions_mut().insert(e);
+                        return Ok(resp);
+                    }
                     After::Error(e) => return Err(Box::new(e)),
                 }
             }

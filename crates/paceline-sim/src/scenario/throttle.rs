@@ -117,7 +117,7 @@ fn point(params: &ThrottleParams, k: f64, ratio: f64, seed: u64) -> ThrottlePoin
     ];
     let clock = ManualClock::new(START);
     let config = Config {
-        throttle_window: params.window,
+        throttle_window: params.window.into(),
         throttle_k: k,
         ..Config::default()
     };

@@ -394,10 +394,11 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
     let plain = reqwest::Client::builder().timeout(timeout).build()?;
     let sdk = Sdk::builder()
         .clock(SystemClock::new())
-        .max_wait(Nanos::from_secs(args.max_wait))
+        .max_wait(Duration::from_secs(args.max_wait))
         .build();
+    let paced = PacelineMiddleware::new(sdk.clone());
     if let (Some(url), false) = (&args.usage, args.naive) {
-        seed(&sdk, &plain, url, args.key.as_deref()).await?;
+        seed(&paced, &plain, url, args.key.as_deref()).await?;
     }
     let http = if args.naive {
         reqwest_middleware::ClientBuilder::new(plain)
@@ -405,7 +406,7 @@ async fn execute(args: &Args, jobs: Vec<Job>) -> anyhow::Result<Summary> {
             .build()
     } else {
         reqwest_middleware::ClientBuilder::new(plain)
-            .with(PacelineMiddleware::new(sdk.clone()))
+            .with(paced)
             .with(Counter(tally.clone()))
             .build()
     };
@@ -531,6 +532,7 @@ fn watch(sdk: &Sdk, bar: &indicatif::ProgressBar, verbose: bool) {
                 attempt,
                 wait,
                 status,
+                ..
             } => format!(
                 "{scope}: retry after attempt {attempt} (status {}) in {:.2} s",
                 status.map_or("none".to_string(), |s| s.to_string()),
@@ -548,22 +550,22 @@ fn watch(sdk: &Sdk, bar: &indicatif::ProgressBar, verbose: bool) {
 }
 
 async fn seed(
-    sdk: &Sdk,
+    paced: &PacelineMiddleware,
     http: &reqwest::Client,
     url: &str,
     key: Option<&str>,
 ) -> anyhow::Result<()> {
     let mut req = http.get(url);
     if let Some(k) = key {
-        req = req.bearer_auth(k);
+        req = req.header(AUTHORIZATION, format!("Bearer {k}"));
     }
-    let body = req.send().await?.error_for_status()?.bytes().await?;
-    let u = reqwest::Url::parse(url)?;
-    let scope = match u.port() {
-        Some(p) => format!("{}:{p}", u.host_str().unwrap_or_default()),
-        None => u.host_str().unwrap_or_default().to_string(),
-    };
-    sdk.seed_usage(&scope, &body)
+    let req = req.build()?;
+    // the scope the jobs will be paced in: the host and the key's hash
+    let scope = paced.scope_of(&req, &http::Extensions::new());
+    let body = http.execute(req).await?.error_for_status()?.bytes().await?;
+    paced
+        .client()
+        .seed_usage(&scope, &body)
         .map_err(|e| anyhow::anyhow!("usage endpoint {url}: {e}"))?;
     Ok(())
 }

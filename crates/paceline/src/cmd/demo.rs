@@ -167,7 +167,7 @@ async fn race_demo(
     race.set_deployment(deployment.clone())
         .map_err(anyhow::Error::msg)?;
     if let Some(ms) = args.pace_margin_ms {
-        race.set_pace_margin(paceline_core::Nanos::from_millis(ms));
+        race.set_pace_margin(std::time::Duration::from_millis(ms));
     }
     let (listener, url) = match race::bind(&args.race_listen.to_string()).await {
         Ok(bound) => bound,

@@ -1,0 +1,3 @@
+//! paceline-client's README example, as a user's crate builds it.
+
+include!(concat!(env!("OUT_DIR"), "/readme.rs"));
