@@ -421,13 +421,14 @@ impl Default for IpPrefixes {
 }
 
 impl IpPrefixes {
-    /// Checks the lengths: IPv4 1-32, IPv6 1-128.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the lengths (IPv4 1-32, IPv6 1-128): the setting at fault
+    /// (`ipv4_prefix` or `ipv6_prefix`) and why.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
         if !(1..=32).contains(&self.v4) {
-            return Err(format!("ipv4_prefix {} must be 1-32", self.v4));
+            return Err(("ipv4_prefix", format!("{} must be 1-32", self.v4)));
         }
         if !(1..=128).contains(&self.v6) {
-            return Err(format!("ipv6_prefix {} must be 1-128", self.v6));
+            return Err(("ipv6_prefix", format!("{} must be 1-128", self.v6)));
         }
         Ok(())
     }
@@ -826,8 +827,10 @@ mod tests {
             wide.group(ip("2001:db8:1:2::1")),
             (ip("2001:db8:1::"), Some(48))
         );
-        assert!(IpPrefixes { v4: 0, v6: 64 }.validate().is_err());
-        assert!(IpPrefixes { v4: 32, v6: 129 }.validate().is_err());
+        let field = |p: IpPrefixes| p.validate().unwrap_err().0;
+        assert_eq!(field(IpPrefixes { v4: 0, v6: 64 }), "ipv4_prefix");
+        assert_eq!(field(IpPrefixes { v4: 32, v6: 129 }), "ipv6_prefix");
+        assert_eq!(field(IpPrefixes { v4: 33, v6: 0 }), "ipv4_prefix");
     }
 
     proptest! {

@@ -183,11 +183,7 @@ impl Shedder {
         if s.max_in_flight == 0 {
             return Some(self.guard());
         }
-        let slow = match (s.max_latency, self.latency()) {
-            (Some(max), Some(l)) => l > max,
-            _ => false,
-        };
-        let limit = limit(s, c, slow);
+        let limit = self.limit_now(s, c);
         let counter = &self.inner.in_flight;
         let mut cur = counter.load(Ordering::Acquire);
         loop {
@@ -208,14 +204,17 @@ impl Shedder {
     /// Whether a request of criticality `c` would be admitted now under
     /// settings `s` (nothing is taken: see [`ShedTicket`]).
     pub(crate) fn would_admit(&self, s: &SheddingSettings, c: Criticality) -> bool {
-        if s.max_in_flight == 0 {
-            return true;
-        }
+        s.max_in_flight == 0 || self.in_flight() < self.limit_now(s, c)
+    }
+
+    /// The in-flight count below which criticality `c` runs now, the
+    /// latency rule applied.
+    fn limit_now(&self, s: &SheddingSettings, c: Criticality) -> u32 {
         let slow = match (s.max_latency, self.latency()) {
             (Some(max), Some(l)) => l > max,
             _ => false,
         };
-        self.in_flight() < limit(s, c, slow)
+        limit(s, c, slow)
     }
 
     fn guard(&self) -> ShedGuard {

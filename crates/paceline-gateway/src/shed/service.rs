@@ -209,9 +209,9 @@ where
             (true, true) => layer.shedder.would_admit(&settings, c).then(|| {
                 let ticket = ShedTicket::new(layer.shedder.clone(), c);
                 req.extensions_mut().insert(ticket.clone());
-                Admitted::Ticket(ticket)
+                Passed::Ticket(ticket)
             }),
-            (true, false) => layer.shedder.admit(&settings, c).map(Admitted::Guard),
+            (true, false) => layer.shedder.admit(&settings, c).map(Passed::Guard),
         };
         let Some(admitted) = admitted else {
             let reason = if passed { "in_flight" } else { "rate" };
@@ -238,11 +238,11 @@ where
             return ShedFuture::Shed { res: Some(res) };
         };
         let (guard, ticket, started) = match admitted {
-            Admitted::Guard(g) => {
+            Passed::Guard(g) => {
                 let started = g.shedder.now();
                 (Some(g), None, started)
             }
-            Admitted::Ticket(t) => (None, Some(t), Nanos::ZERO),
+            Passed::Ticket(t) => (None, Some(t), Nanos::ZERO),
         };
         let call = match classified {
             Some((_, route)) => self.inner.call_classified(req, route),
@@ -259,7 +259,7 @@ where
 
 /// How a request passed the shed layer: holding its unit, or with a
 /// ticket for one.
-enum Admitted {
+enum Passed {
     Guard(ShedGuard),
     Ticket(ShedTicket),
 }

@@ -349,37 +349,25 @@ impl LimitsBuilder {
             ));
         }
         self.escalation.validate()?;
-        if let Some(p) = self
-            .charged_failures
-            .iter()
-            .find(|p| !index.contains_key(p.as_str()))
-        {
-            return Err(ConfigError::new(
-                Kind::UnknownPlan,
-                "plans",
-                format!(
-                    "no plan named {p:?} to charge upstream failures to; plans are {:?}",
-                    names(&self.plans)
-                ),
-            ));
+        let failure_settings = [
+            (&self.charged_failures, "charge upstream failures to"),
+            (&self.refunded_sent, "refund failures to"),
+        ];
+        for (plans, what) in failure_settings {
+            if let Some(p) = plans.iter().find(|p| !index.contains_key(p.as_str())) {
+                return Err(ConfigError::new(
+                    Kind::UnknownPlan,
+                    "plans",
+                    format!(
+                        "no plan named {p:?} to {what}; plans are {:?}",
+                        names(&self.plans)
+                    ),
+                ));
+            }
         }
         self.ip_prefixes
             .validate()
-            .map_err(|m| ConfigError::new(Kind::OutOfRange, "ipv6_prefix", m))?;
-        if let Some(p) = self
-            .refunded_sent
-            .iter()
-            .find(|p| !index.contains_key(p.as_str()))
-        {
-            return Err(ConfigError::new(
-                Kind::UnknownPlan,
-                "plans",
-                format!(
-                    "no plan named {p:?} to refund failures to; plans are {:?}",
-                    names(&self.plans)
-                ),
-            ));
-        }
+            .map_err(|(field, m)| ConfigError::new(Kind::OutOfRange, field, m))?;
         let charged = std::mem::take(&mut self.charged_failures);
         let refunded = std::mem::take(&mut self.refunded_sent);
         self.idempotency.problem_base = self.problem_base.clone();

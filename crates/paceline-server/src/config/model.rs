@@ -316,13 +316,6 @@ impl LimitsConfig {
             v4: self.ipv4_prefix,
             v6: self.ipv6_prefix,
         };
-        prefixes.validate().map_err(|m| {
-            let field = match self.ipv4_prefix {
-                1..=32 => "ipv6_prefix",
-                _ => "ipv4_prefix",
-            };
-            ConfigError::new(Kind::OutOfRange, field, m)
-        })?;
         b.trusted_proxies(trusted)
             .basic_auth(self.basic_auth)
             .ip_prefixes(prefixes)
