@@ -1,11 +1,14 @@
 //! Our check against the `governor` crate's keyed limiter, on the same work,
 //! in the same run: one key, 1,000 keys, 1,000,000 keys, two threads on one
-//! key, and our two-policy (burst + daily) plan.
+//! key; and our two-policy (burst + daily) plan against the `limitador`
+//! crate's in-memory limiter checking the same two limits per key (one key
+//! and 1,000 keys).
 //!
 //! Run: `cargo bench -p paceline-core --bench check`
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -37,6 +40,27 @@ fn ours() -> (Limiter<MemoryStore, SystemClock>, Plan, Plan) {
 fn theirs() -> governor::DefaultKeyedRateLimiter<String> {
     let q = NonZeroU32::new(Q).unwrap();
     RateLimiter::keyed(Quota::per_second(q).allow_burst(q))
+}
+
+/// limitador's in-memory limiter with the same two limits per key: 50 a
+/// second and 1,000,000,000 a day, each counted per value of `key`
+/// (limitador counts fixed windows; it has no token bucket).
+fn limitadors() -> (limitador::RateLimiter, limitador::limit::Namespace) {
+    use limitador::limit::{Expression, Limit};
+    let ns: limitador::limit::Namespace = "api".into();
+    let lim = limitador::RateLimiter::new(100_000);
+    let by_key = || -> Vec<Expression> { vec!["key".try_into().unwrap()] };
+    lim.add_limit(Limit::new(ns.clone(), Q as u64, 1, [], by_key()));
+    lim.add_limit(Limit::new(ns.clone(), 1_000_000_000, 86_400, [], by_key()));
+    (lim, ns)
+}
+
+/// limitador's request context for each key, built once (what a caller
+/// would have in hand from the request's descriptors).
+fn contexts(ks: &[String]) -> Vec<limitador::limit::Context<'static>> {
+    ks.iter()
+        .map(|k| HashMap::from([("key".to_string(), k.clone())]).into())
+        .collect()
 }
 
 fn keys(n: usize) -> Vec<String> {
@@ -77,6 +101,20 @@ fn keyed(c: &mut Criterion) {
                 black_box(gov.check_key(&ks[i]).is_ok())
             })
         });
+        if n <= 1_000 {
+            let (tor, ns) = limitadors();
+            let ctxs = contexts(&ks);
+            for c in &ctxs {
+                let _ = tor.check_rate_limited_and_update(&ns, c, 1);
+            }
+            g.bench_function(BenchmarkId::new("limitador_two_limits", n), |b| {
+                b.iter(|| {
+                    i = (i + 1) % n;
+                    let r = tor.check_rate_limited_and_update(&ns, &ctxs[i], 1);
+                    black_box(!r.unwrap().limited)
+                })
+            });
+        }
         g.finish();
     }
 }

@@ -215,11 +215,33 @@ fn check_single(
             Nanos::new(rest),
         );
     }
+    let (pk, rest) = single_step(p, words, now_ns, cost);
+    (single_decision(p, pk), Nanos::new(rest))
+}
+
+/// The step of a one-policy plan whose cost fits its quota: peeks,
+/// charges `words` if admitted, and returns the peek and the instant the
+/// state comes to rest. Nothing is built: a caller retrying a
+/// compare-and-swap builds the decision once, from the winning peek.
+#[inline(always)]
+pub(crate) fn single_step(
+    p: &crate::Policy,
+    words: &mut [u64],
+    now_ns: u64,
+    cost: u64,
+) -> (Peek, u64) {
     let pk = algorithm::peek(p, words, now_ns, cost);
-    let outcome = if pk.admit {
+    if pk.admit {
         algorithm::commit(p, words, now_ns, cost);
-        Outcome::Allowed
-    } else if p.is_shadow() {
+    }
+    let rest = rest_instant(p, words, now_ns, &status(pk)).max(now_ns);
+    (pk, rest)
+}
+
+/// The decision of a one-policy plan from its step's peek.
+#[inline(always)]
+pub(crate) fn single_decision(p: &crate::Policy, pk: Peek) -> Decision {
+    let outcome = if pk.admit || p.is_shadow() {
         Outcome::Allowed
     } else {
         Outcome::Denied(Denial {
@@ -228,10 +250,10 @@ fn check_single(
             retry_after: Nanos::new(pk.wait_ns),
         })
     };
-    let st = status(pk);
-    let rest = rest_instant(p, words, now_ns, &st).max(now_ns);
-    let statuses = smallvec::smallvec![st];
-    (Decision { outcome, statuses }, Nanos::new(rest))
+    Decision {
+        outcome,
+        statuses: smallvec::smallvec![status(pk)],
+    }
 }
 
 #[inline]

@@ -459,6 +459,7 @@ impl MemoryStore {
     }
 
     /// The synchronous check (the embedded store never waits on I/O).
+    #[inline]
     pub fn check_sync(
         &self,
         plan: &Plan,
@@ -468,14 +469,33 @@ impl MemoryStore {
     ) -> Result<Decision, StoreError> {
         let cost = cost.into();
         let h = self.hash(plan, key);
+        if plan.state_words() == 1 {
+            // the common case, inlined into the caller: a known key of a
+            // one-word plan, one shared lock and one compare-and-swap
+            let shard = self.shard(h);
+            if let Some(d) = read(&shard.one)
+                .t2
+                .get(&h)
+                .map(|slot| cas_one(slot, plan, cost, now))
+            {
+                return Ok(d);
+            }
+            return check_one(shard, h, plan, cost, now, self.inner.max_per_shard);
+        }
+        self.check_rows(h, plan, cost, now)
+    }
+
+    /// The check of a plan of several words, under the shard's row lock.
+    #[inline(never)]
+    fn check_rows(
+        &self,
+        h: u128,
+        plan: &Plan,
+        cost: Cost,
+        now: Nanos,
+    ) -> Result<Decision, StoreError> {
         let shard = self.shard(h);
         let max = self.inner.max_per_shard;
-        if plan.state_words() == 1 {
-            if let Some(slot) = read(&shard.one).t2.get(&h) {
-                return Ok(cas_one(slot, plan, cost, now));
-            }
-            return check_one(shard, h, plan, cost, now, max);
-        }
         for first in [true, false] {
             {
                 let mut guard = shard.rows.write();
@@ -629,6 +649,30 @@ const REST_SLACK_NS: u64 = 1_000_000_000;
 #[inline]
 fn cas_one(slot: &[AtomicU64; 2], plan: &Plan, cost: Cost, now: Nanos) -> Decision {
     let now_ns = now.as_u64();
+    let p = plan.policy(0);
+    let units = cost.of(p);
+    if units <= p.quota() {
+        // the usual step: the decision is built once, from the peek that won
+        loop {
+            let old = slot[1].load(Ordering::Acquire);
+            let rest = slot[0].load(Ordering::Acquire);
+            let base = if rest <= now_ns { 0 } else { old };
+            let mut w = [base];
+            let (pk, new_rest) = crate::check::single_step(p, &mut w, now_ns, units);
+            if w[0] != base {
+                if new_rest > rest {
+                    slot[0].fetch_max(new_rest.saturating_add(REST_SLACK_NS), Ordering::AcqRel);
+                }
+                if slot[1]
+                    .compare_exchange_weak(old, w[0], Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    continue;
+                }
+            }
+            return crate::check::single_decision(p, pk);
+        }
+    }
     loop {
         // The word before the mark: a thread raises the mark before it
         // publishes a word, so whoever reads that word also reads a mark
@@ -659,6 +703,7 @@ fn cas_one(slot: &[AtomicU64; 2], plan: &Plan, cost: Cost, now: Nanos) -> Decisi
 
 /// A one-word plan's key not found under the shared lock: look again under
 /// the exclusive one and insert it if its state matters.
+#[inline(never)]
 fn check_one(
     shard: &Shard,
     h: u128,
