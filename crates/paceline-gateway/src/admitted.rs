@@ -20,6 +20,7 @@
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -41,6 +42,11 @@ type InnerBody = IdempotencyBody<ProxyBody>;
 #[derive(Clone)]
 pub(crate) struct Admitted<S> {
     inner: S,
+    /// The connection's own, shared by its requests: one count to clone.
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     intake: Intake,
     peer: IpAddr,
     limits: CurrentLimits,
@@ -57,10 +63,12 @@ impl<S> Admitted<S> {
     ) -> Self {
         Admitted {
             inner,
-            intake,
-            peer,
-            limits,
-            retry_after_s,
+            shared: Arc::new(Shared {
+                intake,
+                peer,
+                limits,
+                retry_after_s,
+            }),
         }
     }
 }
@@ -79,11 +87,14 @@ where
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let this = self.clone();
         // the clone polled ready is the one called
-        let mut inner = std::mem::replace(&mut self.inner, this.inner.clone());
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let this = self.shared.clone();
         Box::pin(async move {
-            let ticket = req.extensions().get::<ShedTicket>().cloned();
+            let mut req = req;
+            // the shed layer's future holds the ticket's twin
+            let ticket = req.extensions_mut().remove::<ShedTicket>();
             let req = match this.intake.take(req, this.peer).await {
                 Ok(req) => req,
                 Err(r) => return Ok(this.refused(r)),
@@ -96,7 +107,7 @@ where
     }
 }
 
-impl<S> Admitted<S> {
+impl Shared {
     /// The answer to a request refused here, marked for the limit layer.
     fn refused(&self, r: Refusal) -> Response<InnerBody> {
         let limits = (self.limits)();

@@ -821,42 +821,83 @@ impl Intake {
     /// stages take the body in once the limiter has admitted it: see
     /// `admitted.rs`); a refused head is answered here, under the problem
     /// base of the limits in force, charged to nothing.
-    pub(crate) async fn serve<S, B>(
-        self,
-        svc: S,
+    ///
+    /// Everything up to the call is done before the returned future is
+    /// first polled, from shared references: a head refused here or
+    /// answered from the head further in (a shed `503`, a `429`) costs no
+    /// clone of the stack and no allocation of a future.
+    pub(crate) fn serve<S, B>(
+        &self,
+        svc: &crate::shed::LoadShed<S>,
         mut req: Request<hyper::body::Incoming>,
-        base: crate::shed::CurrentLimits,
+        base: &crate::shed::CurrentLimits,
         retry_after_s: u64,
-    ) -> Result<Response<crate::shed::ShedBody<B>>, S::Error>
+    ) -> Served<S::Future>
     where
-        S: tower_service::Service<
-            Request<hyper::body::Incoming>,
-            Response = Response<crate::shed::ShedBody<B>>,
-        >,
+        S: crate::shed::CallClassified<hyper::body::Incoming, Response = Response<B>> + Clone,
+        B: crate::shed::OwnAnswer,
     {
-        use tower::ServiceExt;
         if let Err(r) = crate::front::screen(&mut req, &self.paths) {
             let res = crate::front::answer(&r, base().problem_base());
-            return Ok(res.map(|data| crate::shed::ShedBody::Full {
-                data: (!data.is_empty()).then_some(data),
-            }));
+            return Served::answer(res);
         }
         // the head stays in memory while its request is in flight (an
         // HTTP/2 connection has many): counted until the answer's head
-        let held = match HeadHeld::reserve(&self.buffered, head_size(&req)) {
-            Some(h) => Ok(h),
+        match HeadHeld::reserve(&self.buffered, head_size(&req)) {
+            Some(held) => Served::Call {
+                call: svc.call_shared(req),
+                held: Some(held),
+            },
             None => {
                 crate::metrics::intake_refused("memory");
-                Err(Refusal::Overloaded)
+                let res = refusal_answer(Refusal::Overloaded, base().problem_base(), retry_after_s);
+                Served::answer(res)
             }
-        };
-        match held {
-            Ok(_held) => svc.oneshot(req).await,
-            Err(r) => {
-                let res = refusal_answer(r, base().problem_base(), retry_after_s);
-                Ok(res.map(|data| crate::shed::ShedBody::Full {
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Intake::serve`]: a head refused at once, or the
+    /// stack's call with the head counted until its answer's head.
+    #[project = ServedProj]
+    pub(crate) enum Served<F> {
+        /// Refused here.
+        Ready { res: Option<Response<Bytes>> },
+        /// On to the stack.
+        Call {
+            #[pin]
+            call: crate::shed::ShedFuture<F>,
+            held: Option<HeadHeld>,
+        },
+    }
+}
+
+impl<F> Served<F> {
+    fn answer(res: Response<Bytes>) -> Served<F> {
+        Served::Ready { res: Some(res) }
+    }
+}
+
+impl<F, B, E> Future for Served<F>
+where
+    crate::shed::ShedFuture<F>: Future<Output = Result<Response<crate::shed::ShedBody<B>>, E>>,
+{
+    type Output = Result<Response<crate::shed::ShedBody<B>>, E>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            ServedProj::Ready { res } => {
+                let res = res.take().expect("polled after completion");
+                Poll::Ready(Ok(res.map(|data| crate::shed::ShedBody::Full {
                     data: (!data.is_empty()).then_some(data),
-                }))
+                })))
+            }
+            ServedProj::Call { call, held } => {
+                let out = std::task::ready!(call.poll(cx));
+                // the answer's head is here: the request's head is let go
+                held.take();
+                Poll::Ready(out)
             }
         }
     }

@@ -53,7 +53,7 @@ use tower_layer::Layer;
 use crate::admitted::Admitted;
 use crate::config::{ConfigFileError, GatewayConfig, Settings};
 use crate::edge::{HeadBytes, Metered};
-use crate::idle::{Activity, Tracked, TrackedCall};
+use crate::idle::{Activity, TrackedCall};
 use crate::intake::Intake;
 use crate::metrics as m;
 use crate::proxy::{full, Proxy};
@@ -67,18 +67,6 @@ pub(crate) const H2_STREAM_WINDOW: u32 = 64 * 1024;
 /// The limiter a gateway runs: its store (in memory, or Redis) and a
 /// shared clock.
 pub type GatewayLimiter = RateLimiter<GatewayStore, Arc<dyn Clock>>;
-
-type GatewayBody = crate::shed::ShedBody<
-    paceline_server::RateLimitBody<
-        paceline_server::idempotency::IdempotencyBody<crate::proxy::ProxyBody>,
-    >,
->;
-type ServeFuture = std::pin::Pin<
-    Box<
-        dyn Future<Output = Result<Response<Tracked<GatewayBody>>, std::convert::Infallible>>
-            + Send,
-    >,
->;
 
 /// What a reload did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -338,11 +326,10 @@ impl Gateway {
                 head.dispatched();
                 // a body still to come is taken in before anything counts it
                 let retry = shedder.settings().retry_after_s;
-                let call = intake
-                    .clone()
-                    .serve(stack.clone(), req, limits.clone(), retry);
-                let fut: ServeFuture = Box::pin(TrackedCall::new(call, busy));
-                fut
+                // decided up to the stack's call here: a head refused or
+                // rejected costs no clone of the stack and no boxed future
+                let call = intake.serve(&stack, req, &limits, retry);
+                TrackedCall::new(call, busy)
             });
             let (io, left) = crate::edge::EdgeIo::new(stream);
             let io = io.metered(metered);

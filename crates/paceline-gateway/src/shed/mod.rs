@@ -68,6 +68,7 @@ use paceline_server::Criticality;
 use parking_lot::RwLock;
 
 pub use rate::{caller_of, RateShed, MAX_CALLERS};
+pub(crate) use service::ShedFuture;
 pub use service::{
     overloaded, CallClassified, CurrentLimits, LoadShed, LoadShedLayer, OwnAnswer, ShedBody,
 };

@@ -50,6 +50,20 @@ pub trait CallClassified<ReqB>: Service<Request<ReqB>> {
     fn standing(&self, _req: &Request<ReqB>, _route: &RouteInfo) -> Option<http::HeaderMap> {
         None
     }
+
+    /// Calls a clone of this service with `req` (classified when `route`
+    /// is given), from a shared reference. The limit layer overrides it
+    /// to answer a rejected request without the clone.
+    fn call_shared(&self, req: Request<ReqB>, route: Option<RouteInfo>) -> Self::Future
+    where
+        Self: Clone,
+    {
+        let mut this = self.clone();
+        match route {
+            Some(route) => this.call_classified(req, route),
+            None => this.call(req),
+        }
+    }
 }
 
 impl<I, S, C, ReqB, ResB> CallClassified<ReqB> for RateLimit<I, S, C>
@@ -68,6 +82,10 @@ where
 
     fn standing(&self, req: &Request<ReqB>, route: &RouteInfo) -> Option<http::HeaderMap> {
         RateLimit::standing(self, req, Some(route.clone()))
+    }
+
+    fn call_shared(&self, req: Request<ReqB>, route: Option<RouteInfo>) -> Self::Future {
+        RateLimit::call_shared(self, req, route)
     }
 }
 
@@ -185,7 +203,46 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        match self.step(req) {
+            Step::Shed(f) => f,
+            Step::Go(req, route, passed) => {
+                let started = passed.start();
+                let call = match route {
+                    Some(route) => self.inner.call_classified(req, route),
+                    None => self.inner.call(req),
+                };
+                started.future(call)
+            }
+        }
+    }
+}
+
+impl<S> LoadShed<S> {
+    /// Like `call`, from a shared reference: a shed request and one the
+    /// stage inside answers from its head touch nothing else (see
+    /// [`CallClassified::call_shared`]).
+    pub fn call_shared<ReqB, ResB>(&self, req: Request<ReqB>) -> ShedFuture<S::Future>
+    where
+        S: CallClassified<ReqB, Response = Response<ResB>> + Clone,
+        ResB: OwnAnswer,
+    {
+        match self.step(req) {
+            Step::Shed(f) => f,
+            Step::Go(req, route, passed) => {
+                let started = passed.start();
+                started.future(self.inner.call_shared(req, route))
+            }
+        }
+    }
+
+    /// The shed layer's decision, from the head: the answer if shed, else
+    /// the request (with its classification) and how it passed.
+    fn step<ReqB, ResB>(&self, mut req: Request<ReqB>) -> Step<ReqB, S::Future>
+    where
+        S: CallClassified<ReqB, Response = Response<ResB>>,
+        ResB: OwnAnswer,
+    {
         let layer = &*self.layer.inner;
         let settings = layer.shedder.settings();
         // shedding off: no need to look, and nothing for the limit layer
@@ -235,19 +292,38 @@ where
                     }
                 }
             }
-            return ShedFuture::Shed { res: Some(res) };
+            return Step::Shed(ShedFuture::Shed { res: Some(res) });
         };
-        let (guard, ticket, started) = match admitted {
+        Step::Go(req, classified.map(|(_, route)| route), admitted)
+    }
+}
+
+/// The shed layer's step: shed, or on to the inner service.
+enum Step<ReqB, F> {
+    Shed(ShedFuture<F>),
+    Go(Request<ReqB>, Option<RouteInfo>, Passed),
+}
+
+/// What a request passed with, and when its unit was taken: read before
+/// the inner service is called, which may already do work.
+struct Started(Option<ShedGuard>, Option<ShedTicket>, Nanos);
+
+impl Passed {
+    fn start(self) -> Started {
+        match self {
             Passed::Guard(g) => {
                 let started = g.shedder.now();
-                (Some(g), None, started)
+                Started(Some(g), None, started)
             }
-            Passed::Ticket(t) => (None, Some(t), Nanos::ZERO),
-        };
-        let call = match classified {
-            Some((_, route)) => self.inner.call_classified(req, route),
-            None => self.inner.call(req),
-        };
+            Passed::Ticket(t) => Started(None, Some(t), Nanos::ZERO),
+        }
+    }
+}
+
+impl Started {
+    /// The future of the inner call, holding what the request passed with.
+    fn future<F>(self, call: F) -> ShedFuture<F> {
+        let Started(guard, ticket, started) = self;
         ShedFuture::Inner {
             call,
             guard,

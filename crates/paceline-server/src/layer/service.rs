@@ -186,9 +186,33 @@ impl<I, S, C> RateLimit<I, S, C> {
         self.serve(req, Some(route))
     }
 
+    /// Like [`call_classified`](Self::call_classified) (or `call`, with no
+    /// route given), from a shared reference: a request the limiter
+    /// answers from its head (a `429`, a `401`) touches nothing else, and
+    /// an admitted one calls a clone of the inner service. For inner
+    /// services that are always ready (their `poll_ready` is `Ready` and
+    /// changes nothing), such as a per-connection stack called once per
+    /// request: it spares a rejected request the clone of the whole stack.
+    pub fn call_shared<ReqB, ResB>(
+        &self,
+        req: Request<ReqB>,
+        route: Option<crate::RouteInfo>,
+    ) -> ResponseFuture<ResB, I::Error>
+    where
+        I: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+        I::Future: Send + 'static,
+        I::Error: Send + 'static,
+        ReqB: Send + 'static,
+        ResB: Send + 'static,
+        S: Store,
+        C: Clock,
+    {
+        serve(&self.limiter, self.peer, req, route, || self.inner.clone())
+    }
+
     fn serve<ReqB, ResB>(
         &mut self,
-        mut req: Request<ReqB>,
+        req: Request<ReqB>,
         given: Option<crate::RouteInfo>,
     ) -> ResponseFuture<ResB, I::Error>
     where
@@ -200,8 +224,41 @@ impl<I, S, C> RateLimit<I, S, C> {
         S: Store,
         C: Clock,
     {
-        let prepared = self.limiter.prepare(&req, self.peer, given);
-        let now = self.limiter.decide_now(&prepared);
+        let RateLimit {
+            inner,
+            limiter,
+            peer,
+        } = self;
+        // the clone polled ready is the one called
+        serve(limiter, *peer, req, given, || {
+            let clone = inner.clone();
+            std::mem::replace(inner, clone)
+        })
+    }
+}
+
+/// The limit layer's step: decided from the head when it can be (the
+/// answer is ready, and `take_inner` is never called), else the inner
+/// service taken and called once the limiter admits.
+fn serve<I, S, C, ReqB, ResB>(
+    limiter: &RateLimiter<S, C>,
+    peer: Option<std::net::IpAddr>,
+    mut req: Request<ReqB>,
+    given: Option<crate::RouteInfo>,
+    take_inner: impl FnOnce() -> I,
+) -> ResponseFuture<ResB, I::Error>
+where
+    I: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
+    S: Store,
+    C: Clock,
+{
+    {
+        let prepared = limiter.prepare(&req, peer, given);
+        let now = limiter.decide_now(&prepared);
         match now {
             // answered without the inner service; the request and its
             // unread body are dropped here, the inner readiness is kept
@@ -215,9 +272,8 @@ impl<I, S, C> RateLimit<I, S, C> {
             _ => {}
         }
         // the clone stays for the next call; the ready one serves this one
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let limiter = self.limiter.clone();
+        let mut inner = take_inner();
+        let limiter = limiter.clone();
         let fut = async move {
             let verdict = match now {
                 Ok(v) => v,
