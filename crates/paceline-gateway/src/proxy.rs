@@ -137,7 +137,11 @@ impl Proxy {
             via,
             reached: &reached,
         };
-        let exchange = this.upstream.send(out, body);
+        // boxed where it is made: the exchange is the largest state of
+        // the request's future (about 2 KiB), and moved by value it would
+        // be copied at every stage that wraps it (the timeout, this
+        // future, the box of `call`)
+        let exchange = Box::pin(this.upstream.send(out, body));
         // whether the upstream may have done the work when its answer failed
         let failed = |reached: &AtomicBool| match reached.load(Ordering::Acquire) {
             true => UpstreamFailed::AfterSending,
