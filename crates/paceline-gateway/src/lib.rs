@@ -80,6 +80,7 @@
 #![forbid(unsafe_code)]
 
 mod admitted;
+pub mod check;
 mod config;
 mod edge;
 mod front;
