@@ -17,6 +17,8 @@ need_pkg() { # need_pkg COMMAND PACKAGE
 # wrote. nginx from Debian; express and express-rate-limit from npm, into
 # target/peers (nothing global), only when missing.
 need_pkg /usr/sbin/nginx nginx
+# the proxies of crates/paceline-gateway/tests/check.rs (nginx above too)
+need_pkg caddy caddy
 need_pkg node nodejs
 need_pkg chromium chromium
 need_pkg redis-server redis-server

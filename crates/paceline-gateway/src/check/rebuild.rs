@@ -225,8 +225,10 @@ fn read_host(h: &HeaderValue) -> Result<Authority, Unreadable> {
     Authority::try_from(b).map_err(|_| Unreadable::new("X-Forwarded-Host is not a host."))
 }
 
+/// Whether two authorities name the same host (a port may be left out of
+/// one: nginx's `$host` has none).
 fn same_host(a: &Authority, b: &Authority) -> bool {
-    a.as_str().eq_ignore_ascii_case(b.as_str())
+    a.host().eq_ignore_ascii_case(b.host())
 }
 
 /// Copies the end-to-end fields of the check request: all but the
@@ -375,7 +377,7 @@ mod tests {
         assert_eq!(r.headers()[HOST], "API.example:8080");
         let r = rebuild(&fields(&[
             ("x-forwarded-method", "GET"),
-            ("x-forwarded-uri", "https://api.example"),
+            ("x-forwarded-uri", "https://api.example:8443"),
             ("x-forwarded-host", "api.EXAMPLE"),
         ]))
         .unwrap();
