@@ -375,3 +375,255 @@ async fn caddy_forward_auth_answers_as_the_gateway() {
     drop(caddy);
     rig.stop();
 }
+
+/// A call to the check as a proxy makes it: `fields` as given.
+async fn call(
+    c: &HttpClient,
+    check: SocketAddr,
+    path: &str,
+    fields: &[(&str, &str)],
+) -> Response<Bytes> {
+    let mut req = Request::get(format!("http://{check}{path}"));
+    for (n, v) in fields {
+        req = req.header(*n, *v);
+    }
+    let res = tokio::time::timeout(LIMIT, c.request(req.body(Full::default()).unwrap()))
+        .await
+        .expect("an answer in time")
+        .expect("an answer");
+    let (parts, body) = res.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Response::from_parts(parts, body)
+}
+
+fn problem(r: &Response<Bytes>) -> serde_json::Value {
+    assert_eq!(
+        field(r, "content-type"),
+        Some("application/problem+json"),
+        "{r:?}"
+    );
+    serde_json::from_slice(r.body()).unwrap()
+}
+
+/// What Traefik's ForwardAuth sends (`examples/traefik-check.yml`, which
+/// no test runs Traefik with): the check answers it on the configured path.
+#[tokio::test]
+async fn traefik_forward_auth_calls_are_answered() {
+    let rig = Rig::start().await;
+    let text = std::fs::read_to_string(workspace().join("examples/traefik-check.yml")).unwrap();
+    assert!(text.contains("address: \"http://127.0.0.1:8081/check\""));
+    assert!(text.contains("url: \"http://127.0.0.1:9000\""));
+    let c = client();
+    let traefik = |key: &'static str| {
+        [
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-proto", "http"),
+            ("x-forwarded-host", "127.0.0.1:8080"),
+            ("x-forwarded-uri", "/v1/labels:batch?dry=1"),
+            ("x-forwarded-for", "192.0.2.9"),
+            ("authorization", key),
+        ]
+    };
+    // the batch route costs 10: two fit the burst of 20, the third does not
+    for left in ["10", "0"] {
+        let r = call(&c, rig.check, "/check", &traefik("Bearer sk_demo_carol")).await;
+        assert_eq!(r.status(), 200);
+        assert!(field(&r, "ratelimit")
+            .unwrap()
+            .starts_with(&format!("\"burst\";r={left};")));
+    }
+    let r = call(&c, rig.check, "/check", &traefik("Bearer sk_demo_carol")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(problem(&r)["limit"], "burst");
+    assert_eq!(rig.seen.load(Ordering::SeqCst), 0);
+    rig.stop();
+}
+
+#[tokio::test]
+async fn a_deny_status_seals_the_refusal_and_the_seal_answers_it_as_made() {
+    let rig = Rig::start().await;
+    let c = client();
+    let nginx = |deny: &'static str| {
+        [
+            ("x-original-method", "GET"),
+            ("x-original-uri", "/v1/rates"),
+            ("authorization", "Bearer sk_nobody"),
+            ("paceline-deny-status", deny),
+        ]
+    };
+    let plain = call(&c, rig.check, "/.paceline/check", &nginx("403")[..3]).await;
+    assert_eq!(plain.status(), 401);
+    assert!(plain.headers().get("paceline-answer").is_none());
+    let denied = call(&c, rig.check, "/.paceline/check", &nginx("403")).await;
+    assert_eq!(denied.status(), 403);
+    let sealed = field(&denied, "paceline-answer").unwrap().to_string();
+    // sent back, on any path and with anything else: the refusal as made
+    let again = call(
+        &c,
+        rig.check,
+        "/v1/rates",
+        &[
+            ("paceline-answer", &sealed),
+            ("authorization", "Bearer sk_demo_alice"),
+        ],
+    )
+    .await;
+    assert_eq!(again.status(), 401);
+    assert_eq!(again.body(), plain.body());
+    assert_eq!(
+        field(&again, "www-authenticate"),
+        field(&plain, "www-authenticate")
+    );
+    // a seal altered, or from elsewhere, opens nothing
+    let mut forged = sealed.clone();
+    forged.insert(forged.len() - 3, 'x');
+    let r = call(&c, rig.check, "/", &[("paceline-answer", &forged)]).await;
+    assert_eq!(r.status(), 400);
+    assert!(problem(&r)["detail"]
+        .as_str()
+        .unwrap()
+        .contains("Paceline-Answer"));
+    // 401 and 403 only
+    let r = call(&c, rig.check, "/", &nginx("500")).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        problem(&r)["detail"],
+        "Paceline-Deny-Status takes 401 or 403."
+    );
+    // an admitted request is a 200 whatever the deny status
+    let r = call(
+        &c,
+        rig.check,
+        "/",
+        &[
+            ("x-original-method", "GET"),
+            ("x-original-uri", "/v1/rates"),
+            ("authorization", "Bearer sk_demo_alice"),
+            ("paceline-deny-status", "403"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("paceline-answer").is_none());
+    rig.stop();
+}
+
+#[tokio::test]
+async fn descriptions_that_read_two_ways_are_refused_with_a_problem() {
+    let rig = Rig::start().await;
+    let c = client();
+    let key = ("authorization", "Bearer sk_demo_alice");
+    for (fields, says) in [
+        (vec![key], "original method is missing"),
+        (
+            vec![key, ("x-forwarded-method", "GET")],
+            "target is missing",
+        ),
+        (
+            vec![
+                key,
+                ("x-forwarded-method", "GET"),
+                ("x-forwarded-uri", "/v1/rates"),
+                ("x-original-uri", "/v1/usage"),
+            ],
+            "describe different requests",
+        ),
+        (
+            vec![
+                key,
+                ("x-forwarded-method", "GET"),
+                ("x-forwarded-uri", "/v1/rates"),
+                ("x-forwarded-uri", "/v1/rates"),
+            ],
+            "sent twice",
+        ),
+        // the head screening of the gateway: an encoded slash, CONNECT
+        (
+            vec![
+                key,
+                ("x-forwarded-method", "GET"),
+                ("x-forwarded-uri", "/v1/a%2Fb"),
+            ],
+            "one way only",
+        ),
+        (
+            vec![
+                key,
+                ("x-forwarded-method", "GET"),
+                ("x-forwarded-uri", "http://u:p@api.example/"),
+            ],
+            "User information",
+        ),
+    ] {
+        let r = call(&c, rig.check, "/check", &fields).await;
+        assert_eq!(r.status(), 400, "{fields:?}");
+        let p = problem(&r);
+        assert!(p["type"].as_str().unwrap().ends_with("bad_request"), "{p}");
+        assert!(
+            p["detail"].as_str().unwrap().contains(says),
+            "{fields:?}: {p}"
+        );
+        assert!(
+            r.headers().get("connection").is_none(),
+            "the check's connection stays open"
+        );
+    }
+    let r = call(
+        &c,
+        rig.check,
+        "/",
+        &[
+            key,
+            ("x-forwarded-method", "CONNECT"),
+            ("x-forwarded-uri", "/"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 405);
+    // nothing was charged
+    let left = rig
+        .check_handle
+        .limiter()
+        .peek_key("sk_demo_alice")
+        .map(|(_, d)| d.statuses[0].remaining);
+    assert!(matches!(left, None | Some(20)), "{left:?}");
+    rig.stop();
+}
+
+/// Callers without a key count per client address: the proxy's
+/// `X-Forwarded-For` is read only when the proxy is a trusted one.
+#[tokio::test]
+async fn per_ip_keys_read_x_forwarded_for_only_from_trusted_proxies() {
+    let (api, _) = counting_upstream().await;
+    let c = client();
+    for (trusted, second_client) in [(true, 200), (false, 429)] {
+        let mut cfg = shiplane(api);
+        if trusted {
+            let text = std::fs::read_to_string(workspace().join("examples/shiplane.toml")).unwrap();
+            let text = format!("trusted_proxies = [\"127.0.0.1\"]\n{text}");
+            cfg = GatewayConfig::parse(&text, "shiplane.toml", None).unwrap();
+        }
+        let ck = Check::bind_with_clock(cfg, "127.0.0.1:0".parse().unwrap(), clock())
+            .await
+            .unwrap();
+        let (addr, handle) = (ck.local_addr(), ck.handle());
+        tokio::spawn(ck.run(std::future::pending()));
+        let from = |ip: &'static str| {
+            [
+                ("x-forwarded-method", "GET"),
+                ("x-forwarded-uri", "/v1/rates"),
+                ("x-forwarded-for", ip),
+            ]
+        };
+        // the anonymous plan: a burst of 10 per address, no fields
+        for _ in 0..10 {
+            let r = call(&c, addr, "/", &from("192.0.2.1")).await;
+            assert_eq!(r.status(), 200);
+            assert!(r.headers().get("ratelimit").is_none());
+        }
+        assert_eq!(call(&c, addr, "/", &from("192.0.2.1")).await.status(), 429);
+        let r = call(&c, addr, "/", &from("192.0.2.2")).await;
+        assert_eq!(r.status(), second_client, "trusted: {trusted}");
+        handle.shutdown();
+    }
+}
