@@ -118,7 +118,7 @@ if [ "$fuzz_seconds" -gt 0 ]; then
     fuzz_failed=0
     export RUSTC_BOOTSTRAP=1
     (cd crates/paceline-wire && cargo fuzz build -O --target-dir "$fuzz_dir/fuzz")
-    for t in parse config identity; do
+    for t in parse config identity forwarded; do
         mkdir -p "$fuzz_dir/fuzz-corpus/$t"
         if (cd crates/paceline-wire && cargo fuzz run -O --target-dir "$fuzz_dir/fuzz" "$t" \
             "$fuzz_dir/fuzz-corpus/$t" "fuzz/seeds/$t" -- \
