@@ -406,7 +406,7 @@ impl Gateway {
 impl GatewayHandle {
     /// The path settings in force (`[gateway.paths]`).
     pub(crate) fn paths(&self) -> crate::config::PathSettings {
-        self.inner.settings.read().paths.clone()
+        self.inner.settings.read().paths
     }
 
     /// Told when [`GatewayHandle::shutdown`] is called.

@@ -37,12 +37,14 @@
 //!   as it was made, deciding and charging nothing again (see
 //!   `examples/nginx-check.conf`).
 //!
-//! What the check cannot do, since it never sees the upstream's answer:
-//! idempotency keys (`idempotency` routes are the gateway's alone), giving
-//! back the charge of a request the upstream failed, holding concurrency
-//! units past the decision, and shedding by in-flight requests or upstream
-//! latency (`max_rps` applies). The usage document is the check's own
-//! answer: route the usage path to the check as a plain proxy.
+//! What the check cannot do, since it never sees the upstream's answer
+//! or the body: idempotency keys (`idempotency` routes are the gateway's
+//! alone), giving back the charge of a request the upstream failed,
+//! holding concurrency units past the decision, charging `content-bytes`
+//! policies (the proxies do not pass the body's length), and shedding by
+//! in-flight requests or upstream latency (`max_rps` applies). The usage
+//! document is the check's own answer: route the usage path to the check
+//! as a plain upstream.
 //!
 //! ```no_run
 //! use paceline_gateway::{check::Check, GatewayConfig};
@@ -115,6 +117,10 @@ pub struct Check {
     reload: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     seal: Seal,
     shutdown_after: Duration,
+    /// The gateway's bound on a request head (the check request carries
+    /// the original's fields and a few more), and on the wait for one.
+    max_head: usize,
+    header_wait: Duration,
 }
 
 impl std::fmt::Debug for Check {
@@ -143,6 +149,8 @@ impl Check {
         config.settings.metrics_listen = None;
         let seal = Seal::new(config.limits.key_hasher().derive("forward-auth answers"));
         let shutdown_after = config.settings.timeouts.shutdown;
+        let max_head = config.settings.max_head_bytes;
+        let header_wait = config.settings.timeouts.client_header;
         let gateway = Gateway::bind_with_clock(config, clock).await?;
         let addr = gateway.local_addr();
         let (listener, handle, reload) = gateway.into_check_parts();
@@ -153,6 +161,8 @@ impl Check {
             reload: Box::pin(reload),
             seal,
             shutdown_after,
+            max_head,
+            header_wait,
         })
     }
 
@@ -187,9 +197,12 @@ impl Check {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10))
-            .max_buf_size(crate::config::DEFAULT_MAX_HEAD_BYTES);
-        builder.http2().timer(TokioTimer::new());
+            .header_read_timeout(self.header_wait)
+            .max_buf_size(self.max_head);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(self.max_head as u32);
         let graceful = GracefulShutdown::new();
         let mut stop = h.stop_watch();
         let stopped = async move {
@@ -292,7 +305,7 @@ impl Shared {
         };
         let call = match described(&parts.headers, &self.handle, &base) {
             Ok(req) => stack.oneshot(req),
-            Err(res) => return ready(self.refused(res, deny, now)),
+            Err(res) => return ready(self.refused(*res, deny, now)),
         };
         let call: Calling = Box::pin(call);
         Box::pin(async move {
@@ -363,9 +376,10 @@ fn described(
     check: &http::HeaderMap,
     handle: &GatewayHandle,
     base: &str,
-) -> Result<Request<()>, Response<Bytes>> {
-    let mut req = rebuild(check).map_err(|e| bad(base, e.detail().to_string()))?;
-    crate::front::screen(&mut req, &handle.paths()).map_err(|r| crate::front::answer(&r, base))?;
+) -> Result<Request<()>, Box<Response<Bytes>>> {
+    let mut req = rebuild(check).map_err(|e| Box::new(bad(base, e.detail().to_string())))?;
+    crate::front::screen(&mut req, &handle.paths())
+        .map_err(|r| Box::new(crate::front::answer(&r, base)))?;
     Ok(req)
 }
 
