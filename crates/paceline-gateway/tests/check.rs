@@ -187,14 +187,20 @@ struct Rig {
 
 impl Rig {
     async fn start() -> Rig {
+        Rig::start_with(shiplane).await
+    }
+
+    /// The gateway and the check for the file `config` makes for the
+    /// upstream's address.
+    async fn start_with(config: fn(SocketAddr) -> GatewayConfig) -> Rig {
         let (api, seen) = counting_upstream().await;
-        let gw = Gateway::bind_with_clock(shiplane(api), clock())
+        let gw = Gateway::bind_with_clock(config(api), clock())
             .await
             .unwrap();
         let gateway = gw.local_addr();
         let gateway_handle = gw.handle();
         tokio::spawn(gw.run(std::future::pending()));
-        let ck = Check::bind_with_clock(shiplane(api), "127.0.0.1:0".parse().unwrap(), clock())
+        let ck = Check::bind_with_clock(config(api), "127.0.0.1:0".parse().unwrap(), clock())
             .await
             .unwrap();
         let check = ck.local_addr();
@@ -626,4 +632,55 @@ async fn per_ip_keys_read_x_forwarded_for_only_from_trusted_proxies() {
         assert_eq!(r.status(), second_client, "trusted: {trusted}");
         handle.shutdown();
     }
+}
+
+/// A small daily quota: the soft-limit warning from 80% of it, then the
+/// quota's 429 (Retry-After until midnight UTC).
+fn small_quota(api: SocketAddr) -> GatewayConfig {
+    let text = format!(
+        r#"[gateway]
+listen = "127.0.0.1:0"
+upstream = "http://{api}"
+watch = false
+
+[plans.free]
+policies = [
+  {{ name = "burst", algorithm = "token_bucket", q = 100, w = 10 }},
+  {{ name = "daily", algorithm = "daily", q = 10 }},
+]
+
+[keys]
+sk_demo_alice = "free"
+"#
+    );
+    GatewayConfig::parse(&text, "small.toml", None).unwrap()
+}
+
+/// The soft-limit warning rides on the admitted answer through nginx as
+/// through the gateway, and the quota's refusal is the gateway's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_soft_limit_warning_and_the_quota_refusal_through_nginx() {
+    let rig = Rig::start_with(small_quota).await;
+    let Some(nginx) = nginx(rig.check.port(), rig.api) else {
+        return;
+    };
+    let front: SocketAddr = ([127, 0, 0, 1], nginx.port).into();
+    let c = client();
+    let mut warned = 0;
+    for i in 0..10 {
+        let through = send(&c, front, "GET", "/v1/quotes", "sk_demo_alice", b"").await;
+        let direct = send(&c, rig.gateway, "GET", "/v1/quotes", "sk_demo_alice", b"").await;
+        assert_eq!(through.status(), 200, "request {i}");
+        same_answer(&format!("request {i}"), &through, &direct);
+        warned += usize::from(field(&through, "ratelimit-warning").is_some());
+    }
+    assert!(warned >= 2, "the warning came on {warned} answers");
+    let through = send(&c, front, "GET", "/v1/quotes", "sk_demo_alice", b"").await;
+    let direct = send(&c, rig.gateway, "GET", "/v1/quotes", "sk_demo_alice", b"").await;
+    assert_eq!(through.status(), 429);
+    assert_eq!(problem(&through)["limit"], "daily");
+    same_answer("the quota's refusal", &through, &direct);
+    assert_eq!(rig.seen.load(Ordering::SeqCst), 20);
+    drop(nginx);
+    rig.stop();
 }
