@@ -32,7 +32,7 @@
 //!   body), which Caddy and Traefik pass on to the client as it is;
 //! - **refused, for nginx**: a check request carrying
 //!   `Paceline-Deny-Status: 403` (or `401`) gets that status instead, with
-//!   the whole refusal sealed into `Paceline-Answer` ([`seal`]); the
+//!   the whole refusal sealed into [`ANSWER`] (`Paceline-Answer`); the
 //!   proxy's error page sends it back, and the check answers the refusal
 //!   as it was made, deciding and charging nothing again (see
 //!   `examples/nginx-check.conf`).
@@ -57,30 +57,24 @@
 //! # Ok(()) }
 //! ```
 
+mod answer;
 mod rebuild;
 mod seal;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{HeaderValue, CONNECTION};
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty, Full};
+use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use paceline_core::{Clock, SystemClock};
 use paceline_server::RateLimit;
-use paceline_wire::problem::{self, Problem, ProblemKind};
 use tokio::net::TcpListener;
-use tower::ServiceExt;
 use tower_layer::Layer;
 
 pub use rebuild::{
@@ -92,7 +86,8 @@ pub use seal::SEALED_FOR_S;
 use crate::config::GatewayConfig;
 use crate::server::{Gateway, GatewayHandle};
 use crate::shed::{CurrentLimits, LoadShedLayer};
-use seal::{Seal, Unopened};
+use answer::{Allow, Shared};
+use seal::Seal;
 
 /// Where `paceline check` listens unless told otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8081";
@@ -105,9 +100,6 @@ pub const DENY_STATUS: &str = "paceline-deny-status";
 /// `Paceline-Answer`: a refusal sealed by the check; sent back to the
 /// check, it is answered as it was made.
 pub const ANSWER: &str = "paceline-answer";
-
-/// The statuses [`DENY_STATUS`] may ask for.
-const DENY_STATUSES: [u16; 2] = [401, 403];
 
 /// A bound forward-auth check, ready to [`run`](Check::run).
 pub struct Check {
@@ -254,174 +246,5 @@ impl Check {
         }
         reload.abort();
         Ok(())
-    }
-}
-
-/// The layers a described request goes through: the gateway's shed and
-/// limit layers, then [`Allow`].
-type Stack = crate::shed::LoadShed<RateLimit<Allow, crate::GatewayStore, Arc<dyn Clock>>>;
-
-/// The body of the stack's answers.
-type StackBody = crate::shed::ShedBody<paceline_server::RateLimitBody<Empty<Bytes>>>;
-
-/// The stack's call, boxed (so the answer's future is plainly `Send`).
-type Calling =
-    std::pin::Pin<Box<dyn Future<Output = Result<Response<StackBody>, Infallible>> + Send>>;
-
-/// A body being read whole, boxed likewise.
-type Collecting = std::pin::Pin<
-    Box<dyn Future<Output = Result<http_body_util::Collected<Bytes>, Infallible>> + Send>,
->;
-
-/// The future of one check request's answer.
-type Answering =
-    std::pin::Pin<Box<dyn Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send>>;
-
-/// What every connection of a check shares.
-struct Shared {
-    handle: GatewayHandle,
-    seal: Seal,
-}
-
-impl Shared {
-    /// The answer to one check request.
-    fn answer(self: Arc<Self>, req: Request<Incoming>, stack: Stack) -> Answering {
-        // the body, if any, is never read
-        let (parts, _body) = req.into_parts();
-        let base = self.handle.limiter().limits().problem_base().to_string();
-        let now = self.handle.limiter().clock().now();
-        let ready = |res: Response<Bytes>| -> Answering {
-            Box::pin(std::future::ready(Ok(res.map(Full::new))))
-        };
-        if let Some(sealed) = parts.headers.get(ANSWER) {
-            return ready(match self.seal.open(sealed.as_bytes(), now) {
-                Ok(res) => res,
-                Err(why) => bad(&base, unopened(why)),
-            });
-        }
-        let deny = match deny_status(&parts.headers) {
-            Ok(d) => d,
-            Err(detail) => return ready(bad(&base, detail)),
-        };
-        let call = match described(&parts.headers, &self.handle, &base) {
-            Ok(req) => stack.oneshot(req),
-            Err(res) => return ready(self.refused(*res, deny, now)),
-        };
-        let call: Calling = Box::pin(call);
-        Box::pin(async move {
-            let res = match call.await {
-                Ok(r) => r,
-                Err(never) => match never {},
-            };
-            let allowed = res.extensions().get::<Allowed>().is_some();
-            let (parts, body) = res.into_parts();
-            // every body here is the layers' own, whole at once (or empty)
-            let collect: Collecting = Box::pin(body.collect());
-            let body = match collect.await {
-                Ok(c) => c.to_bytes(),
-                Err(never) => match never {},
-            };
-            let res = Response::from_parts(parts, body);
-            let res = match allowed {
-                true => res,
-                false => self.refused(res, deny, now),
-            };
-            Ok(res.map(Full::new))
-        })
-    }
-
-    /// A refusal (or the usage document) as the proxy is to get it: the
-    /// check request's own connection stays open (a refusal's unread body
-    /// is the proxy's to deal with, not the check's), and, when the proxy
-    /// asked for a deny status, a refusal gets it and is sealed.
-    fn refused(
-        &self,
-        mut res: Response<Bytes>,
-        deny: Option<StatusCode>,
-        now: paceline_core::Nanos,
-    ) -> Response<Bytes> {
-        res.headers_mut().remove(CONNECTION);
-        match deny {
-            Some(status) if res.status().as_u16() >= 400 => {
-                let sealed = self.seal.seal(&res, now);
-                *res.status_mut() = status;
-                res.headers_mut().insert(ANSWER, sealed);
-                res
-            }
-            _ => res,
-        }
-    }
-}
-
-/// The status a check request asks refusals to be answered with, if any.
-fn deny_status(h: &http::HeaderMap) -> Result<Option<StatusCode>, String> {
-    let mut all = h.get_all(DENY_STATUS).iter();
-    let (Some(v), None) = (all.next(), all.next()) else {
-        return match h.contains_key(DENY_STATUS) {
-            true => Err("Paceline-Deny-Status is sent twice.".to_string()),
-            false => Ok(None),
-        };
-    };
-    let code = std::str::from_utf8(v.as_bytes())
-        .ok()
-        .and_then(|s| s.trim().parse::<u16>().ok())
-        .filter(|c| DENY_STATUSES.contains(c))
-        .ok_or_else(|| "Paceline-Deny-Status takes 401 or 403.".to_string())?;
-    Ok(StatusCode::from_u16(code).ok())
-}
-
-/// The described request, rebuilt and screened as the gateway screens
-/// its own heads; or the answer refusing it.
-fn described(
-    check: &http::HeaderMap,
-    handle: &GatewayHandle,
-    base: &str,
-) -> Result<Request<()>, Box<Response<Bytes>>> {
-    let mut req = rebuild(check).map_err(|e| Box::new(bad(base, e.detail().to_string())))?;
-    crate::front::screen(&mut req, &handle.paths())
-        .map_err(|r| Box::new(crate::front::answer(&r, base)))?;
-    Ok(req)
-}
-
-/// A `400` problem answer with `detail`.
-fn bad(base: &str, detail: String) -> Response<Bytes> {
-    problem::answer(&Problem::new(ProblemKind::BadRequest, base, detail))
-}
-
-fn unopened(why: Unopened) -> String {
-    match why {
-        Unopened::Forged => "Paceline-Answer is not an answer this check sealed.".to_string(),
-        Unopened::Expired => {
-            format!("Paceline-Answer expired: a sealed answer is opened within {SEALED_FOR_S} s.")
-        }
-    }
-}
-
-/// Marks the answer of [`Allow`]: a request the layers passed on.
-#[derive(Clone, Copy, Debug)]
-struct Allowed;
-
-/// What the limit layer passes an admitted request on to: an empty `200`,
-/// marked [`Allowed`], which the layer decorates with the fields.
-#[derive(Clone, Copy, Debug)]
-struct Allow;
-
-impl tower_service::Service<Request<()>> for Allow {
-    type Response = Response<Empty<Bytes>>;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Response<Empty<Bytes>>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<()>) -> Self::Future {
-        let mut res = Response::new(Empty::new());
-        res.extensions_mut().insert(Allowed);
-        res.headers_mut().insert(
-            http::header::CACHE_CONTROL,
-            HeaderValue::from_static("no-store"),
-        );
-        std::future::ready(Ok(res))
     }
 }
