@@ -344,9 +344,15 @@ async fn free_key_through(rig: &Rig, front: u16) {
     let direct = send(&c, rig.gateway, "GET", "/v1/rates", "sk_nobody", b"").await;
     assert_eq!(through.status(), 401);
     same_answer("an unknown key", &through, &direct);
-    // a path spelled another way is counted as its normal form
-    let through = send(&c, front, "GET", "/v1/%72ates/./", "sk_demo_bob", b"").await;
-    let direct = send(&c, rig.gateway, "GET", "/v1/%72ates/./", "sk_demo_bob", b"").await;
+    // a path spelled another way is counted as its normal form: the
+    // batch route, which costs 10
+    let batch = "/v1/%6Cabels:batch?dry=1";
+    let through = send(&c, front, "POST", batch, "sk_demo_bob", b"[]").await;
+    let direct = send(&c, rig.gateway, "POST", batch, "sk_demo_bob", b"[]").await;
+    assert!(
+        field(&through, "ratelimit").is_some_and(|f| f.starts_with("\"burst\";r=10;")),
+        "{through:?}"
+    );
     same_answer("another spelling", &through, &direct);
     // the usage document, the check's own answer
     let through = send(&c, front, "GET", "/v1/usage", key, b"").await;
