@@ -58,7 +58,8 @@ impl Shared {
     pub(super) fn answer(self: Arc<Self>, req: Request<Incoming>, stack: Stack) -> Answering {
         // the body, if any, is never read
         let (parts, _body) = req.into_parts();
-        let base = self.handle.limiter().limits().problem_base().to_string();
+        let limits = self.handle.limiter().limits();
+        let base = limits.problem_base();
         let now = self.handle.limiter().clock().now();
         let ready = |res: Response<Bytes>| -> Answering {
             Box::pin(std::future::ready(Ok(res.map(Full::new))))
@@ -66,14 +67,14 @@ impl Shared {
         if let Some(sealed) = parts.headers.get(ANSWER) {
             return ready(match self.seal.open(sealed.as_bytes(), now) {
                 Ok(res) => res,
-                Err(why) => bad(&base, unopened(why)),
+                Err(why) => bad(base, unopened(why)),
             });
         }
         let deny = match deny_status(&parts.headers) {
             Ok(d) => d,
-            Err(detail) => return ready(bad(&base, detail)),
+            Err(detail) => return ready(bad(base, detail)),
         };
-        let call = match described(&parts.headers, &self.handle, &base) {
+        let call = match described(&parts.headers, &self.handle, base) {
             Ok(req) => stack.oneshot(req),
             Err(res) => return ready(self.refused(*res, deny, now)),
         };

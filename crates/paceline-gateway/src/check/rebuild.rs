@@ -85,6 +85,28 @@ impl std::error::Error for Unreadable {}
 /// the module documentation): its method, target and `Host` from the
 /// description fields, every other end-to-end field as it came. The check
 /// request's own method and path play no part.
+///
+/// ```
+/// use http::HeaderMap;
+/// use paceline_gateway::check::rebuild;
+///
+/// // what the nginx recipe sends for `POST /v1/labels?dry=1`
+/// let mut check = HeaderMap::new();
+/// check.insert("x-original-method", "POST".parse()?);
+/// check.insert("x-original-uri", "/v1/labels?dry=1".parse()?);
+/// check.insert("x-forwarded-host", "api.example".parse()?);
+/// check.insert("authorization", "Bearer sk_1".parse()?);
+/// let req = rebuild(&check)?;
+/// assert_eq!(req.method(), "POST");
+/// assert_eq!(req.uri(), "/v1/labels?dry=1");
+/// assert_eq!(req.headers()["host"], "api.example");
+/// assert_eq!(req.headers()["authorization"], "Bearer sk_1");
+///
+/// // a second target under the other convention is not guessed at
+/// check.insert("x-forwarded-uri", "/v1/rates".parse()?);
+/// assert!(rebuild(&check).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn rebuild(check: &HeaderMap) -> Result<Request<()>, Unreadable> {
     let method = one_of(check, FORWARDED_METHOD, ORIGINAL_METHOD)?.ok_or_else(|| {
         Unreadable::new(
