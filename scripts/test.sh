@@ -93,10 +93,10 @@ awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d f
 # ---------------------------------------------------------------------------
 # Fuzzing: the targets of crates/paceline-wire/fuzz (its own workspace, so
 # the builds above never compile it): `parse` (rate-limit answers), `config`
-# (the gateway's file, as `paceline gateway --check` reads it) and
-# `identity` (keys and client addresses from hostile heads) and `forwarded`
-# (the original request `paceline check` reads from a proxy's fields). Each runs for
-# FUZZ_SECONDS (60 by default; 0 skips this step) from its committed seeds
+# (the gateway's file, as `paceline gateway --check` reads it), `identity`
+# (keys and client addresses from hostile heads) and `forwarded` (the
+# original request `paceline check` reads from a proxy's fields). Each
+# runs for FUZZ_SECONDS (60 by default; 0 skips this step) from its committed seeds
 # (fuzz/seeds/) and what earlier runs found (target/fuzz-corpus/). A crash
 # or a hang fails the script; the input is kept in fuzz/artifacts/.
 # cargo-fuzz needs -Z flags: RUSTC_BOOTSTRAP=1 allows them on stable.
