@@ -196,3 +196,63 @@ impl tower_service::Service<Request<()>> for Allow {
         std::future::ready(Ok(res))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::PathSettings;
+    use crate::front::tests::{as_an_upstream_reads, limits};
+    use http::HeaderMap;
+
+    proptest::proptest! {
+        /// Through a proxy the upstream reads the path as the client wrote
+        /// it (the gateway forwards its normal form instead): the route the
+        /// check charges for is still the one the upstream routes on.
+        #[test]
+        fn what_the_check_charges_for_is_what_the_upstream_routes_on_as_written(
+            segs in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just("v1".to_string()),
+                    proptest::strategy::Just("labels:batch".to_string()),
+                    proptest::strategy::Just("labels".to_string()),
+                    proptest::strategy::Just("files".to_string()),
+                    proptest::strategy::Just("LOGIN".to_string()),
+                    proptest::strategy::Just("..".to_string()),
+                    proptest::strategy::Just(".".to_string()),
+                    proptest::strategy::Just(String::new()),
+                    "[a-zA-Z:.~_-]{1,4}",
+                ],
+                1..7,
+            ),
+            encode in proptest::prelude::any::<u64>(),
+            query in proptest::option::of("[a-z=&]{0,6}"),
+        ) {
+            let plain = format!("/{}", segs.join("/"));
+            let mut written = String::new();
+            for (i, c) in plain.chars().enumerate() {
+                match (c, (encode >> (2 * (i % 32))) & 3) {
+                    ('/', _) | (_, 0) | (_, 3) => written.push(c),
+                    (_, 1) => written.push_str(&format!("%{:02X}", c as u32)),
+                    _ => written.push_str(&format!("%{:02x}", c as u32)),
+                }
+            }
+            let target = match &query {
+                Some(q) => format!("{written}?{q}"),
+                None => written.clone(),
+            };
+            let mut check = HeaderMap::new();
+            check.insert("x-original-method", "POST".parse().unwrap());
+            check.insert("x-original-uri", target.parse().unwrap());
+            check.insert("host", "check".parse().unwrap());
+            let limits = limits();
+            let Ok(mut req) = super::rebuild(&check) else {
+                return Err(proptest::test_runner::TestCaseError::fail(format!("{target} not rebuilt")));
+            };
+            proptest::prop_assert_eq!(req.uri().query(), query.as_deref());
+            if crate::front::screen(&mut req, &PathSettings::default()).is_ok() {
+                let charged = limits.classify(&req);
+                let routed = http::Request::post(as_an_upstream_reads(&written)).body(()).unwrap();
+                proptest::prop_assert_eq!(&charged, &limits.classify(&routed), "{} charged as {}", written, req.uri());
+            }
+        }
+    }
+}
