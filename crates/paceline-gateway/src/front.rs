@@ -167,7 +167,7 @@ pub(crate) fn answer(r: &Refused, base: &str) -> Response<Bytes> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use paceline_server::path::EncodedSlash;
 
@@ -275,7 +275,7 @@ mod tests {
     /// removes dot segments (Node's `new URL()`), merges slashes (nginx)
     /// and ignores case and a trailing slash (Express) routes on, given
     /// the bytes the gateway forwards.
-    fn as_an_upstream_reads(forwarded: &str) -> String {
+    pub(crate) fn as_an_upstream_reads(forwarded: &str) -> String {
         let b = forwarded.as_bytes();
         let mut decoded = Vec::new();
         let mut i = 0;
@@ -306,7 +306,7 @@ mod tests {
         format!("/{}", out.join("/")).to_ascii_lowercase()
     }
 
-    fn limits() -> paceline_server::Limits {
+    pub(crate) fn limits() -> paceline_server::Limits {
         let text = r#"
             [plans.free]
             policies = [{ name = "b", algorithm = "token_bucket", q = 10, w = 1 }]

@@ -14,6 +14,9 @@
 //! - [`Gateway`]: binds, serves (HTTP/1.1 and h2c), reloads, shuts down
 //!   gracefully; [`GatewayHandle`] controls it.
 //! - [`shed`]: load shedding by criticality, as a tower layer.
+//! - [`check`]: the forward-auth endpoint (`paceline check`): the same
+//!   decisions for nginx `auth_request`, Caddy `forward_auth` and Traefik
+//!   `ForwardAuth`, from the request they describe.
 //! - the forwarding service (`proxy.rs`, private), with its own HTTP/1.1
 //!   client to the upstream (pooled keep-alive connections driven in the
 //!   request's task).
@@ -50,6 +53,11 @@
 //!                               framing.rs (the answer coming back), hop.rs
 //!                        hyper.rs (hyper's client, for the differential test)
 //!  metrics.rs  the gateway's own series       webhook.rs  soft-limit events
+//!
+//!  check/      the forward-auth endpoint: rebuild.rs (the described
+//!              request) ─► front.rs ─► shed/ ─► the limit layer ─► an
+//!              empty 200 with the fields; seal.rs (a refusal carried
+//!              through nginx's auth_request)
 //! ```
 //!
 //! ## A 429, socket to header
@@ -80,6 +88,7 @@
 #![forbid(unsafe_code)]
 
 mod admitted;
+pub mod check;
 mod config;
 mod edge;
 mod front;

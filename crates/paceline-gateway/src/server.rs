@@ -367,6 +367,41 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// The bound listener, the handle and the task that reloads the
+    /// configuration (SIGHUP, a changed file), for a server that answers
+    /// with the gateway's decisions another way: the forward-auth check
+    /// (`check/`).
+    pub(crate) fn into_check_parts(
+        self,
+    ) -> (
+        TcpListener,
+        GatewayHandle,
+        impl Future<Output = ()> + Send + 'static,
+    ) {
+        let reload = watch_config(
+            self.handle.clone(),
+            self.on_reload,
+            self.stamps,
+            #[cfg(unix)]
+            self.hangup,
+        );
+        (self.listener, self.handle, reload)
+    }
+}
+
+impl GatewayHandle {
+    /// The path settings in force (`[gateway.paths]`).
+    pub(crate) fn paths(&self) -> crate::config::PathSettings {
+        self.inner.settings.read().paths
+    }
+
+    /// Told when [`GatewayHandle::shutdown`] is called.
+    pub(crate) fn stop_watch(&self) -> watch::Receiver<bool> {
+        self.inner.stop.subscribe()
+    }
+}
+
 /// The shed layer decides from the head; an admitted request takes its
 /// unit of in-flight capacity once its body can flow (`admitted.rs`).
 fn shed_layer(h: &GatewayHandle) -> LoadShedLayer {

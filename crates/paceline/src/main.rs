@@ -37,6 +37,8 @@ enum Command {
     Demo(cmd::demo::Args),
     /// Run the reverse-proxy gateway.
     Gateway(cmd::gateway::Args),
+    /// Answer a proxy's forward-auth calls as the gateway would decide.
+    Check(cmd::check::Args),
     /// Run a deterministic scenario on virtual time.
     Sim(cmd::sim::Args),
     /// Read one raw HTTP response and print what a client concludes.
@@ -48,12 +50,16 @@ enum Command {
 fn main() {
     quiet_broken_pipe();
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Demo(_) | Command::Gateway(_)) {
+    if matches!(
+        cli.command,
+        Command::Demo(_) | Command::Gateway(_) | Command::Check(_)
+    ) {
         logs();
     }
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Gateway(a) => cmd::gateway::run(a),
+        Command::Check(a) => cmd::check::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Bulk(a) => cmd::bulk::run(a),

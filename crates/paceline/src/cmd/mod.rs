@@ -2,6 +2,7 @@
 //! returns the process exit code.
 
 pub(crate) mod bulk;
+pub(crate) mod check;
 pub(crate) mod demo;
 pub(crate) mod gateway;
 pub(crate) mod inspect;
