@@ -217,7 +217,11 @@ impl Fields {
                 break;
             }
             let p = plan.policy(0).clone();
-            let unique = |n: &str| !policies.iter().any(|q: &paceline_core::Policy| q.name() == n);
+            let unique = |n: &str| {
+                !policies
+                    .iter()
+                    .any(|q: &paceline_core::Policy| q.name() == n)
+            };
             let p = match unique(p.name()) {
                 true => p,
                 false => renamed(&p, policies.len(), &unique)?,

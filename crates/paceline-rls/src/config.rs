@@ -246,9 +246,10 @@ impl Level {
         if let Some(&i) = self.exact.get(&(k.to_string(), v.to_string())) {
             return Some(&self.nodes[i]);
         }
-        let wild = self.nodes.iter().find(|n| {
-            n.key == k && n.wildcard && n.value.as_deref().is_some_and(|p| glob(p, v))
-        });
+        let wild = self
+            .nodes
+            .iter()
+            .find(|n| n.key == k && n.wildcard && n.value.as_deref().is_some_and(|p| glob(p, v)));
         wild.or_else(|| self.nodes.iter().find(|n| n.key == k && n.value.is_none()))
     }
 }
@@ -360,9 +361,7 @@ pub fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, ConfigError> 
     if meta.is_dir() {
         for entry in std::fs::read_dir(path).map_err(|e| io(path, e))? {
             let p = entry.map_err(|e| io(path, e))?.path();
-            let yaml = p
-                .extension()
-                .is_some_and(|e| e == "yaml" || e == "yml");
+            let yaml = p.extension().is_some_and(|e| e == "yaml" || e == "yml");
             if yaml && p.is_file() {
                 files.push(p);
             }
@@ -383,7 +382,6 @@ pub fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, ConfigError> 
 /// Reads what a file says into a domain.
 struct Reader<'a> {
     file: &'a Path,
-    domain: String,
 }
 
 type Res<T> = Result<T, ConfigError>;
@@ -397,19 +395,23 @@ fn parse_domain(file: &Path, text: &str) -> Res<Domain> {
     let root = yaml::parse(text)
         .map_err(|e| err(e.line, format!("not valid YAML: {}", e.message)))?
         .ok_or_else(|| err(0, "the file is empty; it needs a `domain`".into()))?;
-    let mut r = Reader {
-        file,
-        domain: String::new(),
-    };
+    let r = Reader { file };
     let entries = r.map(&root, "the file")?;
-    r.known(entries, &["domain", "descriptors", "fail_mode"], "at the top")?;
-    let d = get(entries, "domain")
-        .ok_or_else(|| err(root.line, "`domain` is missing: name the domain this file limits".into()))?;
+    r.known(
+        entries,
+        &["domain", "descriptors", "fail_mode"],
+        "at the top",
+    )?;
+    let d = get(entries, "domain").ok_or_else(|| {
+        err(
+            root.line,
+            "`domain` is missing: name the domain this file limits".into(),
+        )
+    })?;
     let name = r.string(d, "domain")?;
     if name.is_empty() {
         return Err(err(d.line, "`domain` must not be empty".into()));
     }
-    r.domain = name.clone();
     let fail_mode = match get(entries, "fail_mode") {
         None => FailMode::Open,
         Some(n) => match r.string(n, "fail_mode")?.as_str() {
@@ -473,7 +475,10 @@ impl Reader<'_> {
     fn map<'n>(&self, n: &'n Node, what: &str) -> Res<&'n [(String, usize, Node)]> {
         match &n.kind {
             Kind::Map(e) => Ok(e),
-            _ => self.err(n.line, format!("{what} must be a mapping (`key: value` lines)")),
+            _ => self.err(
+                n.line,
+                format!("{what} must be a mapping (`key: value` lines)"),
+            ),
         }
     }
 
@@ -482,7 +487,10 @@ impl Reader<'_> {
             if !keys.contains(&k.as_str()) {
                 return self.err(
                     *line,
-                    format!("unknown key {k:?} {at}; the keys here are: {}", keys.join(", ")),
+                    format!(
+                        "unknown key {k:?} {at}; the keys here are: {}",
+                        keys.join(", ")
+                    ),
                 );
             }
         }
@@ -506,9 +514,15 @@ impl Reader<'_> {
             Kind::Scalar { text, plain: true } => match text.as_str() {
                 "true" | "True" | "TRUE" => Ok(true),
                 "false" | "False" | "FALSE" => Ok(false),
-                _ => self.err(n.line, format!("`{field}` must be true or false, not {text:?}")),
+                _ => self.err(
+                    n.line,
+                    format!("`{field}` must be true or false, not {text:?}"),
+                ),
             },
-            _ => self.err(n.line, format!("`{field}` must be true or false (unquoted)")),
+            _ => self.err(
+                n.line,
+                format!("`{field}` must be true or false (unquoted)"),
+            ),
         }
     }
 
@@ -518,10 +532,16 @@ impl Reader<'_> {
         };
         let t = text.trim();
         if t.starts_with('-') {
-            return self.err(n.line, format!("`{field}` must not be negative (it is {t})"));
+            return self.err(
+                n.line,
+                format!("`{field}` must not be negative (it is {t})"),
+            );
         }
         if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-            return self.err(n.line, format!("`{field}` must be a whole number, not {t:?}"));
+            return self.err(
+                n.line,
+                format!("`{field}` must be a whole number, not {t:?}"),
+            );
         }
         match t.parse::<u64>() {
             Ok(v) if v <= max => Ok(v),
@@ -578,8 +598,14 @@ impl Reader<'_> {
         let share_threshold = flag("share_threshold")?;
         let wildcard = value.as_deref().is_some_and(|v| v.contains('*'));
         if share_threshold && !wildcard {
-            let line = entries.iter().find(|e| e.0 == "share_threshold").map_or(n.line, |e| e.1);
-            return self.err(line, "share_threshold goes with a wildcard value (one with `*`)");
+            let line = entries
+                .iter()
+                .find(|e| e.0 == "share_threshold")
+                .map_or(n.line, |e| e.1);
+            return self.err(
+                line,
+                "share_threshold goes with a wildcard value (one with `*`)",
+            );
         }
         let part = match &value {
             Some(v) => format!("{key}_{v}"),
@@ -594,8 +620,14 @@ impl Reader<'_> {
             .transpose()?
             .map(Arc::new);
         if shadow && rule.is_none() {
-            let line = entries.iter().find(|e| e.0 == "shadow_mode").map_or(n.line, |e| e.1);
-            return self.err(line, "shadow_mode goes with a `rate_limit` on the same descriptor");
+            let line = entries
+                .iter()
+                .find(|e| e.0 == "shadow_mode")
+                .map_or(n.line, |e| e.1);
+            return self.err(
+                line,
+                "shadow_mode goes with a `rate_limit` on the same descriptor",
+            );
         }
         let children = match get(entries, "descriptors") {
             Some(d) => self.level(d, &path)?,
@@ -630,9 +662,18 @@ impl Reader<'_> {
             .unwrap_or(false);
         let name = policy_name(given_name.as_deref().unwrap_or(path));
         if unlimited {
-            for k in ["unit", "requests_per_unit", "algorithm", "burst", "reset_at"] {
+            for k in [
+                "unit",
+                "requests_per_unit",
+                "algorithm",
+                "burst",
+                "reset_at",
+            ] {
                 if get(entries, k).is_some() {
-                    return self.err(line_of(k), format!("an unlimited rate_limit takes no `{k}`"));
+                    return self.err(
+                        line_of(k),
+                        format!("an unlimited rate_limit takes no `{k}`"),
+                    );
                 }
             }
             return Ok(Rule {
@@ -663,7 +704,12 @@ impl Reader<'_> {
             }
         };
         let rpu = match get(entries, "requests_per_unit") {
-            None => return self.err(n.line, "`rate_limit` needs `requests_per_unit` (0 blocks every request)"),
+            None => {
+                return self.err(
+                    n.line,
+                    "`rate_limit` needs `requests_per_unit` (0 blocks every request)",
+                )
+            }
             Some(v) => self.number(v, "requests_per_unit", u64::from(u32::MAX))?,
         };
         let limit = match rpu {
@@ -722,10 +768,17 @@ impl Reader<'_> {
             .unwrap_or_else(|| "fixed_window".into());
         let w = unit.seconds();
         if get(entries, "burst").is_some() && algorithm != "token_bucket" {
-            return self.err(line_of("burst"), "`burst` goes with `algorithm: token_bucket`");
+            return self.err(
+                line_of("burst"),
+                "`burst` goes with `algorithm: token_bucket`",
+            );
         }
-        if get(entries, "reset_at").is_some() && (algorithm != "fixed_window" || unit != Unit::Day) {
-            return self.err(line_of("reset_at"), "`reset_at` goes with `unit: day` on a fixed window");
+        if get(entries, "reset_at").is_some() && (algorithm != "fixed_window" || unit != Unit::Day)
+        {
+            return self.err(
+                line_of("reset_at"),
+                "`reset_at` goes with `unit: day` on a fixed window",
+            );
         }
         let built = match algorithm.as_str() {
             "fixed_window" => {
@@ -773,10 +826,10 @@ impl Reader<'_> {
             line: n.line,
             message: e.to_string(),
         })?;
+        #[cfg(feature = "redis")]
         if let Err(e) = paceline_redis::supports(&plan) {
             return self.err(n.line, e);
         }
-        let _ = &self.domain;
         Ok(plan)
     }
 
@@ -788,7 +841,10 @@ impl Reader<'_> {
         });
         match parsed {
             Some(s) => Ok(s),
-            None => self.err(v.line, format!("reset_at {text:?}: write a UTC time of day as \"HH:MM\"")),
+            None => self.err(
+                v.line,
+                format!("reset_at {text:?}: write a UTC time of day as \"HH:MM\""),
+            ),
         }
     }
 }
@@ -798,10 +854,12 @@ impl Reader<'_> {
 pub(crate) fn policy_name(text: &str) -> String {
     let mut s: String = text
         .chars()
-        .map(|c| match c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
-            true => c,
-            false => '_',
-        })
+        .map(
+            |c| match c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                true => c,
+                false => '_',
+            },
+        )
         .take(64)
         .collect();
     if s.is_empty() {
@@ -856,7 +914,9 @@ mod tests {
     fn token_bucket_needs_whole_seconds() {
         let ok = load("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      algorithm: token_bucket\n      burst: 20\n").unwrap();
         let m = ok.domain("d").unwrap().find([("a", "x")]).unwrap();
-        let Limit::Plan(p) = &m.rule.limit else { panic!() };
+        let Limit::Plan(p) = &m.rule.limit else {
+            panic!()
+        };
         assert_eq!((p.policy(0).quota(), p.policy(0).window_s()), (20, 2));
         let e = load("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 3\n      algorithm: token_bucket\n      burst: 1\n").unwrap_err();
         assert!(e.message.contains("whole"), "{e}");

@@ -54,6 +54,7 @@
 //! out: the one service is served as is.
 //!
 //! ```
+//! # #[cfg(feature = "grpc")] {
 //! use paceline_core::{ManualClock, MemoryStore};
 //! use paceline_rls::{RlsConfig, RlsService};
 //! use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
@@ -79,18 +80,26 @@
 //! let retry = no.response_headers_to_add.iter().find(|h| h.key == "retry-after");
 //! assert_eq!(retry.unwrap().value, "1");
 //! # });
+//! # }
 //! ```
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "grpc")]
 mod answer;
 pub mod config;
+#[cfg(feature = "grpc")]
 pub mod metrics;
+#[cfg(feature = "grpc")]
 mod service;
+#[cfg(feature = "grpc")]
 pub mod watch;
 mod yaml;
 
 pub use config::{ConfigError, Domain, Limit, Match, RlsConfig, Rule, Unit};
+#[cfg(feature = "grpc")]
 pub use envoy_types;
+#[cfg(feature = "grpc")]
 pub use service::{serve, RlsService, DEFAULT_PROBLEM_BASE};
+#[cfg(feature = "grpc")]
 pub use watch::{Reload, Watcher};

@@ -94,7 +94,9 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     /// Decides one request, as `ShouldRateLimit` answers it.
     pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         if req.domain.is_empty() {
-            return Err(Status::invalid_argument("rate limit domain must not be empty"));
+            return Err(Status::invalid_argument(
+                "rate limit domain must not be empty",
+            ));
         }
         if req.descriptors.is_empty() {
             return Err(Status::invalid_argument(
@@ -109,9 +111,16 @@ impl<S: Store, C: Clock> RlsService<S, C> {
             return Ok(answer::response(n, &[], Verdict::Ok, now, &sh.problem_base));
         };
         let mut items = matched(domain, req);
-        let verdict = self.evaluate(&mut items, domain.fail_mode(), domain.name(), now).await;
+        let verdict = self
+            .evaluate(&mut items, domain.fail_mode(), domain.name(), now)
+            .await;
         for (i, it) in items.iter().enumerate() {
-            metrics::record(domain.name(), &it.m.metric_key, it.cost, took(it, i, verdict));
+            metrics::record(
+                domain.name(),
+                &it.m.metric_key,
+                it.cost,
+                took(it, i, verdict),
+            );
         }
         Ok(answer::response(n, &items, verdict, now, &sh.problem_base))
     }
@@ -140,8 +149,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
             .position(Item::refuses)
             .map_or(Verdict::Ok, Verdict::Over);
         if verdict == Verdict::Ok {
-            for i in 0..items.len() {
-                let it = &mut items[i];
+            for (i, it) in items.iter_mut().enumerate() {
                 let Limit::Plan(plan) = &it.m.rule.limit else {
                     continue;
                 };

@@ -69,7 +69,14 @@ async fn per_remote_address_counts_each_address_and_blocks_the_listed_one() {
     let listed = request("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.5")]]);
     let r = ask(&mut c, &listed).await;
     assert_eq!(code(&r), Code::OverLimit);
-    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 0);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        0
+    );
     assert_eq!(header(&r, "retry-after"), Some("1"));
     assert_eq!(problem(&r)["limit"], "remote_address_50.0.0.5");
 
@@ -103,7 +110,10 @@ async fn nested_descriptors_limit_each_number_and_a_refusal_charges_nothing() {
     // refusal of the marketing one
     let both = request(
         "messaging",
-        &[&[("to_number", n)], &[("message_type", "marketing"), ("to_number", n)]],
+        &[
+            &[("to_number", n)],
+            &[("message_type", "marketing"), ("to_number", n)],
+        ],
     );
     for i in 0..5u32 {
         let r = ask(&mut c, &both).await;
@@ -129,7 +139,10 @@ async fn nested_descriptors_limit_each_number_and_a_refusal_charges_nothing() {
     );
     let p = problem(&r);
     assert_eq!(p["limit"], "message_type_marketing.to_number");
-    assert!(p["type"].as_str().unwrap().ends_with("quota_exhausted"), "{p}");
+    assert!(
+        p["type"].as_str().unwrap().ends_with("quota_exhausted"),
+        "{p}"
+    );
     // again and again: still nothing charged on the wide limit
     for _ in 0..3 {
         assert_eq!(code(&ask(&mut c, &both).await), Code::OverLimit);
@@ -267,8 +280,14 @@ async fn replaces_drops_the_replaced_limit_and_leaves_it_untouched() {
     let r = ask(&mut c, &one).await;
     assert_eq!(code(&r), Code::Ok);
     assert_eq!(r.statuses[0].limit_remaining, 4);
-    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().name, "specific_limit");
-    assert_eq!(header(&r, "ratelimit-policy"), Some("\"specific_limit\";q=5;w=1"));
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "specific_limit"
+    );
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        Some("\"specific_limit\";q=5;w=1")
+    );
 }
 
 const SHADOW: &str = "
@@ -293,7 +312,10 @@ descriptors:
 async fn shadow_mode_never_refuses_but_counts() {
     let (s, _clock) = memory(SHADOW).await;
     let mut c = client(s.addr).await;
-    let a = request("example6", &[&[("service", "auth-service"), ("user", "user-a")]]);
+    let a = request(
+        "example6",
+        &[&[("service", "auth-service"), ("user", "user-a")]],
+    );
     for i in 0..15 {
         let r = ask(&mut c, &a).await;
         assert_eq!(code(&r), Code::Ok, "request {i}");
@@ -303,7 +325,10 @@ async fn shadow_mode_never_refuses_but_counts() {
             assert_eq!(r.statuses[0].limit_remaining, 0);
         }
     }
-    let b = request("example6", &[&[("service", "auth-service"), ("user", "user-b")]]);
+    let b = request(
+        "example6",
+        &[&[("service", "auth-service"), ("user", "user-b")]],
+    );
     for _ in 0..20 {
         assert_eq!(code(&ask(&mut c, &b).await), Code::Ok);
     }
@@ -373,5 +398,24 @@ descriptors:
     assert_eq!(code(&ask(&mut c, &k).await), Code::Ok);
     // a day from 06:00 UTC: 40 min into it, 23 h 20 min to go
     let p = request("api", &[&[("plan", "free")]]);
-    assert_eq!(header(&ask(&mut c, &p).await, "ratelimit"), Some("\"plan\";r=2;t=84000"));
+    assert_eq!(
+        header(&ask(&mut c, &p).await, "ratelimit"),
+        Some("\"plan\";r=2;t=84000")
+    );
+}
+
+#[test]
+fn the_example_configuration_loads() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/rls-ratelimit.yaml");
+    let c = paceline_rls::RlsConfig::load(&path).unwrap();
+    let d = c.domain("edge").unwrap();
+    assert_eq!(
+        d.find([("remote_address", "1.2.3.4")])
+            .unwrap()
+            .rule
+            .requests_per_unit,
+        10
+    );
+    assert_eq!(d.find([("api_key", "sk_1")]).unwrap().rule.name, "burst");
 }

@@ -32,11 +32,7 @@ descriptors:
           requests_per_unit: 5
 ";
 
-async fn instance(
-    url: &str,
-    yaml: &str,
-    deadline: Duration,
-) -> Served<RedisStore, SystemClock> {
+async fn instance(url: &str, yaml: &str, deadline: Duration) -> Served<RedisStore, SystemClock> {
     let store = RedisStore::connect(RedisStoreConfig {
         urls: vec![url.to_string()],
         key_secret: b"the same secret on every instance".to_vec(),
@@ -121,7 +117,10 @@ async fn a_refusal_gives_its_charges_back_in_redis() {
     let n = "2061111111";
     let both = request(
         "shared",
-        &[&[("to_number", n)], &[("message_type", "marketing"), ("to_number", n)]],
+        &[
+            &[("to_number", n)],
+            &[("message_type", "marketing"), ("to_number", n)],
+        ],
     );
     for _ in 0..5 {
         assert_eq!(code(&ask(&mut ca, &both).await), Code::Ok);
@@ -135,7 +134,10 @@ async fn a_refusal_gives_its_charges_back_in_redis() {
     let wide = request("shared", &[&[("to_number", n)]]);
     let r = ask(&mut ca, &wide).await;
     assert_eq!(code(&r), Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, 94, "5 admitted, 1 now; none refused");
+    assert_eq!(
+        r.statuses[0].limit_remaining, 94,
+        "5 admitted, 1 now; none refused"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,7 +159,10 @@ async fn a_paused_redis_is_answered_within_the_deadline_per_fail_mode() {
     let (mut co, mut cc) = (client(open.addr).await, client(closed.addr).await);
     warm(&mut co, "open").await;
     warm(&mut cc, "closed").await;
-    assert_eq!(code(&ask(&mut co, &request("open", &[&[("k", "a")]])).await), Code::Ok);
+    assert_eq!(
+        code(&ask(&mut co, &request("open", &[&[("k", "a")]])).await),
+        Code::Ok
+    );
     server.pause();
     for i in 0..3 {
         let key = format!("fresh-{i}");
@@ -165,14 +170,23 @@ async fn a_paused_redis_is_answered_within_the_deadline_per_fail_mode() {
         let r = ask(&mut co, &request("open", &[&[("k", &key)]])).await;
         let took = t.elapsed();
         assert_eq!(code(&r), Code::Ok);
-        assert!(took < deadline + Duration::from_millis(400), "open took {took:?}");
+        assert!(
+            took < deadline + Duration::from_millis(400),
+            "open took {took:?}"
+        );
         let t = Instant::now();
         let r = ask(&mut cc, &request("closed", &[&[("k", &key)]])).await;
         let took = t.elapsed();
         assert_eq!(code(&r), Code::OverLimit);
         assert_eq!(header(&r, "retry-after"), Some("1"));
-        assert!(problem(&r)["type"].as_str().unwrap().ends_with("overloaded"));
-        assert!(took < deadline + Duration::from_millis(400), "closed took {took:?}");
+        assert!(problem(&r)["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("overloaded"));
+        assert!(
+            took < deadline + Duration::from_millis(400),
+            "closed took {took:?}"
+        );
     }
     server.resume();
 }

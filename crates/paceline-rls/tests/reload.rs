@@ -48,10 +48,20 @@ async fn a_saved_file_is_picked_up_while_serving_without_a_counter_lost() {
         if r.statuses[0].current_limit.is_some() {
             break ask(&mut c, &req).await;
         }
-        assert!(Instant::now() < until, "the saved file was not picked up in 5 s");
+        assert!(
+            Instant::now() < until,
+            "the saved file was not picked up in 5 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 20);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        20
+    );
     // 4 counted before the reload, 1 now
     assert_eq!(r.statuses[0].limit_remaining, 15);
     let _ = std::fs::remove_dir_all(&d);
@@ -73,7 +83,12 @@ fn a_file_that_does_not_load_leaves_the_rules_in_force() {
         }
         other => panic!("{other:?}"),
     }
-    let rule = svc.config().domain("api").unwrap().find([("tenant", "x")]).unwrap();
+    let rule = svc
+        .config()
+        .domain("api")
+        .unwrap()
+        .find([("tenant", "x")])
+        .unwrap();
     assert_eq!(rule.rule.requests_per_unit, 10);
     std::fs::write(&f, limits(30)).unwrap();
     assert!(matches!(w.poll(&svc), Reload::Applied(1)));

@@ -43,12 +43,17 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Run a list of requests through the SDK with N workers.
     Bulk(cmd::bulk::Args),
+    /// Serve Envoy's rate-limit service on envoyproxy/ratelimit's YAML.
+    Rls(cmd::rls::Args),
 }
 
 fn main() {
     quiet_broken_pipe();
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Demo(_) | Command::Gateway(_)) {
+    if matches!(
+        cli.command,
+        Command::Demo(_) | Command::Gateway(_) | Command::Rls(_)
+    ) {
         logs();
     }
     let result = match cli.command {
@@ -57,6 +62,7 @@ fn main() {
         Command::Sim(a) => cmd::sim::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Bulk(a) => cmd::bulk::run(a),
+        Command::Rls(a) => cmd::rls::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

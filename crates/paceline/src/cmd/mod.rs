@@ -5,4 +5,5 @@ pub(crate) mod bulk;
 pub(crate) mod demo;
 pub(crate) mod gateway;
 pub(crate) mod inspect;
+pub(crate) mod rls;
 pub(crate) mod sim;
