@@ -934,3 +934,33 @@ mod tests {
         assert_eq!(d.find([("ip", "1.2.3.4")]).unwrap().metric_key, "ip");
     }
 }
+
+#[cfg(test)]
+mod cut {
+    use super::*;
+
+    /// Every prefix of a full file, and every file with one byte
+    /// replaced: an error with a line inside the text, never a panic.
+    #[test]
+    fn damaged_files_are_errors_not_panics() {
+        let full = "domain: d\nfail_mode: closed\ndescriptors:\n  - key: a\n    value: x*y\n    share_threshold: true\n    descriptors:\n      - key: b\n        rate_limit:\n          name: n\n          replaces: [{name: m}]\n          unit: day\n          requests_per_unit: 7\n          reset_at: \"01:30\"\n  - key: c\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 4, algorithm: token_bucket, burst: 8}\n";
+        let lines = full.lines().count() + 1;
+        for cut in 0..full.len() {
+            if let Err(e) = RlsConfig::from_str(Path::new("t"), &full[..cut]) {
+                assert!(e.line <= lines, "{e}");
+            }
+        }
+        for i in 0..full.len() {
+            for b in [b'-', b':', b'*', b'[', b'\'', b'9', b' ', b'\n'] {
+                let mut v = full.as_bytes().to_vec();
+                v[i] = b;
+                let Ok(t) = String::from_utf8(v) else { continue };
+                if let Ok(c) = RlsConfig::from_str(Path::new("t"), &t) {
+                    for d in c.domains() {
+                        let _ = d.find([("a", "xzy"), ("b", "1")]);
+                    }
+                }
+            }
+        }
+    }
+}
