@@ -213,8 +213,11 @@ impl Fields {
             let (State::Decided(d), Limit::Plan(plan)) = (&it.state, &it.m.rule.limit) else {
                 continue;
             };
-            if policies.len() == paceline_core::MAX_POLICIES {
-                break;
+            // at most a plan's worth, the last place kept for the refusing rule
+            let room = paceline_core::MAX_POLICIES
+                - usize::from(matches!(verdict, Verdict::Over(j) if j > i));
+            if policies.len() >= room && verdict != Verdict::Over(i) {
+                continue;
             }
             let p = plan.policy(0).clone();
             let unique = |n: &str| {

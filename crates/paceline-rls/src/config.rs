@@ -954,7 +954,9 @@ mod cut {
             for b in [b'-', b':', b'*', b'[', b'\'', b'9', b' ', b'\n'] {
                 let mut v = full.as_bytes().to_vec();
                 v[i] = b;
-                let Ok(t) = String::from_utf8(v) else { continue };
+                let Ok(t) = String::from_utf8(v) else {
+                    continue;
+                };
                 if let Ok(c) = RlsConfig::from_str(Path::new("t"), &t) {
                     for d in c.domains() {
                         let _ = d.find([("a", "xzy"), ("b", "1")]);

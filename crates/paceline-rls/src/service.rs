@@ -125,9 +125,8 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         Ok(answer::response(n, &items, verdict, now, &sh.problem_base))
     }
 
-    /// Asks the store for every rule that counts, until one refuses; a
-    /// refused request then gets its charges back and the standing of the
-    /// rules not asked.
+    /// Asks the store for every rule that counts; a refused request then
+    /// gets its charges back and the standing of the rules not asked.
     async fn evaluate(
         &self,
         items: &mut [Item],
@@ -148,32 +147,40 @@ impl<S: Store, C: Clock> RlsService<S, C> {
             .iter()
             .position(Item::refuses)
             .map_or(Verdict::Ok, Verdict::Over);
+        // what this process can answer at once (the memory store always;
+        // Redis for a key its deny cache holds), one rule after another,
+        // stopping at the first refusal; the rest asked of the store
+        // together, so a request costs one round trip, not one per rule
+        let mut remote = Vec::new();
         if verdict == Verdict::Ok {
             for (i, it) in items.iter_mut().enumerate() {
                 let Limit::Plan(plan) = &it.m.rule.limit else {
                     continue;
                 };
                 let (key, cost) = (&it.m.store_key, Cost::requests(it.cost));
-                let r = match store.check_local(plan, key, cost, now) {
-                    Some(r) => r,
-                    None => store.check_cost(plan, key, cost, now).await,
+                match store.check_local(plan, key, cost, now) {
+                    Some(r) => verdict = settle(it, i, r, fail, domain),
+                    None => remote.push(i),
+                }
+                if verdict != Verdict::Ok {
+                    break;
+                }
+            }
+        }
+        if verdict == Verdict::Ok && !remote.is_empty() {
+            let asked = join_all(remote.iter().map(|&i| {
+                let it = &items[i];
+                let Limit::Plan(plan) = &it.m.rule.limit else {
+                    unreachable!("only rules with a plan are asked");
                 };
-                match r {
-                    Ok(d) => {
-                        it.state = State::Decided(d);
-                        if it.refuses() {
-                            verdict = Verdict::Over(i);
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        metrics::store_error(domain);
-                        tracing::warn!(domain, error = %e, "rate-limit store failed");
-                        if fail == FailMode::Closed {
-                            verdict = Verdict::Unavailable;
-                            break;
-                        }
-                    }
+                store.check_cost(plan, &it.m.store_key, Cost::requests(it.cost), now)
+            }))
+            .await;
+            for (&i, r) in remote.iter().zip(asked) {
+                let v = settle(&mut items[i], i, r, fail, domain);
+                // the first refusal in the request's order decides
+                if verdict == Verdict::Ok {
+                    verdict = v;
                 }
             }
         }
@@ -184,40 +191,124 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     }
 
     /// A refused request: what it was charged goes back, and the rules
-    /// not asked are read (without a charge) for the answer's fields.
+    /// not asked are read (without a charge) for the answer's fields; the
+    /// refunds together, then the reads together (at most two rounds).
     async fn give_back(&self, items: &mut [Item], verdict: Verdict, now: Nanos) {
         let store = &self.shared.store;
-        for (i, it) in items.iter_mut().enumerate() {
-            let Limit::Plan(plan) = &it.m.rule.limit else {
+        let plan = |it: &Item| match &it.m.rule.limit {
+            Limit::Plan(p) => Some(p.clone()),
+            _ => None,
+        };
+        let charged: Vec<usize> = (0..items.len())
+            .filter(|&i| Verdict::Over(i) != verdict && was_charged(&items[i]))
+            .collect();
+        let refunds = join_all(charged.iter().filter_map(|&i| {
+            let it = &items[i];
+            let p = plan(it)?;
+            let cost = Cost::requests(it.cost);
+            Some(async move { store.refund(&p, &it.m.store_key, cost, now, now).await })
+        }))
+        .await;
+        for (&i, r) in charged.iter().zip(refunds) {
+            let it = &mut items[i];
+            let (Some(p), State::Decided(d)) = (plan(it), &mut it.state) else {
                 continue;
             };
-            let key = &it.m.store_key;
-            match &mut it.state {
-                State::Decided(d) if Verdict::Over(i) != verdict => {
-                    if !d.is_allowed() || d.statuses[0].would_deny || it.m.rule.shadow {
-                        continue;
-                    }
-                    let cost = Cost::requests(it.cost);
-                    if let Err(e) = store.refund(plan, key, cost, now, now).await {
-                        tracing::warn!(error = %e, "giving a refused request's charge back failed");
-                        continue;
-                    }
+            match r {
+                Ok(()) => {
                     let st = &mut d.statuses[0];
-                    st.remaining = (st.remaining + it.cost).min(plan.policy(0).quota());
+                    st.remaining = (st.remaining + it.cost).min(p.policy(0).quota());
                 }
-                State::Unknown if verdict != Verdict::Unavailable => {
-                    let read = match store.peek_local(plan, key, now) {
-                        Some(d) => Ok(d),
-                        None => store.check_cost(plan, key, Cost::requests(0), now).await,
-                    };
-                    if let Ok(d) = read {
-                        it.state = State::Decided(d);
+                Err(e) => {
+                    tracing::warn!(error = %e, "giving a refused request's charge back failed")
+                }
+            }
+        }
+        if verdict == Verdict::Unavailable {
+            return;
+        }
+        let unknown: Vec<usize> = (0..items.len())
+            .filter(|&i| matches!(items[i].state, State::Unknown) && plan(&items[i]).is_some())
+            .collect();
+        let reads = join_all(unknown.iter().filter_map(|&i| {
+            let it = &items[i];
+            let p = plan(it)?;
+            Some(async move {
+                match store.peek_local(&p, &it.m.store_key, now) {
+                    Some(d) => Ok(d),
+                    None => {
+                        store
+                            .check_cost(&p, &it.m.store_key, Cost::requests(0), now)
+                            .await
                     }
                 }
-                _ => {}
+            })
+        }))
+        .await;
+        for (&i, r) in unknown.iter().zip(reads) {
+            if let Ok(d) = r {
+                items[i].state = State::Decided(d);
             }
         }
     }
+}
+
+/// Whether the store charged this item (admitted by a rule that counts).
+fn was_charged(it: &Item) -> bool {
+    match &it.state {
+        State::Decided(d) => d.is_allowed() && !d.statuses[0].would_deny && !it.m.rule.shadow,
+        _ => false,
+    }
+}
+
+/// Takes the store's answer for item `i`: the verdict it makes alone.
+fn settle(
+    it: &mut Item,
+    i: usize,
+    r: Result<paceline_core::Decision, paceline_core::StoreError>,
+    fail: FailMode,
+    domain: &str,
+) -> Verdict {
+    match r {
+        Ok(d) => {
+            it.state = State::Decided(d);
+            match it.refuses() {
+                true => Verdict::Over(i),
+                false => Verdict::Ok,
+            }
+        }
+        Err(e) => {
+            metrics::store_error(domain);
+            tracing::warn!(domain, error = %e, "rate-limit store failed");
+            match fail {
+                FailMode::Closed => Verdict::Unavailable,
+                _ => Verdict::Ok,
+            }
+        }
+    }
+}
+
+/// Runs every future at once on this task; their outputs in order.
+async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        match pending {
+            true => std::task::Poll::Pending,
+            false => std::task::Poll::Ready(()),
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
 }
 
 /// The rules the request's descriptors reach, less those another of them

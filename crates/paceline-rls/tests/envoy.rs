@@ -419,3 +419,29 @@ fn the_example_configuration_loads() {
     );
     assert_eq!(d.find([("api_key", "sk_1")]).unwrap().rule.name, "burst");
 }
+
+#[tokio::test]
+async fn twenty_descriptors_publish_a_plan_s_worth_and_always_the_refusing_rule() {
+    let mut yaml = String::from("domain: many\ndescriptors:\n");
+    for i in 0..20 {
+        let rpu = if i == 19 { 1 } else { 100 };
+        yaml.push_str(&format!(
+            "  - key: k{i}\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n"
+        ));
+    }
+    let (s, _clock) = memory(&yaml).await;
+    let mut c = client(s.addr).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let d: Vec<[(&str, &str); 1]> = keys.iter().map(|k| [(k.as_str(), "v")]).collect();
+    let d: Vec<&[(&str, &str)]> = d.iter().map(|x| &x[..]).collect();
+    let req = request("many", &d);
+    assert_eq!(code(&ask(&mut c, &req).await), Code::Ok);
+    let r = ask(&mut c, &req).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    let policy = header(&r, "ratelimit-policy").unwrap();
+    assert_eq!(policy.matches(";q=").count(), 16, "{policy}");
+    assert!(policy.ends_with("\"k19\";q=1;w=60"), "{policy}");
+    assert_eq!(problem(&r)["limit"], "k19");
+    // nothing charged: the first rule stands at 99
+    assert_eq!(r.statuses[0].limit_remaining, 99);
+}
