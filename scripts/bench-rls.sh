@@ -7,7 +7,8 @@
 #
 # Each call is one descriptor (remote_address) over 1,000 addresses in
 # turn, under a limit none of them reaches: every decision is a real
-# check-and-charge. Starts its own redis-server and servers on free
+# check-and-charge (on Redis with a deadline of 1 s, so that no decision
+# is a fail-open pass). Starts its own redis-server and servers on free
 # loopback ports and stops them.
 #
 #   scripts/bench-rls.sh                          # 10 s per run, release build (the recorded run)
@@ -70,7 +71,7 @@ pids+=($!)
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" PING >/dev/null 2>&1 && break; sleep 0.05; done
 
 MEM=$(start memory "$PACELINE" rls --config "$work/bench.yaml" --listen 127.0.0.1:0)
-RED=$(PACELINE_KEY_HASH_SECRET=bench-secret-of-16-bytes start redis "$PACELINE" rls --config "$work/bench.yaml" --listen 127.0.0.1:0 --redis-url "redis://127.0.0.1:$REDIS_PORT")
+RED=$(PACELINE_KEY_HASH_SECRET=bench-secret-of-16-bytes start redis "$PACELINE" rls --config "$work/bench.yaml" --listen 127.0.0.1:0 --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-deadline-ms 1000)
 FLOOR=$(start floor "$LOAD" floor --listen 127.0.0.1:0)
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); ${SECONDS_PER_RUN} s per run; profile $PROFILE"

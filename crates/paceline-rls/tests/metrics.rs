@@ -17,6 +17,9 @@ descriptors:
     value: a
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: team
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
 ";
 
 #[test]

@@ -33,8 +33,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "URL")]
     redis_url: Option<String>,
     /// How long a decision waits for Redis before the domain's fail_mode
-    /// answers.
-    #[arg(long, value_name = "MS", default_value_t = 50)]
+    /// answers (the store's default, as the gateway's; Envoy's filter
+    /// waits 20 ms by default).
+    #[arg(long, value_name = "MS", default_value_t = 5)]
     redis_deadline_ms: u64,
     /// How often the configuration's files are read again for changes.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
