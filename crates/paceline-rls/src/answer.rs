@@ -27,6 +27,8 @@ pub(crate) struct Item {
     pub(crate) descriptor: usize,
     pub(crate) m: Match,
     pub(crate) cost: u64,
+    /// `is_negative_hits`: the hits are given back, not charged.
+    pub(crate) negative: bool,
     pub(crate) state: State,
 }
 
@@ -56,7 +58,7 @@ pub(crate) enum Verdict {
 impl Item {
     /// Whether this item's rule refuses the request (never a shadow rule).
     pub(crate) fn refuses(&self) -> bool {
-        if self.m.rule.shadow {
+        if self.m.rule.shadow || self.negative {
             return false;
         }
         match &self.state {

@@ -99,6 +99,12 @@ impl Unit {
         }
     }
 
+    /// The unit of `rls.proto`'s `RateLimit.Unit` number (none for
+    /// `UNKNOWN` or a number it does not define).
+    pub fn from_proto(n: i32) -> Option<Unit> {
+        Unit::ALL.iter().map(|(_, u)| *u).find(|u| u.proto() == n)
+    }
+
     /// The unit's number in `rls.proto`'s `RateLimit.Unit`.
     pub fn proto(self) -> i32 {
         match self {
@@ -235,6 +241,57 @@ impl Domain {
             .join(".");
         Some(Match {
             rule,
+            store_key,
+            metric_key,
+        })
+    }
+}
+
+impl Domain {
+    /// The rule a descriptor's own `limit` override makes (as
+    /// envoyproxy/ratelimit: a fixed window of `requests_per_unit` per
+    /// `unit`, in place of any configured rule), counted under the
+    /// descriptor's entries; none for an unknown unit.
+    pub fn override_rule<'a, I>(
+        &self,
+        entries: I,
+        requests_per_unit: u32,
+        unit: i32,
+    ) -> Option<Match>
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)>,
+    {
+        let unit = Unit::from_proto(unit)?;
+        let mut store_key = format!("{}\u{1f}override", self.name);
+        let mut path = Vec::new();
+        for (k, v) in entries {
+            store_key.push('\u{1f}');
+            store_key.push_str(k);
+            store_key.push('=');
+            store_key.push_str(v);
+            path.push(format!("{k}_{v}"));
+        }
+        let metric_key = path.join(".");
+        let name = policy_name(&metric_key);
+        let limit = match requests_per_unit {
+            0 => Limit::Blocked,
+            q => {
+                let p = Policy::fixed_window(&name, u64::from(q), unit.seconds()).ok()?;
+                Limit::Plan(Plan::new(&name, vec![p]).ok()?)
+            }
+        };
+        let rule = Rule {
+            name,
+            given_name: None,
+            replaces: Vec::new(),
+            limit,
+            unit: Some(unit),
+            requests_per_unit,
+            shadow: false,
+            line: 0,
+        };
+        Some(Match {
+            rule: Arc::new(rule),
             store_key,
             metric_key,
         })

@@ -30,7 +30,10 @@
 //!   per-domain `fail_mode` (see [`config`]); unknown keys, a key twice at
 //!   one level and a descriptor twice in one list are errors with the
 //!   file and line, where envoyproxy/ratelimit ignores or merges some.
-//! - A descriptor's `limit` override and `is_negative_hits` are not read.
+//! - A descriptor's `limit` override is a fixed window, as there; its
+//!   `is_negative_hits` gives the hits back as a refund of a charge made
+//!   now (a window's count while it is current, a bucket's tokens), never
+//!   past the full limit, whatever the other descriptors say.
 //!
 //! ## The parts
 //!

@@ -142,6 +142,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 Limit::Plan(_) => State::Unknown,
             };
         }
+        self.give_negative_hits(items, now).await;
         // a rule that admits nothing refuses before any store is asked
         let mut verdict = items
             .iter()
@@ -157,6 +158,9 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 let Limit::Plan(plan) = &it.m.rule.limit else {
                     continue;
                 };
+                if it.negative {
+                    continue;
+                }
                 let (key, cost) = (&it.m.store_key, Cost::requests(it.cost));
                 match store.check_local(plan, key, cost, now) {
                     Some(r) => verdict = settle(it, i, r, fail, domain),
@@ -188,6 +192,32 @@ impl<S: Store, C: Clock> RlsService<S, C> {
             self.give_back(items, verdict, now).await;
         }
         verdict
+    }
+
+    /// `is_negative_hits`: the hits go back to the rule (as a refund of a
+    /// charge made now: a window's count, a bucket's tokens), whatever the
+    /// other descriptors say; the rule is then read for the answer.
+    async fn give_negative_hits(&self, items: &mut [Item], now: Nanos) {
+        let store = &self.shared.store;
+        for it in items.iter_mut().filter(|it| it.negative) {
+            let Limit::Plan(plan) = &it.m.rule.limit else {
+                continue;
+            };
+            let key = &it.m.store_key;
+            if let Err(e) = store
+                .refund(plan, key, Cost::requests(it.cost), now, now)
+                .await
+            {
+                tracing::warn!(error = %e, "negative hits not given back");
+            }
+            let read = match store.check_local(plan, key, Cost::requests(0), now) {
+                Some(r) => r,
+                None => store.check_cost(plan, key, Cost::requests(0), now).await,
+            };
+            if let Ok(d) = read {
+                it.state = State::Decided(d);
+            }
+        }
     }
 
     /// A refused request: what it was charged goes back, and the rules
@@ -256,7 +286,9 @@ impl<S: Store, C: Clock> RlsService<S, C> {
 /// Whether the store charged this item (admitted by a rule that counts).
 fn was_charged(it: &Item) -> bool {
     match &it.state {
-        State::Decided(d) => d.is_allowed() && !d.statuses[0].would_deny && !it.m.rule.shadow,
+        State::Decided(d) => {
+            d.is_allowed() && !d.statuses[0].would_deny && !it.m.rule.shadow && !it.negative
+        }
         _ => false,
     }
 }
@@ -321,12 +353,16 @@ fn matched(domain: &crate::config::Domain, req: &RateLimitRequest) -> Vec<Item> 
         .enumerate()
         .filter_map(|(i, d)| {
             let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-            let m = domain.find(entries)?;
+            let m = match &d.limit {
+                Some(o) => domain.override_rule(entries, o.requests_per_unit, o.unit)?,
+                None => domain.find(entries)?,
+            };
             let cost = d.hits_addend.as_ref().map_or(hits, |h| h.value);
             Some(Item {
                 descriptor: i,
                 m,
                 cost,
+                negative: d.is_negative_hits,
                 state: State::Unknown,
             })
         })
@@ -348,6 +384,9 @@ fn matched(domain: &crate::config::Domain, req: &RateLimitRequest) -> Vec<Item> 
 }
 
 fn took(it: &Item, i: usize, verdict: Verdict) -> Took {
+    if it.negative {
+        return Took::Hit;
+    }
     if verdict == Verdict::Over(i) {
         return Took::Over;
     }

@@ -445,3 +445,41 @@ async fn twenty_descriptors_publish_a_plan_s_worth_and_always_the_refusing_rule(
     // nothing charged: the first rule stands at 99
     assert_eq!(r.statuses[0].limit_remaining, 99);
 }
+
+#[tokio::test]
+async fn a_descriptor_s_own_limit_and_negative_hits() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let (s, _clock) = memory(PER_IP).await;
+    let mut c = client(s.addr).await;
+    let mut req = request("edge_proxy_per_ip", &[&[("remote_address", "7.7.7.7")]]);
+    // the override: 2 a minute in place of 10 a second
+    req.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 2,
+        unit: 2,
+    });
+    for left in [1, 0] {
+        assert_eq!(ask(&mut c, &req).await.statuses[0].limit_remaining, left);
+    }
+    let r = ask(&mut c, &req).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(header(&r, "retry-after"), Some("60"));
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        2
+    );
+    // two hits given back
+    let mut back = req.clone();
+    back.descriptors[0].is_negative_hits = true;
+    back.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
+    let r = ask(&mut c, &back).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    assert_eq!(code(&ask(&mut c, &req).await), Code::Ok);
+    // the configured rule was never touched
+    let plain = request("edge_proxy_per_ip", &[&[("remote_address", "7.7.7.7")]]);
+    assert_eq!(ask(&mut c, &plain).await.statuses[0].limit_remaining, 9);
+}
