@@ -51,6 +51,20 @@ struct Shared<S, C> {
     store: S,
     clock: C,
     problem_base: String,
+    /// On the memory store, a request holds the stripes of its keys while
+    /// it decides, so that no other request sees a charge that a refusal
+    /// is about to give back: all or nothing, as one step.
+    stripes: Box<[tokio::sync::Mutex<()>]>,
+}
+
+/// Stripes of keys (a power of two).
+const STRIPES: usize = 256;
+
+fn stripe(key: &str) -> usize {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    let h =
+        BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(key);
+    (h as usize) & (STRIPES - 1)
 }
 
 impl<S: Store, C: Clock> RlsService<S, C> {
@@ -67,6 +81,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 store,
                 clock,
                 problem_base: base.to_string(),
+                stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             }),
         }
     }
@@ -135,6 +150,17 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         now: Nanos,
     ) -> Verdict {
         let store = &self.shared.store;
+        // in this process's memory, the whole request is one step: its
+        // keys' stripes held, in one order, until it is decided
+        let mut held = Vec::new();
+        if store.memory().is_some() {
+            let mut ids: Vec<usize> = items.iter().map(|it| stripe(&it.m.store_key)).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            for i in ids {
+                held.push(self.shared.stripes[i].lock().await);
+            }
+        }
         for it in items.iter_mut() {
             it.state = match it.m.rule.limit {
                 Limit::Unlimited => State::Unlimited,
@@ -191,6 +217,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         if verdict != Verdict::Ok {
             self.give_back(items, verdict, now).await;
         }
+        drop(held);
         verdict
     }
 

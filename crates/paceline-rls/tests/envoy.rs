@@ -483,3 +483,58 @@ async fn a_descriptor_s_own_limit_and_negative_hits() {
     let plain = request("edge_proxy_per_ip", &[&[("remote_address", "7.7.7.7")]]);
     assert_eq!(ask(&mut c, &plain).await.statuses[0].limit_remaining, 9);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_request_s_charge_is_never_seen_by_another() {
+    let yaml = "
+domain: race
+descriptors:
+  - key: a
+    rate_limit: {unit: day, requests_per_unit: 50}
+  - key: b
+    rate_limit: {unit: day, requests_per_unit: 1}
+";
+    let svc = paceline_rls::RlsService::new(
+        config(yaml),
+        paceline_core::MemoryStore::new(),
+        paceline_core::ManualClock::at_unix_secs(START),
+    );
+    // b spent, a at 49 of 50: every (a, b) request is refused after a
+    // was charged its last unit
+    svc.decide(&request("race", &[&[("b", "x")]]))
+        .await
+        .unwrap();
+    let mut fill = request("race", &[&[("a", "x")]]);
+    fill.hits_addend = 49;
+    svc.decide(&fill).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let svc = svc.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..400 {
+                let r = svc
+                    .decide(&request("race", &[&[("a", "x")], &[("b", "x")]]))
+                    .await;
+                assert_eq!(r.unwrap().overall_code, Code::OverLimit as i32);
+            }
+        }));
+    }
+    for _ in 0..3 {
+        let svc = svc.clone();
+        tasks.push(tokio::spawn(async move {
+            // a read (no hit): a always has its one unit left
+            let mut read = request("race", &[&[("a", "x")]]);
+            read.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+            for _ in 0..400 {
+                let r = svc.decide(&read).await.unwrap();
+                assert_eq!(
+                    r.statuses[0].limit_remaining, 1,
+                    "a refused request's charge was seen"
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
