@@ -35,11 +35,14 @@ PACELINE=$DIR/paceline
 LOAD=$DIR/examples/rls-bench
 
 work=$(mktemp -d)
-pids=()
+# every process started, one pid a line (`start` runs in a subshell, so
+# the list lives in a file)
 cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+    while read -r p; do kill "$p" 2>/dev/null || true; done < "$work/pids"
+    sleep 0.2
     rm -rf "$work"
 }
+: > "$work/pids"
 trap cleanup EXIT
 
 cat > "$work/bench.yaml" <<'YAML'
@@ -55,7 +58,7 @@ YAML
 start() {
     local log="$work/$1.log"; shift
     "$@" >"$log" 2>&1 &
-    pids+=($!)
+    echo $! >> "$work/pids"
     for _ in $(seq 200); do
         local a
         a=$(grep -o 'listening on [0-9.:]*' "$log" | head -1 | cut -d' ' -f3 || true)
@@ -67,7 +70,7 @@ start() {
 
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" --loglevel warning >/dev/null 2>&1 &
-pids+=($!)
+echo $! >> "$work/pids"
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" PING >/dev/null 2>&1 && break; sleep 0.05; done
 
 MEM=$(start memory "$PACELINE" rls --config "$work/bench.yaml" --listen 127.0.0.1:0)
