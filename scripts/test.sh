@@ -94,8 +94,9 @@ awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d f
 # Fuzzing: the targets of crates/paceline-wire/fuzz (its own workspace, so
 # the builds above never compile it): `parse` (rate-limit answers), `config`
 # (the gateway's file, as `paceline gateway --check` reads it), `identity`
-# (keys and client addresses from hostile heads) and `forwarded` (the
-# original request `paceline check` reads from a proxy's fields). Each
+# (keys and client addresses from hostile heads), `forwarded` (the
+# original request `paceline check` reads from a proxy's fields) and `rls`
+# (envoyproxy/ratelimit's YAML, as `paceline rls --check` reads it). Each
 # runs for FUZZ_SECONDS (60 by default; 0 skips this step) from its committed seeds
 # (fuzz/seeds/) and what earlier runs found (target/fuzz-corpus/). A crash
 # or a hang fails the script; the input is kept in fuzz/artifacts/.
@@ -119,7 +120,7 @@ if [ "$fuzz_seconds" -gt 0 ]; then
     fuzz_failed=0
     export RUSTC_BOOTSTRAP=1
     (cd crates/paceline-wire && cargo fuzz build -O --target-dir "$fuzz_dir/fuzz")
-    for t in parse config identity forwarded; do
+    for t in parse config identity forwarded rls; do
         mkdir -p "$fuzz_dir/fuzz-corpus/$t"
         if (cd crates/paceline-wire && cargo fuzz run -O --target-dir "$fuzz_dir/fuzz" "$t" \
             "$fuzz_dir/fuzz-corpus/$t" "fuzz/seeds/$t" -- \

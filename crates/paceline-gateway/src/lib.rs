@@ -111,6 +111,7 @@ pub use config::{
     KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES, MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
 };
 pub use server::{
-    shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback, ReloadEvent,
+    serve_metrics, shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback,
+    ReloadEvent,
 };
 pub use store::GatewayStore;

@@ -640,8 +640,9 @@ async fn watch_config(
     }
 }
 
-/// Serves `GET /metrics` in the Prometheus text format.
-async fn serve_metrics(listener: TcpListener) {
+/// Serves `GET /metrics` in the Prometheus text format on `listener`
+/// (the gateway's metrics listener, also used by `paceline rls`).
+pub async fn serve_metrics(listener: TcpListener) {
     let Some(handle) = m::prometheus() else {
         tracing::warn!("another metrics recorder is installed; /metrics stays empty");
         return;

@@ -45,6 +45,8 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Run a list of requests through the SDK with N workers.
     Bulk(cmd::bulk::Args),
+    /// Serve Envoy's rate-limit service on envoyproxy/ratelimit's YAML.
+    Rls(cmd::rls::Args),
 }
 
 fn main() {
@@ -52,7 +54,7 @@ fn main() {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Demo(_) | Command::Gateway(_) | Command::Check(_)
+        Command::Demo(_) | Command::Gateway(_) | Command::Check(_) | Command::Rls(_)
     ) {
         logs();
     }
@@ -63,6 +65,7 @@ fn main() {
         Command::Sim(a) => cmd::sim::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Bulk(a) => cmd::bulk::run(a),
+        Command::Rls(a) => cmd::rls::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -6,4 +6,5 @@ pub(crate) mod check;
 pub(crate) mod demo;
 pub(crate) mod gateway;
 pub(crate) mod inspect;
+pub(crate) mod rls;
 pub(crate) mod sim;
