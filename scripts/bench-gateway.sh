@@ -60,12 +60,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/gateway-bench-common.sh"
 bin=${PACELINE_BIN:-$root/target/release/paceline}
 
-need() {
-  command -v "$1" >/dev/null 2>&1 || {
-    echo "missing $1; install it with: apt-get install -y $2" >&2
-    exit 1
-  }
-}
 need wrk wrk
 case " $RUNS " in *" 429 "* | *" shipped "* | *" 0 "* | *" 2 "*)
   need nginx nginx
@@ -76,29 +70,7 @@ if [ ! -x "$bin" ]; then
   (cd "$root" && cargo build --release -p paceline)
 fi
 
-work=$(mktemp -d)
-chmod 755 "$work"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-
-start() { # start NAME PORT CMD...
-  local name=$1 port=$2
-  shift 2
-  taskset -c "$SERVER_CPU" "$@" >"$work/$name.log" 2>&1 &
-  pids+=($!)
-  wait_port "$port"
-}
+bench_setup
 
 start_upstream() { # start_upstream DELAY_MS
   start upstream "$UP_PORT" "$bin" demo --upstream-only \
@@ -211,13 +183,6 @@ measure() { # measure PATH_NAME SERVER PORT [HEADER]
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$(ms "$p50")" "$(ms "$p99")" "$us_user" "$us_sys" >>"$work/results.tsv"
 }
 
-ms() { # wrk's latency (us, ms or s) in milliseconds
-  awk -v v="$1" 'BEGIN {
-    n = v + 0
-    if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n = n; else if (v ~ /s$/) n *= 1000
-    printf "%.3f", n
-  }'
-}
 
 summary() { # medians per path and server, in the order first measured
   awk -F'\t' '

@@ -43,3 +43,52 @@ wait_port() {
   echo "nothing listens on port $1" >&2
   exit 1
 }
+
+# need CMD PACKAGE: CMD on the PATH, or exit saying how to install it.
+need() {
+  command -v "$1" >/dev/null 2>&1 || {
+    echo "missing $1; install it with: apt-get install -y $2" >&2
+    exit 1
+  }
+}
+
+# bench_setup: a work directory ($work, removed at exit) and the list of
+# the servers started ($pids, stopped at exit).
+bench_setup() {
+  work=$(mktemp -d)
+  chmod 755 "$work"
+  pids=()
+  trap bench_cleanup EXIT
+}
+
+bench_cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+
+# stop_all: every server started so far, stopped and waited for.
+stop_all() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+
+# start NAME PORT CMD...: CMD on $SERVER_CPU, its output in $work/NAME.log,
+# until something listens on PORT.
+start() {
+  local name=$1 port=$2
+  shift 2
+  taskset -c "$SERVER_CPU" "$@" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  wait_port "$port"
+}
+
+# ms VALUE: wrk's latency (us, ms or s) in milliseconds.
+ms() {
+  awk -v v="$1" 'BEGIN {
+    n = v + 0
+    if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n = n; else if (v ~ /s$/) n *= 1000
+    printf "%.3f", n
+  }'
+}
