@@ -22,6 +22,7 @@ use crate::algorithm;
 use crate::check::{check_words, Cost};
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::group::{check_each, GroupDecision, GroupItem};
 use crate::plan::Plan;
 
 /// A store could not answer.
@@ -109,6 +110,25 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let _ = (plan, key, cost, charged, now);
         std::future::ready(Ok(()))
+    }
+
+    /// Checks every item of a group at `now` and charges them all only if
+    /// every one admits its cost: a refused group charges nothing (see
+    /// [`GroupDecision`]). An error means nothing is known of the group
+    /// (and, as far as the store could, nothing was charged).
+    ///
+    /// The default, [`check_each`], checks one item after another and
+    /// gives the charges back on a refusal: exact once it returns, but a
+    /// concurrent caller may see a charge before it is given back. A store
+    /// that can decide the group in one step overrides it:
+    /// [`MemoryStore`] holds its group stripes while it decides, the
+    /// Redis store sends the group as one atomic call.
+    fn check_all(
+        &self,
+        items: &[GroupItem<'_>],
+        now: Nanos,
+    ) -> impl Future<Output = Result<GroupDecision, StoreError>> + Send {
+        check_each(self, items, now)
     }
 
     /// The in-process memory store that answers for this one, if any:
@@ -356,7 +376,13 @@ struct Inner {
     /// The secret seed of the key hash.
     seed: u64,
     max_per_shard: usize,
+    /// Held by a group check while it decides (see
+    /// [`MemoryStore::check_all_sync`]), by its keys' hashes.
+    groups: Box<[parking_lot::Mutex<()>]>,
 }
+
+/// Stripes of the group lock (a power of two).
+const GROUP_STRIPES: usize = 256;
 
 /// The embedded store: per-key state in this process.
 ///
@@ -422,6 +448,9 @@ impl MemoryStore {
                 mask: n - 1,
                 seed: rand::random(),
                 max_per_shard: config.max_keys.div_ceil(n).max(1),
+                groups: (0..GROUP_STRIPES)
+                    .map(|_| parking_lot::Mutex::new(()))
+                    .collect(),
             }),
         }
     }
@@ -521,6 +550,38 @@ impl MemoryStore {
             }
         }
         Err(StoreError::Full)
+    }
+
+    /// The synchronous group check (see [`Store::check_all`]): the stripes
+    /// of the group's keys are held (in one order) while its items are
+    /// checked one after another and, on a refusal, given back and read
+    /// again. So no other group check (nor a read made as one) sees a
+    /// charge that a refusal gives back; a single [`check_sync`] on one
+    /// of the keys meanwhile may.
+    ///
+    /// [`check_sync`]: MemoryStore::check_sync
+    pub fn check_all_sync(
+        &self,
+        items: &[GroupItem<'_>],
+        now: Nanos,
+    ) -> Result<GroupDecision, StoreError> {
+        let mut ids: smallvec::SmallVec<[usize; 8]> = items
+            .iter()
+            .map(|it| self.hash(it.plan, it.key) as usize & (GROUP_STRIPES - 1))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let held: smallvec::SmallVec<[_; 8]> =
+            ids.iter().map(|&i| self.inner.groups[i].lock()).collect();
+        // every step of this store is ready at once: one poll finishes it
+        let group = std::pin::pin!(check_each(self, items, now));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let r = match group.poll(&mut cx) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => unreachable!("the memory store never waits"),
+        };
+        drop(held);
+        r
     }
 
     /// The synchronous release of concurrency units.
@@ -824,6 +885,14 @@ impl Store for MemoryStore {
         now: Nanos,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         std::future::ready(self.check_sync(plan, key, cost, now))
+    }
+
+    fn check_all(
+        &self,
+        items: &[GroupItem<'_>],
+        now: Nanos,
+    ) -> impl Future<Output = Result<GroupDecision, StoreError>> + Send {
+        std::future::ready(self.check_all_sync(items, now))
     }
 
     fn release(
