@@ -107,8 +107,8 @@ impl GroupDecision {
 
 /// The group check of a store that cannot decide a group in one step: each
 /// item checked in turn, stopping at the first refusal; on a refusal the
-/// items already charged are given back ([`Store::refund`]) and read
-/// again, so the answer holds their standing without the charge. An error
+/// items already charged are given back ([`Store::refund`], and
+/// [`Store::release`] for their leases) and read again, so the answer holds their standing without the charge. An error
 /// gives back what was charged before it and is returned.
 ///
 /// Exact in the end (a refused group has spent nothing once this returns)
@@ -166,8 +166,12 @@ async fn give_back<S: Store + ?Sized>(
             continue;
         }
         // a refund that fails leaves the charge, as a failed give-back
-        // always has; the read then shows it
+        // always has; the read then shows it. A refund gives no lease
+        // back: a concurrency policy's units are released
         let _ = store.refund(it.plan, it.key, it.cost, now, now).await;
+        if it.plan.has_concurrency() && it.cost.requests > 0 {
+            let _ = store.release(it.plan, it.key, it.cost.requests, now).await;
+        }
         let read = match store.check_local(it.plan, it.key, zero, now) {
             Some(r) => r,
             None => store.check_cost(it.plan, it.key, zero, now).await,
