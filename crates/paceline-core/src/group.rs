@@ -11,8 +11,9 @@
 //! [`Store::check_all`] is that step. Its default, [`check_each`], is the
 //! fallback for a store that cannot do better: one check after another,
 //! the charges given back on a refusal. [`MemoryStore`](crate::MemoryStore)
-//! holds its group stripes while it decides, and the Redis store sends the
-//! group as one server-side call.
+//! holds its group stripes while it decides and puts every state back on
+//! a refusal, and the Redis store sends the group as one server-side
+//! call that does the same.
 //!
 //! ```
 //! use paceline_core::{Cost, GroupItem, MemoryStore, Nanos, Plan, Policy, Store};
@@ -111,9 +112,10 @@ impl GroupDecision {
 /// [`Store::release`] for their leases) and read again, so the answer holds their standing without the charge. An error
 /// gives back what was charged before it and is returned.
 ///
-/// Exact in the end (a refused group has spent nothing once this returns)
-/// but not in between: until the give-back, another caller may see the
-/// charges. [`Store::check_all`]'s default.
+/// Nearly exact in the end (once this returns, a refused group has spent
+/// what a refund cannot give back: a shadow policy's count) and not in
+/// between: until the give-back, another caller may see the charges.
+/// [`Store::check_all`]'s default.
 pub async fn check_each<S: Store + ?Sized>(
     store: &S,
     items: &[GroupItem<'_>],

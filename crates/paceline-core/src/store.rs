@@ -554,10 +554,12 @@ impl MemoryStore {
 
     /// The synchronous group check (see [`Store::check_all`]): the stripes
     /// of the group's keys are held (in one order) while its items are
-    /// checked one after another and, on a refusal, given back and read
-    /// again. So no other group check (nor a read made as one) sees a
-    /// charge that a refusal gives back; a single [`check_sync`] on one
-    /// of the keys meanwhile may.
+    /// checked one after another, each key's state kept before its check;
+    /// on a refusal every state is put back as it was (shadow policies'
+    /// counts and leases too) and each admitted item read again. So no
+    /// other group check (nor a read made as one) sees a charge of a
+    /// refused group; a single [`check_sync`] on one of the keys
+    /// meanwhile may.
     ///
     /// [`check_sync`]: MemoryStore::check_sync
     pub fn check_all_sync(
@@ -573,15 +575,89 @@ impl MemoryStore {
         ids.dedup();
         let held: smallvec::SmallVec<[_; 8]> =
             ids.iter().map(|&i| self.inner.groups[i].lock()).collect();
-        // every step of this store is ready at once: one poll finishes it
-        let group = std::pin::pin!(check_each(self, items, now));
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let r = match group.poll(&mut cx) {
-            std::task::Poll::Ready(r) => r,
-            std::task::Poll::Pending => unreachable!("the memory store never waits"),
-        };
+        let mut saved = Vec::with_capacity(items.len());
+        let mut decisions = Vec::with_capacity(items.len());
+        let mut refused = false;
+        for it in items {
+            saved.push(self.save(it.plan, it.key));
+            match self.check_sync(it.plan, it.key, it.cost, now) {
+                Ok(d) => {
+                    refused = !d.is_allowed();
+                    decisions.push(Some(d));
+                }
+                Err(e) => {
+                    self.put_back(items, &saved);
+                    return Err(e);
+                }
+            }
+            if refused {
+                break;
+            }
+        }
+        if refused {
+            self.put_back(items, &saved);
+            for (it, d) in items.iter().zip(decisions.iter_mut()) {
+                if d.as_ref().is_some_and(Decision::is_allowed) {
+                    *d = self.check_sync(it.plan, it.key, Cost::requests(0), now).ok();
+                }
+            }
+        }
         drop(held);
-        r
+        decisions.resize(items.len(), None);
+        Ok(GroupDecision { decisions })
+    }
+
+    /// A key's state as it is: its rest mark and words, or `None` when the
+    /// store holds none.
+    fn save(&self, plan: &Plan, key: &str) -> Saved {
+        let h = self.hash(plan, key);
+        let shard = self.shard(h);
+        let words = if plan.state_words() == 1 {
+            read(&shard.one)
+                .t2
+                .get(&h)
+                .map(|s| vec![s[0].load(Ordering::Acquire), s[1].load(Ordering::Acquire)])
+        } else {
+            let g = shard.rows.read();
+            match plan.state_words() + 1 {
+                3 => g.t3.get(&h).map(|w| w.to_vec()),
+                4 => g.t4.get(&h).map(|w| w.to_vec()),
+                _ => g.tn.get(&h).map(|w| w.to_vec()),
+            }
+        };
+        Saved { h, words }
+    }
+
+    /// Puts back the states [`save`](Self::save) kept for `items`, the
+    /// last first (a key the group names twice ends as it was first).
+    fn put_back(&self, items: &[GroupItem<'_>], saved: &[Saved]) {
+        for (it, sv) in items.iter().zip(saved).rev() {
+            let shard = self.shard(sv.h);
+            let gone = if it.plan.state_words() == 1 {
+                let mut g = write(&shard.one);
+                match &sv.words {
+                    Some(w) => {
+                        if let Some(slot) = g.t2.get_mut(&sv.h) {
+                            *slot[0].get_mut() = w[0];
+                            *slot[1].get_mut() = w[1];
+                        }
+                        false
+                    }
+                    None => g.t2.remove(&sv.h).is_some(),
+                }
+            } else {
+                let mut g = shard.rows.write();
+                let g = &mut *g;
+                match it.plan.state_words() + 1 {
+                    3 => put_back_in(&mut g.t3, sv),
+                    4 => put_back_in(&mut g.t4, sv),
+                    _ => put_back_in(&mut g.tn, sv),
+                }
+            };
+            if gone {
+                shard.keys.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The synchronous release of concurrency units.
@@ -635,6 +711,29 @@ impl MemoryStore {
             4 => refund_in(&mut g.t4, h, plan, cost, charged, now),
             _ => refund_in(&mut g.tn, h, plan, cost, charged, now),
         }
+    }
+}
+
+/// A key's state kept by a group check, to be put back on a refusal.
+struct Saved {
+    h: u128,
+    words: Option<Vec<u64>>,
+}
+
+/// Puts a saved row back: its words, or (it had none) no entry; whether
+/// an entry went. A saved row swept since was at rest, as good as none.
+fn put_back_in<S: Slot>(table: &mut Table<S>, sv: &Saved) -> bool {
+    match &sv.words {
+        Some(w) => {
+            if let Some(slot) = table.get_mut(&sv.h) {
+                let cur = slot.words_mut();
+                if cur.len() == w.len() {
+                    cur.copy_from_slice(w);
+                }
+            }
+            false
+        }
+        None => table.remove(&sv.h).is_some(),
     }
 }
 

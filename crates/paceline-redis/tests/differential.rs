@@ -282,15 +282,15 @@ fn run_group_differential(scripting: Scripting, cases: u32) {
 
 #[test]
 fn groups_decide_as_in_memory_with_functions() {
-    run_group_differential(Scripting::Functions, 120);
+    run_group_differential(Scripting::Functions, 300);
 }
 
 #[test]
 fn groups_decide_as_in_memory_with_scripts() {
-    run_group_differential(Scripting::Eval, 30);
+    run_group_differential(Scripting::Eval, 60);
 }
 
 #[test]
 fn groups_decide_as_in_memory_interpreted() {
-    run_group_differential(Scripting::EvalInterpreted, 60);
+    run_group_differential(Scripting::EvalInterpreted, 150);
 }
