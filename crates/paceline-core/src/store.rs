@@ -598,7 +598,9 @@ impl MemoryStore {
             self.put_back(items, &saved);
             for (it, d) in items.iter().zip(decisions.iter_mut()) {
                 if d.as_ref().is_some_and(Decision::is_allowed) {
-                    *d = self.check_sync(it.plan, it.key, Cost::requests(0), now).ok();
+                    *d = self
+                        .check_sync(it.plan, it.key, Cost::requests(0), now)
+                        .ok();
                 }
             }
         }

@@ -347,14 +347,18 @@ impl RedisStore {
         hashes: &[u128],
         now: Nanos,
     ) -> Option<GroupDecision> {
-        let (k, d) = items.iter().zip(hashes).enumerate().find_map(|(k, (it, &h))| {
-            let c = it.cost;
-            if c.requests == 0 && c.bytes == 0 {
-                return None;
-            }
-            let d = self.cached(it.plan, h, c, now)?;
-            (!d.is_allowed()).then_some((k, d))
-        })?;
+        let (k, d) = items
+            .iter()
+            .zip(hashes)
+            .enumerate()
+            .find_map(|(k, (it, &h))| {
+                let c = it.cost;
+                if c.requests == 0 && c.bytes == 0 {
+                    return None;
+                }
+                let d = self.cached(it.plan, h, c, now)?;
+                (!d.is_allowed()).then_some((k, d))
+            })?;
         let mut decisions = vec![None; items.len()];
         decisions[k] = Some(d);
         Some(GroupDecision { decisions })

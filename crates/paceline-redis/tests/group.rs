@@ -64,7 +64,11 @@ async fn a_group_whose_second_limit_is_spent_charges_nothing_on_the_first() {
         assert_eq!(first.statuses[0].remaining, 49);
     }
     assert_eq!(s.stats().calls, calls + 6);
-    assert_eq!(remaining(&s, &wide, "k:a").await, 49, "the refusals charged nothing");
+    assert_eq!(
+        remaining(&s, &wide, "k:a").await,
+        49,
+        "the refusals charged nothing"
+    );
     assert_eq!(remaining(&s, &narrow, "k:b").await, 0);
 }
 
@@ -93,7 +97,11 @@ async fn a_group_the_deny_cache_refuses_makes_no_call() {
     let s = store(server.url(), 1_000).await;
     let (wide, narrow) = (daily("wide", 50), daily("narrow", 1));
     let group = [one(&wide, "k:a"), one(&narrow, "k:b")];
-    assert!(s.check_all(&group, Nanos::ZERO).await.unwrap().is_admitted());
+    assert!(s
+        .check_all(&group, Nanos::ZERO)
+        .await
+        .unwrap()
+        .is_admitted());
     // Redis refuses the group once; the denial is kept
     let g = s.check_all(&group, Nanos::ZERO).await.unwrap();
     assert_eq!(g.refused(), Some(1));

@@ -248,7 +248,10 @@ async fn a_two_descriptor_request_is_one_call_and_a_refusal_charges_nothing() {
         .decide(&request("race", &[&[("a", "x")]]))
         .await
         .unwrap();
-    assert_eq!(r.statuses[0].limit_remaining, 48, "1 admitted with b, 1 now");
+    assert_eq!(
+        r.statuses[0].limit_remaining, 48,
+        "1 admitted with b, 1 now"
+    );
 }
 
 /// The memory store's `a_refused_request_s_charge_is_never_seen_by_another`
@@ -261,7 +264,9 @@ async fn a_refused_request_s_charge_is_never_seen_by_another_on_redis() {
     let two = on_redis(&server.url(), RACE).await;
     // b spent, a at 49 of 50: every (a, b) request is refused after a
     // was charged its last unit
-    one.decide(&request("race", &[&[("b", "x")]])).await.unwrap();
+    one.decide(&request("race", &[&[("b", "x")]]))
+        .await
+        .unwrap();
     let mut fill = request("race", &[&[("a", "x")]]);
     fill.hits_addend = 49;
     one.decide(&fill).await.unwrap();
