@@ -183,3 +183,55 @@ async fn give_back<S: Store + ?Sized>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MemoryStore, Policy};
+
+    fn plan(name: &str, p: Policy) -> Plan {
+        Plan::new(name, vec![p]).unwrap()
+    }
+
+    #[test]
+    fn a_refused_group_puts_back_shadow_counts_leases_and_repeated_keys() {
+        let store = MemoryStore::new();
+        let now = Nanos::from_secs(1_790_000_000);
+        let shadow = plan("s", Policy::daily("s", 10).unwrap().with_shadow(true));
+        let lease = plan("l", Policy::concurrency("l", 2).unwrap());
+        let pair = plan(
+            "p",
+            Policy::token_bucket("p", 3, 3).unwrap().with_shadow(false),
+        );
+        let one = plan("o", Policy::daily("o", 1).unwrap());
+        let c = Cost::requests(1);
+        let items = [
+            GroupItem::new(&shadow, "k", c),
+            GroupItem::new(&lease, "k", c),
+            GroupItem::new(&pair, "k", Cost::requests(2)),
+            GroupItem::new(&pair, "k", Cost::requests(2)),
+            GroupItem::new(&one, "k", c),
+        ];
+        // the second `pair` item refuses (3 tokens, 4 asked in all)
+        let g = store.check_all_sync(&items, now).unwrap();
+        assert_eq!(g.refused(), Some(3), "{g:?}");
+        assert!(g.decisions[4].is_none(), "not asked after the refusal");
+        let standing = |d: &Option<Decision>| d.as_ref().unwrap().statuses[0].remaining;
+        assert_eq!(standing(&g.decisions[0]), 10);
+        assert_eq!(standing(&g.decisions[1]), 2);
+        assert_eq!(standing(&g.decisions[2]), 3);
+        // nothing kept: every key reads as fresh
+        for it in &items[..3] {
+            let d = store.check_sync(it.plan, it.key, 0, now).unwrap();
+            assert_eq!(d.statuses[0].remaining, it.plan.policy(0).quota());
+        }
+        let alone = [items[0], items[1], items[2], items[4]];
+        let g = store.check_all_sync(&alone, now).unwrap();
+        assert!(g.is_admitted(), "{g:?}");
+        assert_eq!(standing(&g.decisions[2]), 1);
+        assert_eq!(g.retry_after(), None);
+        let g = store.check_all_sync(&alone, now).unwrap();
+        assert_eq!(g.refused(), Some(2));
+        assert!(g.retry_after().is_some());
+    }
+}
