@@ -280,6 +280,11 @@ impl RedisStore {
         now: Nanos,
     ) -> Result<GroupDecision, StoreError> {
         let i = &self.inner;
+        if items.is_empty() {
+            return Ok(GroupDecision {
+                decisions: Vec::new(),
+            });
+        }
         let mut reqs: Reqs = Reqs::with_capacity(items.len());
         let mut hashes: SmallVec<[u128; 4]> = SmallVec::with_capacity(items.len());
         for (k, it) in items.iter().enumerate() {
