@@ -1175,7 +1175,7 @@ local function make()
       end
       local grouped = joins and (byte(joins, i) == 1 or (i < nkeys and byte(joins, i + 1) == 1))
       if grouped then
-        if byte(joins, i) ~= 1 then
+        if byte(joins, i) ~= 1 or not g_saved then
           g_first, g_refused, g_saved, g_changed, g_at = i, false, {}, {}, {}
         end
         if not g_saved[j] then g_saved[j] = copy_states(plan, states) end
