@@ -11,6 +11,10 @@
 # Every round measures every server once, in turn; the summary at the end
 # gives each one's median over the rounds (runs on a shared machine move by
 # several percent from one to the next, so one run decides nothing).
+# Beside requests/s and latency, each run reports the server's own CPU
+# time per request, user and system apart, from its processes' counters
+# (/proc/PID/stat of every process listening on its port: nginx's master
+# and worker, the gateway's or HAProxy's one process) over the run.
 #
 # Every server is pinned to core 0 (with the upstream), wrk to core 1.
 # Two paths are measured:

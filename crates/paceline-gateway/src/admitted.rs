@@ -7,8 +7,9 @@
 //! never holds a receiving place or makes the gateway wait for its first
 //! bytes. Only an admitted request's body is taken in (`intake.rs`), and
 //! only once it can flow does the request take its unit of in-flight
-//! capacity (the [`ShedTicket`] the shed layer left when it found room
-//! from the head), so slow senders still hold none.
+//! capacity (a [`ShedTicket`], for the room the shed layer found from the
+//! head, left in the answer for the shed layer to hold), so slow senders
+//! still hold none and a refused request costs no ticket.
 //!
 //! An admitted request refused here never went anywhere: its answer is
 //! marked [`UpstreamFailed`], so the limit layer gives its charge back. A
@@ -27,12 +28,12 @@ use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use paceline_server::idempotency::IdempotencyBody;
-use paceline_server::UpstreamFailed;
+use paceline_server::{Criticality, RouteInfo, UpstreamFailed};
 use tower_service::Service;
 
 use crate::intake::{refusal_answer, Intake, Refusal, RequestBody};
 use crate::proxy::ProxyBody;
-use crate::shed::{CurrentLimits, ShedTicket};
+use crate::shed::{CurrentLimits, ShedTicket, Shedder};
 
 /// The answer body of the stages after this one.
 type InnerBody = IdempotencyBody<ProxyBody>;
@@ -48,6 +49,8 @@ pub(crate) struct Admitted<S> {
 
 struct Shared {
     intake: Intake,
+    /// The deferred shed layer's shedder: the unit is taken here.
+    shedder: Shedder,
     peer: IpAddr,
     limits: CurrentLimits,
     retry_after_s: u64,
@@ -57,6 +60,7 @@ impl<S> Admitted<S> {
     pub(crate) fn new(
         inner: S,
         intake: Intake,
+        shedder: Shedder,
         peer: IpAddr,
         limits: CurrentLimits,
         retry_after_s: u64,
@@ -65,6 +69,7 @@ impl<S> Admitted<S> {
             inner,
             shared: Arc::new(Shared {
                 intake,
+                shedder,
                 peer,
                 limits,
                 retry_after_s,
@@ -92,17 +97,31 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let this = self.shared.clone();
         Box::pin(async move {
-            let mut req = req;
-            // the shed layer's future holds the ticket's twin
-            let ticket = req.extensions_mut().remove::<ShedTicket>();
             let req = match this.intake.take(req, this.peer).await {
                 Ok(req) => req,
                 Err(r) => return Ok(this.refused(r)),
             };
-            if ticket.is_some_and(|t| !t.redeem()) {
-                return Ok(this.refused(Refusal::Overloaded));
+            // the unit of in-flight capacity the shed layer found room
+            // for from the head, taken now the body can flow; the shed
+            // layer finds it in the answer and holds it to the body's end
+            let ticket = match this.shedder.settings().max_in_flight {
+                0 => None,
+                _ => {
+                    let c = req
+                        .extensions()
+                        .get::<RouteInfo>()
+                        .map_or(Criticality::Critical, |r| r.criticality);
+                    match ShedTicket::redeem(&this.shedder, c) {
+                        Some(t) => Some(t),
+                        None => return Ok(this.refused(Refusal::Overloaded)),
+                    }
+                }
+            };
+            let mut res = inner.call(req).await?;
+            if let Some(t) = ticket {
+                res.extensions_mut().insert(t);
             }
-            inner.call(req).await
+            Ok(res)
         })
     }
 }

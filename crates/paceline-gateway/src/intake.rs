@@ -831,7 +831,7 @@ impl Intake {
         svc: &crate::shed::LoadShed<S>,
         mut req: Request<hyper::body::Incoming>,
         base: &crate::shed::CurrentLimits,
-        retry_after_s: u64,
+        retry_after_s: impl FnOnce() -> u64,
     ) -> Served<S::Future>
     where
         S: crate::shed::CallClassified<hyper::body::Incoming, Response = Response<B>> + Clone,
@@ -850,7 +850,8 @@ impl Intake {
             },
             None => {
                 crate::metrics::intake_refused("memory");
-                let res = refusal_answer(Refusal::Overloaded, base().problem_base(), retry_after_s);
+                let res =
+                    refusal_answer(Refusal::Overloaded, base().problem_base(), retry_after_s());
                 Served::answer(res)
             }
         }

@@ -306,6 +306,7 @@ impl Gateway {
             let admitted = Admitted::new(
                 keyed,
                 h.inner.intake.clone(),
+                h.inner.shedder.clone(),
                 peer.ip(),
                 current_limits(&h),
                 retry,
@@ -324,10 +325,9 @@ impl Gateway {
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let busy = activity.start();
                 head.dispatched();
-                // a body still to come is taken in before anything counts it
-                let retry = shedder.settings().retry_after_s;
                 // decided up to the stack's call here: a head refused or
                 // rejected costs no clone of the stack and no boxed future
+                let retry = || shedder.settings().retry_after_s;
                 let call = intake.serve(&stack, req, &limits, retry);
                 TrackedCall::new(call, busy)
             });

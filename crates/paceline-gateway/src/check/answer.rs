@@ -117,6 +117,13 @@ impl Shared {
                 let sealed = self.seal.seal(&res, now);
                 *res.status_mut() = status;
                 res.headers_mut().insert(ANSWER, sealed);
+                // the refusal travels in the seal: a deny answer has no
+                // body, so a proxy that never reads one (nginx's
+                // auth_request) keeps its connection to the check open
+                // instead of closing it on every refusal
+                *res.body_mut() = Bytes::new();
+                res.headers_mut().remove(http::header::CONTENT_LENGTH);
+                res.headers_mut().remove(http::header::CONTENT_TYPE);
                 res
             }
             _ => res,

@@ -226,11 +226,11 @@ impl Shedder {
     }
 }
 
-/// A request's claim on the in-flight capacity, left in its extensions by
-/// a [deferred](LoadShedLayer::deferred) shed layer that found room for it
-/// from its head: a later stage (the gateway's intake, once the body can
-/// flow) [redeems](ShedTicket::redeem) it, and the shed layer holds the
-/// unit taken until the answer's body ends.
+/// A request's unit of in-flight capacity, taken by the stage after a
+/// [deferred](LoadShedLayer::deferred) shed layer (the gateway's, once the
+/// body can flow) with [`redeem`](ShedTicket::redeem) and left in its
+/// answer's extensions: the shed layer takes it from there and holds the
+/// unit until the answer's body ends.
 #[derive(Clone, Debug)]
 pub struct ShedTicket {
     inner: Arc<TicketInner>,
@@ -238,34 +238,24 @@ pub struct ShedTicket {
 
 #[derive(Debug)]
 struct TicketInner {
-    shedder: Shedder,
-    criticality: Criticality,
     /// The unit taken, and when (by the shedder's clock).
     held: parking_lot::Mutex<Option<(ShedGuard, Nanos)>>,
 }
 
 impl ShedTicket {
-    fn new(shedder: Shedder, criticality: Criticality) -> ShedTicket {
-        ShedTicket {
-            inner: Arc::new(TicketInner {
-                shedder,
-                criticality,
-                held: parking_lot::Mutex::new(None),
-            }),
-        }
-    }
-
-    /// Takes the request's unit of in-flight capacity now: false when
-    /// there is no room left for its criticality (it is to be shed).
-    pub fn redeem(&self) -> bool {
-        let i = &*self.inner;
-        let Some(guard) = i.shedder.admit(&i.shedder.settings(), i.criticality) else {
-            metrics::counter!(crate::metrics::SHED, "criticality" => i.criticality.as_str(), "reason" => "in_flight")
+    /// Takes a request's unit of in-flight capacity now, for its
+    /// criticality; `None` when there is no room left (it is to be shed).
+    pub fn redeem(shedder: &Shedder, criticality: Criticality) -> Option<ShedTicket> {
+        let Some(guard) = shedder.admit(&shedder.settings(), criticality) else {
+            metrics::counter!(crate::metrics::SHED, "criticality" => criticality.as_str(), "reason" => "in_flight")
                 .increment(1);
-            return false;
+            return None;
         };
-        *i.held.lock() = Some((guard, i.shedder.now()));
-        true
+        Some(ShedTicket {
+            inner: Arc::new(TicketInner {
+                held: parking_lot::Mutex::new(Some((guard, shedder.now()))),
+            }),
+        })
     }
 
     /// The unit taken and when, once the request is done with the stages

@@ -114,7 +114,7 @@ struct LayerInner {
     shedder: Shedder,
     limits: CurrentLimits,
     /// The unit of in-flight capacity is taken by a later stage
-    /// ([`ShedTicket`]), not at the call.
+    /// ([`ShedTicket::redeem`]), not at the call.
     deferred: bool,
 }
 
@@ -141,12 +141,14 @@ impl LoadShedLayer {
 
     /// A layer that decides from the head alone whether there is room
     /// (and sheds at once when there is not), but leaves taking the unit
-    /// of in-flight capacity to a later stage, which redeems the
-    /// [`ShedTicket`] it finds in the request's extensions: the gateway
-    /// does so once a request's body can flow, so requests still
-    /// receiving their bodies (and those the limiter refuses) hold no
-    /// unit. A request whose ticket is never redeemed holds none; one
-    /// whose ticket finds no room is the later stage's to shed.
+    /// of in-flight capacity to a later stage, which
+    /// [redeems](ShedTicket::redeem) a ticket and leaves it in its
+    /// answer's extensions, where this layer finds it and holds the unit
+    /// until the answer's body ends: the gateway does so once a request's
+    /// body can flow, so requests still receiving their bodies (and those
+    /// the limiter refuses) hold no unit, and a refused request costs no
+    /// ticket at all. A request that never redeems one holds none; one
+    /// that finds no room is the later stage's to shed.
     pub fn deferred(shedder: Shedder, limits: CurrentLimits) -> Self {
         LoadShedLayer {
             inner: Arc::new(LayerInner {
@@ -238,7 +240,7 @@ impl<S> LoadShed<S> {
 
     /// The shed layer's decision, from the head: the answer if shed, else
     /// the request (with its classification) and how it passed.
-    fn step<ReqB, ResB>(&self, mut req: Request<ReqB>) -> Step<ReqB, S::Future>
+    fn step<ReqB, ResB>(&self, req: Request<ReqB>) -> Step<ReqB, S::Future>
     where
         S: CallClassified<ReqB, Response = Response<ResB>>,
         ResB: OwnAnswer,
@@ -263,11 +265,10 @@ impl<S> LoadShed<S> {
         let admitted = match (passed, layer.deferred && settings.max_in_flight > 0) {
             (false, _) => None,
             // room now, from the head; the unit is taken later
-            (true, true) => layer.shedder.would_admit(&settings, c).then(|| {
-                let ticket = ShedTicket::new(layer.shedder.clone(), c);
-                req.extensions_mut().insert(ticket.clone());
-                Passed::Ticket(ticket)
-            }),
+            (true, true) => layer
+                .shedder
+                .would_admit(&settings, c)
+                .then_some(Passed::Deferred),
             (true, false) => layer.shedder.admit(&settings, c).map(Passed::Guard),
         };
         let Some(admitted) = admitted else {
@@ -306,16 +307,16 @@ enum Step<ReqB, F> {
 
 /// What a request passed with, and when its unit was taken: read before
 /// the inner service is called, which may already do work.
-struct Started(Option<ShedGuard>, Option<ShedTicket>, Nanos);
+struct Started(Option<ShedGuard>, Nanos);
 
 impl Passed {
     fn start(self) -> Started {
         match self {
             Passed::Guard(g) => {
                 let started = g.shedder.now();
-                Started(Some(g), None, started)
+                Started(Some(g), started)
             }
-            Passed::Ticket(t) => Started(None, Some(t), Nanos::ZERO),
+            Passed::Deferred => Started(None, Nanos::ZERO),
         }
     }
 }
@@ -323,21 +324,20 @@ impl Passed {
 impl Started {
     /// The future of the inner call, holding what the request passed with.
     fn future<F>(self, call: F) -> ShedFuture<F> {
-        let Started(guard, ticket, started) = self;
+        let Started(guard, started) = self;
         ShedFuture::Inner {
             call,
             guard,
-            ticket,
             started,
         }
     }
 }
 
-/// How a request passed the shed layer: holding its unit, or with a
-/// ticket for one.
+/// How a request passed the shed layer: holding its unit, or with room
+/// for one that a later stage takes.
 enum Passed {
     Guard(ShedGuard),
-    Ticket(ShedTicket),
+    Deferred,
 }
 
 pin_project! {
@@ -354,8 +354,6 @@ pin_project! {
             #[pin]
             call: F,
             guard: Option<ShedGuard>,
-            // the ticket a later stage redeems (a deferred layer)
-            ticket: Option<ShedTicket>,
             // when its unit was taken, by the shedder's clock
             started: Nanos,
         },
@@ -378,11 +376,15 @@ where
             ShedFutureProj::Inner {
                 call,
                 guard,
-                ticket,
                 started,
             } => {
-                let res = std::task::ready!(call.poll(cx))?;
-                let (guard, started) = match (guard.take(), ticket.take()) {
+                let mut res = std::task::ready!(call.poll(cx))?;
+                // a deferred layer's unit, taken by a later stage
+                let ticket = match guard {
+                    Some(_) => None,
+                    None => res.extensions_mut().remove::<ShedTicket>(),
+                };
+                let (guard, started) = match (guard.take(), ticket) {
                     (Some(g), _) => (Some(g), *started),
                     (None, Some(t)) => t.take().map_or((None, *started), |(g, at)| (Some(g), at)),
                     (None, None) => (None, *started),
