@@ -22,6 +22,7 @@ use crate::algorithm;
 use crate::check::{check_words, Cost};
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::group::{check_each, GroupDecision, GroupItem};
 use crate::plan::Plan;
 
 /// A store could not answer.
@@ -109,6 +110,25 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let _ = (plan, key, cost, charged, now);
         std::future::ready(Ok(()))
+    }
+
+    /// Checks every item of a group at `now` and charges them all only if
+    /// every one admits its cost: a refused group charges nothing (see
+    /// [`GroupDecision`]). An error means nothing is known of the group
+    /// (and, as far as the store could, nothing was charged).
+    ///
+    /// The default, [`check_each`], checks one item after another and
+    /// gives the charges back on a refusal: exact once it returns, but a
+    /// concurrent caller may see a charge before it is given back. A store
+    /// that can decide the group in one step overrides it:
+    /// [`MemoryStore`] holds its group stripes while it decides, the
+    /// Redis store sends the group as one atomic call.
+    fn check_all(
+        &self,
+        items: &[GroupItem<'_>],
+        now: Nanos,
+    ) -> impl Future<Output = Result<GroupDecision, StoreError>> + Send {
+        check_each(self, items, now)
     }
 
     /// The in-process memory store that answers for this one, if any:
@@ -356,7 +376,13 @@ struct Inner {
     /// The secret seed of the key hash.
     seed: u64,
     max_per_shard: usize,
+    /// Held by a group check while it decides (see
+    /// [`MemoryStore::check_all_sync`]), by its keys' hashes.
+    groups: Box<[parking_lot::Mutex<()>]>,
 }
+
+/// Stripes of the group lock (a power of two).
+const GROUP_STRIPES: usize = 256;
 
 /// The embedded store: per-key state in this process.
 ///
@@ -422,6 +448,9 @@ impl MemoryStore {
                 mask: n - 1,
                 seed: rand::random(),
                 max_per_shard: config.max_keys.div_ceil(n).max(1),
+                groups: (0..GROUP_STRIPES)
+                    .map(|_| parking_lot::Mutex::new(()))
+                    .collect(),
             }),
         }
     }
@@ -523,6 +552,116 @@ impl MemoryStore {
         Err(StoreError::Full)
     }
 
+    /// The synchronous group check (see [`Store::check_all`]): the stripes
+    /// of the group's keys are held (in one order) while its items are
+    /// checked one after another, each key's state kept before its check;
+    /// on a refusal every state is put back as it was (shadow policies'
+    /// counts and leases too) and each admitted item read again. So no
+    /// other group check (nor a read made as one) sees a charge of a
+    /// refused group; a single [`check_sync`] on one of the keys
+    /// meanwhile may.
+    ///
+    /// [`check_sync`]: MemoryStore::check_sync
+    pub fn check_all_sync(
+        &self,
+        items: &[GroupItem<'_>],
+        now: Nanos,
+    ) -> Result<GroupDecision, StoreError> {
+        let mut ids: smallvec::SmallVec<[usize; 8]> = items
+            .iter()
+            .map(|it| self.hash(it.plan, it.key) as usize & (GROUP_STRIPES - 1))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let held: smallvec::SmallVec<[_; 8]> =
+            ids.iter().map(|&i| self.inner.groups[i].lock()).collect();
+        let mut saved = Vec::with_capacity(items.len());
+        let mut decisions = Vec::with_capacity(items.len());
+        let mut refused = false;
+        for it in items {
+            saved.push(self.save(it.plan, it.key));
+            match self.check_sync(it.plan, it.key, it.cost, now) {
+                Ok(d) => {
+                    refused = !d.is_allowed();
+                    decisions.push(Some(d));
+                }
+                Err(e) => {
+                    self.put_back(items, &saved);
+                    return Err(e);
+                }
+            }
+            if refused {
+                break;
+            }
+        }
+        if refused {
+            self.put_back(items, &saved);
+            for (it, d) in items.iter().zip(decisions.iter_mut()) {
+                if d.as_ref().is_some_and(Decision::is_allowed) {
+                    *d = self
+                        .check_sync(it.plan, it.key, Cost::requests(0), now)
+                        .ok();
+                }
+            }
+        }
+        drop(held);
+        decisions.resize(items.len(), None);
+        Ok(GroupDecision { decisions })
+    }
+
+    /// A key's state as it is: its rest mark and words, or `None` when the
+    /// store holds none.
+    fn save(&self, plan: &Plan, key: &str) -> Saved {
+        let h = self.hash(plan, key);
+        let shard = self.shard(h);
+        let words = if plan.state_words() == 1 {
+            read(&shard.one)
+                .t2
+                .get(&h)
+                .map(|s| vec![s[0].load(Ordering::Acquire), s[1].load(Ordering::Acquire)])
+        } else {
+            let g = shard.rows.read();
+            match plan.state_words() + 1 {
+                3 => g.t3.get(&h).map(|w| w.to_vec()),
+                4 => g.t4.get(&h).map(|w| w.to_vec()),
+                _ => g.tn.get(&h).map(|w| w.to_vec()),
+            }
+        };
+        Saved { h, words }
+    }
+
+    /// Puts back the states [`save`](Self::save) kept for `items`, the
+    /// last first (a key the group names twice ends as it was first).
+    fn put_back(&self, items: &[GroupItem<'_>], saved: &[Saved]) {
+        for (it, sv) in items.iter().zip(saved).rev() {
+            let shard = self.shard(sv.h);
+            let gone = if it.plan.state_words() == 1 {
+                let mut g = write(&shard.one);
+                match &sv.words {
+                    Some(w) => {
+                        if let Some(slot) = g.t2.get_mut(&sv.h) {
+                            *slot[0].get_mut() = w[0];
+                            *slot[1].get_mut() = w[1];
+                        }
+                        false
+                    }
+                    None => g.t2.remove(&sv.h).is_some(),
+                }
+            } else {
+                let mut g = shard.rows.write();
+                let g = &mut *g;
+                match it.plan.state_words() + 1 {
+                    3 => put_back_in(&mut g.t3, sv),
+                    4 => put_back_in(&mut g.t4, sv),
+                    _ => put_back_in(&mut g.tn, sv),
+                }
+            };
+            if gone {
+                shard.keys.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The synchronous release of concurrency units.
     pub fn release_sync(&self, plan: &Plan, key: &str, amount: u64, now: Nanos) {
         let h = self.hash(plan, key);
@@ -574,6 +713,29 @@ impl MemoryStore {
             4 => refund_in(&mut g.t4, h, plan, cost, charged, now),
             _ => refund_in(&mut g.tn, h, plan, cost, charged, now),
         }
+    }
+}
+
+/// A key's state kept by a group check, to be put back on a refusal.
+struct Saved {
+    h: u128,
+    words: Option<Vec<u64>>,
+}
+
+/// Puts a saved row back: its words, or (it had none) no entry; whether
+/// an entry went. A saved row swept since was at rest, as good as none.
+fn put_back_in<S: Slot>(table: &mut Table<S>, sv: &Saved) -> bool {
+    match &sv.words {
+        Some(w) => {
+            if let Some(slot) = table.get_mut(&sv.h) {
+                let cur = slot.words_mut();
+                if cur.len() == w.len() {
+                    cur.copy_from_slice(w);
+                }
+            }
+            false
+        }
+        None => table.remove(&sv.h).is_some(),
     }
 }
 
@@ -824,6 +986,14 @@ impl Store for MemoryStore {
         now: Nanos,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         std::future::ready(self.check_sync(plan, key, cost, now))
+    }
+
+    fn check_all(
+        &self,
+        items: &[GroupItem<'_>],
+        now: Nanos,
+    ) -> impl Future<Output = Result<GroupDecision, StoreError>> + Send {
+        std::future::ready(self.check_all_sync(items, now))
     }
 
     fn release(

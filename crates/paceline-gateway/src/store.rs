@@ -7,7 +7,9 @@
 
 use std::future::Future;
 
-use paceline_core::{Cost, Decision, MemoryStore, Nanos, Plan, Store, StoreError};
+use paceline_core::{
+    Cost, Decision, GroupDecision, GroupItem, MemoryStore, Nanos, Plan, Store, StoreError,
+};
 
 /// Where a gateway keeps its counters.
 #[derive(Clone, Debug)]
@@ -72,6 +74,18 @@ impl Store for GatewayStore {
             GatewayStore::Memory(m) => m.check_sync(plan, key, cost, now),
             #[cfg(feature = "redis")]
             GatewayStore::Redis(r) => r.check_cost(plan, key, cost, now).await,
+        }
+    }
+
+    async fn check_all(
+        &self,
+        items: &[GroupItem<'_>],
+        now: Nanos,
+    ) -> Result<GroupDecision, StoreError> {
+        match self {
+            GatewayStore::Memory(m) => m.check_all_sync(items, now),
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(r) => r.check_all(items, now).await,
         }
     }
 

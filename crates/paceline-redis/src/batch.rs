@@ -15,6 +15,11 @@
 //! the callers an answer just woke queue their next decisions) takes
 //! everything queued. A decision whose caller already gave up is not
 //! sent.
+//!
+//! A group (decisions admitted together or not at all) is one job: its
+//! decisions ride one call, next to each other, never split between calls
+//! (a group larger than `batch_max` goes alone), and the script decides
+//! them as one (see `core.lua`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,15 +44,23 @@ pub(crate) struct Req {
     pub(crate) op: Op,
     /// The caller's instant, when decisions read the caller's clock.
     pub(crate) now: Option<Nanos>,
+    /// Whether this decision belongs to the group of the one before it.
+    pub(crate) joins: bool,
 }
+
+/// The decisions of one job: one, or a group.
+pub(crate) type Reqs = SmallVec<[Req; 1]>;
 
 /// What a decision gets back: a check its decision, a release or a
 /// refund nothing.
 pub(crate) type Answer = Result<Option<Decision>, StoreError>;
 
+/// What a job gets back: an answer per decision, or the call's error.
+pub(crate) type Answers = Result<SmallVec<[Option<Decision>; 1]>, StoreError>;
+
 struct Job {
-    req: Req,
-    reply: oneshot::Sender<Answer>,
+    reqs: Reqs,
+    reply: oneshot::Sender<Answers>,
 }
 
 /// Counters the store reports.
@@ -115,6 +128,15 @@ pub(crate) fn start(
 impl Batcher {
     /// Sends one decision and waits for its answer, at most the deadline.
     pub(crate) async fn submit(&self, req: Req) -> Answer {
+        let mut answers = self.submit_all(smallvec::smallvec![req]).await?;
+        answers
+            .pop()
+            .ok_or_else(|| StoreError::Protocol("a decision answered nothing".into()))
+    }
+
+    /// Sends the decisions of `reqs` in one call (a group, when they say
+    /// so) and waits for their answers, at most the deadline.
+    pub(crate) async fn submit_all(&self, reqs: Reqs) -> Answers {
         let s = &self.settings;
         // no batch gathering (nothing queued, no call out, no linger
         // asked for): a batch would be this decision alone, so send it
@@ -125,9 +147,9 @@ impl Batcher {
         {
             if let Ok(permit) = self.permits.try_acquire() {
                 self.counters.direct.fetch_add(1, Ordering::Relaxed);
-                let reqs = [&req];
-                let r = match call(&self.link, s, &self.counters, &reqs).await {
-                    Ok(values) => answer(&values, &mut 0, &req),
+                let refs: SmallVec<[&Req; 1]> = reqs.iter().collect();
+                let r = match call(&self.link, s, &self.counters, &refs).await {
+                    Ok(values) => answers(&values, &mut 0, &reqs),
                     Err(e) => Err(e),
                 };
                 drop(permit);
@@ -135,7 +157,7 @@ impl Batcher {
             }
         }
         let (tx, rx) = oneshot::channel();
-        if self.queue.try_send(Job { req, reply: tx }).is_err() {
+        if self.queue.try_send(Job { reqs, reply: tx }).is_err() {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("paceline_redis_errors_total", "kind" => "queue_full").increment(1);
             return Err(StoreError::Unavailable("the Redis queue is full".into()));
@@ -188,8 +210,8 @@ async fn run(
         }
         jobs.retain(|j| !j.reply.is_closed());
         // one call per slot (and per instant, on the caller's clock),
-        // arrival order kept within each
-        let group_of = |j: &Job| (j.req.slot, j.req.now);
+        // arrival order kept within each (a job's decisions share both)
+        let group_of = |j: &Job| (j.reqs[0].slot, j.reqs[0].now);
         if jobs.windows(2).any(|w| group_of(&w[0]) != group_of(&w[1])) {
             jobs.sort_by_key(group_of);
         }
@@ -197,12 +219,15 @@ async fn run(
         while let Some(j) = rest.next() {
             let key = group_of(&j);
             let mut group = Vec::with_capacity(settings.batch_max.min(64));
+            let mut size = j.reqs.len();
             group.push(j);
-            while group.len() < settings.batch_max {
-                match rest.peek() {
-                    Some(n) if group_of(n) == key => group.push(rest.next().expect("peeked")),
-                    _ => break,
+            // whole jobs only: a group's decisions are never split
+            while let Some(n) = rest.peek() {
+                if group_of(n) != key || size + n.reqs.len() > settings.batch_max {
+                    break;
                 }
+                size += n.reqs.len();
+                group.push(rest.next().expect("peeked"));
             }
             let permit = match held.take() {
                 Some(p) => p,
@@ -222,16 +247,16 @@ async fn run(
     }
 }
 
-/// Sends one group and hands each decision its answer.
+/// Sends one call's jobs and hands each its answers.
 async fn send(link: &Link, settings: &Settings, counters: &Counters, group: Vec<Job>) {
-    let reqs: Vec<&Req> = group.iter().map(|j| &j.req).collect();
+    let reqs: Vec<&Req> = group.iter().flat_map(|j| j.reqs.iter()).collect();
     let result = call(link, settings, counters, &reqs).await;
     drop(reqs);
     match result {
         Ok(values) => {
             let mut at = 0;
             for j in group {
-                let a = answer(&values, &mut at, &j.req);
+                let a = answers(&values, &mut at, &j.reqs);
                 let _ = j.reply.send(a);
             }
         }
@@ -299,6 +324,11 @@ fn fill(cmd: &mut Cmd, reqs: &[&Req], settings: &Settings) {
     for &(i, op) in &ops {
         script::push_op(cmd, i, op);
     }
+    // the groups, only when the call holds one
+    if reqs.iter().any(|r| r.joins) {
+        let joins: Vec<u8> = reqs.iter().map(|r| u8::from(r.joins)).collect();
+        cmd.arg(joins);
+    }
 }
 
 /// One call to Redis for `reqs` (one slot, one instant), cut at the
@@ -344,6 +374,12 @@ async fn call(
         metrics::counter!("paceline_redis_errors_total", "kind" => kind).increment(1);
     }
     result
+}
+
+/// The answers of a job's decisions, read from the reply's values at
+/// `at` (moved past them).
+fn answers(values: &[Value], at: &mut usize, reqs: &[Req]) -> Answers {
+    reqs.iter().map(|r| answer(values, at, r)).collect()
 }
 
 /// The answer of `req`, read from the reply's values at `at` (moved past

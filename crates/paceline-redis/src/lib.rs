@@ -48,7 +48,7 @@
 //!     │      server), each cut at the deadline; a lone decision with
 //!     │      nothing in flight is sent at once)
 //!     ▼
-//!  link.rs (FCALL paceline_v4_run, FUNCTION LOAD on demand;
+//!  link.rs (FCALL paceline_v5_run, FUNCTION LOAD on demand;
 //!     │     EVALSHA + EVAL on NOSCRIPT for servers without functions)
 //!     ▼
 //!  lua/core.lua (every decision of the batch: the core's algorithms on
@@ -65,6 +65,18 @@
 //!  local MemoryStore on a share of each quota for fail-open plans;
 //!  degraded.rs keeps what it charged and leased, so each refund and
 //!  release goes back to the side that took it, never both.
+//!
+//!  Store::check_all (store.rs: a group, all or nothing): the group's
+//!  decisions ride one call, side by side (batch.rs never splits a job),
+//!  and core.lua checks them in order, each seeing the charges before it;
+//!  if one refuses, every row goes back as it was and the others answer
+//!  their standing, so a refused group charges nothing and no other
+//!  caller sees its charges. The deny cache refuses a group at once when
+//!  it holds one of its items (that item would refuse it in Redis too);
+//!  Redis away, the degraded limiter decides the group as the memory
+//!  store does. On a cluster a group is one call only when its rows share
+//!  a slot (each key is its own hash tag); across slots it is decided
+//!  item by item, its charges given back on a refusal.
 //!
 //!  Store::peek_local (standing.rs): the last answer Redis gave per key,
 //!  bounded, read with no round trip and no charge (a shed 503's

@@ -2,7 +2,7 @@
 //! as a plain script for `EVALSHA`), what a batch sends, and how its reply
 //! is read back into [`Decision`]s.
 //!
-//! The library is named by version (`paceline_v4`): a release that changes
+//! The library is named by version (`paceline_v5`): a release that changes
 //! the Lua or what it is sent and answers loads a new name next to the old
 //! one, so instances of two releases share one server while they roll. New
 //! operations (a refund, say) are new op codes of the same `run` (see
@@ -19,7 +19,10 @@
 //! in such a row the instant its key expires, so that a write the expiry
 //! already covers keeps it (`KEEPTTL`); it reads the rows of versions 2
 //! and 3, and the same caveat holds for a version 3 instance reading a
-//! row of version 4.
+//! row of version 4. Version 5 takes groups (decisions admitted together
+//! or not at all, see `core.lua`) and keeps the rows of version 4 as they
+//! are: a group sent to a version 4 library would be decided decision by
+//! decision, hence the new name.
 //!
 //! What a plan needs on the client (its spec string, whether the store can
 //! hold it) is worked out once per plan and kept ([`PlanCache`]).
@@ -39,9 +42,9 @@ use paceline_core::StoreError;
 const CORE: &str = include_str!("lua/core.lua");
 
 /// The function library's name.
-pub(crate) const LIBRARY: &str = "paceline_v4";
+pub(crate) const LIBRARY: &str = "paceline_v5";
 /// The function a batch calls.
-pub(crate) const FUNCTION: &str = "paceline_v4_run";
+pub(crate) const FUNCTION: &str = "paceline_v5_run";
 
 /// The library source for `FUNCTION LOAD`.
 pub(crate) fn library_source() -> String {

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use paceline_core::{
-    Algorithm, Cost, Decision, FailMode, MemoryStore, Nanos, Plan, Policy, Store, StoreError,
+    check_each, Algorithm, Cost, Decision, FailMode, GroupDecision, GroupItem, MemoryStore, Nanos,
+    Plan, Policy, Store, StoreError,
 };
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
-use crate::batch::{self, Batcher, Counters, Req, Settings};
+use crate::batch::{self, Batcher, Counters, Req, Reqs, Settings};
 use crate::cache::DenyCache;
 use crate::config::{ClockSource, ConfigError, RedisStoreConfig};
 use crate::degraded::Taken;
@@ -258,8 +260,113 @@ impl RedisStore {
             spec,
             op,
             now: (i.clock == ClockSource::Caller).then_some(now),
+            joins: false,
         };
         i.batcher.submit(req).await
+    }
+
+    /// The group check (see [`Store::check_all`]): every item in one call,
+    /// decided on the server as one step (`core.lua`'s groups), so a
+    /// refused group charges nothing and no other caller ever sees its
+    /// charges. A group whose item the deny cache holds is refused here,
+    /// with no round trip: that item cannot fit before its retry time, so
+    /// Redis would refuse the group too and charge nothing (the other
+    /// items are then not asked: `None`). On a cluster, a group's rows
+    /// must share a slot to be one call; a group across slots is decided
+    /// item by item ([`check_each`]), its charges given back on a refusal.
+    async fn decide_all(
+        &self,
+        items: &[GroupItem<'_>],
+        now: Nanos,
+    ) -> Result<GroupDecision, StoreError> {
+        let i = &self.inner;
+        if items.is_empty() {
+            return Ok(GroupDecision {
+                decisions: Vec::new(),
+            });
+        }
+        let mut reqs: Reqs = Reqs::with_capacity(items.len());
+        let mut hashes: SmallVec<[u128; 4]> = SmallVec::with_capacity(items.len());
+        for (k, it) in items.iter().enumerate() {
+            let info = i.plans.get(it.plan);
+            if let Err(e) = &info.supported {
+                return Err(StoreError::Protocol(e.clone()));
+            }
+            let hash = i.namer.hash(it.key);
+            let (row, slot) = i.namer.row_of(it.plan, hash);
+            hashes.push(hash);
+            reqs.push(Req {
+                row,
+                slot: if i.cluster { slot } else { 0 },
+                plan: it.plan.clone(),
+                spec: info.spec.clone(),
+                op: Op::Check {
+                    requests: it.cost.requests,
+                    bytes: it.cost.bytes,
+                },
+                now: (i.clock == ClockSource::Caller).then_some(now),
+                joins: k > 0,
+            });
+        }
+        if reqs.iter().any(|r| r.slot != reqs[0].slot) {
+            return check_each(self, items, now).await;
+        }
+        if let Some(g) = self.refused_locally(items, &hashes, now) {
+            return Ok(g);
+        }
+        // a row the group asks twice: its second answer saw the first's
+        // charge, which a refusal takes back, so neither is kept
+        let once: SmallVec<[bool; 4]> = reqs
+            .iter()
+            .map(|r| reqs.iter().filter(|o| o.row == r.row).count() == 1)
+            .collect();
+        let answers = match i.batcher.submit_all(reqs).await {
+            Ok(a) => a,
+            Err(e @ StoreError::Unavailable(_)) => {
+                return self.degraded_all(items, now).ok_or(e);
+            }
+            Err(e) => return Err(e),
+        };
+        self.recovered();
+        let mut decisions = Vec::with_capacity(items.len());
+        for (k, a) in answers.into_iter().enumerate() {
+            let Some(d) = a else {
+                return Err(StoreError::Protocol("a check answered no decision".into()));
+            };
+            let (it, hash) = (&items[k], hashes[k]);
+            if once[k] {
+                let c = it.cost;
+                i.cache.put(it.plan, hash, c.requests, c.bytes, now, &d);
+                i.standing.put(it.plan, hash, now, &d);
+            }
+            decisions.push(Some(d));
+        }
+        Ok(GroupDecision { decisions })
+    }
+
+    /// A group refused by an item the deny cache holds (for at least its
+    /// cost): that item's cached denial, the others not asked.
+    fn refused_locally(
+        &self,
+        items: &[GroupItem<'_>],
+        hashes: &[u128],
+        now: Nanos,
+    ) -> Option<GroupDecision> {
+        let (k, d) = items
+            .iter()
+            .zip(hashes)
+            .enumerate()
+            .find_map(|(k, (it, &h))| {
+                let c = it.cost;
+                if c.requests == 0 && c.bytes == 0 {
+                    return None;
+                }
+                let d = self.cached(it.plan, h, c, now)?;
+                (!d.is_allowed()).then_some((k, d))
+            })?;
+        let mut decisions = vec![None; items.len()];
+        decisions[k] = Some(d);
+        Some(GroupDecision { decisions })
     }
 
     /// The answer the local cache holds for this decision: a denial that
@@ -316,6 +423,42 @@ impl RedisStore {
     /// decides fails open (a fail-closed one must still answer 503).
     fn degraded(&self, plan: &Plan, key: &str, cost: Cost, now: Nanos) -> Option<Decision> {
         let dg = self.inner.degraded.as_ref()?;
+        let scaled = Self::degraded_plan(dg, plan)?;
+        Self::enter_degraded(dg, 1);
+        let d = dg.store.check_sync(&scaled, key, cost, now).ok()?;
+        if d.is_allowed() {
+            self.took_degraded(dg, plan, &scaled, key, cost, now);
+        }
+        Some(d)
+    }
+
+    /// The degraded local decision of a group: all or nothing, as the
+    /// memory store decides a group, when every item's plan may decide
+    /// degraded.
+    fn degraded_all(&self, items: &[GroupItem<'_>], now: Nanos) -> Option<GroupDecision> {
+        let dg = self.inner.degraded.as_ref()?;
+        let scaled = items
+            .iter()
+            .map(|it| Self::degraded_plan(dg, it.plan))
+            .collect::<Option<Vec<Plan>>>()?;
+        Self::enter_degraded(dg, items.len() as u64);
+        let local: Vec<GroupItem<'_>> = items
+            .iter()
+            .zip(&scaled)
+            .map(|(it, p)| GroupItem::new(p, it.key, it.cost))
+            .collect();
+        let g = dg.store.check_all_sync(&local, now).ok()?;
+        if g.is_admitted() {
+            for (it, p) in items.iter().zip(&scaled) {
+                self.took_degraded(dg, it.plan, p, it.key, it.cost, now);
+            }
+        }
+        Some(g)
+    }
+
+    /// The degraded limiter's plan for `plan`, unless a policy that
+    /// decides fails closed (it must still answer 503).
+    fn degraded_plan(dg: &Degraded, plan: &Plan) -> Option<Plan> {
         let closed = plan
             .policies()
             .iter()
@@ -337,6 +480,11 @@ impl RedisStore {
                 }
             }
         };
+        Some(scaled)
+    }
+
+    /// Counts `decisions` made degraded, and says so on the first.
+    fn enter_degraded(dg: &Degraded, decisions: u64) {
         {
             let mut since = dg.since.lock();
             if since.is_none() {
@@ -345,24 +493,35 @@ impl RedisStore {
                 tracing::warn!("Redis unreachable: deciding locally on a share of each quota");
             }
         }
-        dg.decisions.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("paceline_redis_degraded_decisions_total").increment(1);
-        let d = dg.store.check_sync(&scaled, key, cost, now).ok()?;
-        if d.is_allowed() && !(cost.requests == 0 && cost.bytes == 0) {
-            // remember what this side took, so only that comes back here
-            let hash = self.inner.namer.hash(key);
-            let mut taken = dg.taken.lock();
-            taken.charged(plan.identity(), hash, now);
-            if plan.has_concurrency()
-                && cost.requests > 0
-                && !taken.leased(plan.identity(), hash, cost.requests)
-            {
-                // no room to remember the lease: it is not taken
-                drop(taken);
-                dg.store.release_sync(&scaled, key, cost.requests, now);
-            }
+        dg.decisions.fetch_add(decisions, Ordering::Relaxed);
+        metrics::counter!("paceline_redis_degraded_decisions_total").increment(decisions);
+    }
+
+    /// Remembers what the degraded limiter charged (on `scaled`, the
+    /// degraded plan of `plan`), so only that comes back to it.
+    fn took_degraded(
+        &self,
+        dg: &Degraded,
+        plan: &Plan,
+        scaled: &Plan,
+        key: &str,
+        cost: Cost,
+        now: Nanos,
+    ) {
+        if cost.requests == 0 && cost.bytes == 0 {
+            return;
         }
-        Some(d)
+        let hash = self.inner.namer.hash(key);
+        let mut taken = dg.taken.lock();
+        taken.charged(plan.identity(), hash, now);
+        if plan.has_concurrency()
+            && cost.requests > 0
+            && !taken.leased(plan.identity(), hash, cost.requests)
+        {
+            // no room to remember the lease: it is not taken
+            drop(taken);
+            dg.store.release_sync(scaled, key, cost.requests, now);
+        }
     }
 
     /// The degraded limiter's plan for `plan` (made again if it was swept
@@ -440,6 +599,15 @@ impl Store for RedisStore {
         now: Nanos,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.decide(plan, key, cost, now)
+    }
+
+    /// Every item in one atomic call (see `RedisStore::decide_all`).
+    fn check_all(
+        &self,
+        items: &[GroupItem<'_>],
+        now: Nanos,
+    ) -> impl Future<Output = Result<GroupDecision, StoreError>> + Send {
+        self.decide_all(items, now)
     }
 
     /// What Redis last answered this instance for the key, aged to `now`

@@ -145,3 +145,60 @@ async fn a_resharding_loses_no_decision() {
     }
     println!("{rounds} rounds of {keys} decisions while 300 slots moved");
 }
+
+/// A group whose rows share a slot (one client key under several plans:
+/// the key is the hash tag) is one atomic call; a group across slots is
+/// decided item by item, and a refusal still keeps nothing of its
+/// charges once answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_in_one_slot_is_one_call_and_across_slots_charges_nothing() {
+    use paceline_core::{Cost, GroupItem};
+    let cluster = testing::RedisCluster::start();
+    let store = RedisStore::connect(RedisStoreConfig {
+        urls: cluster.urls(),
+        cluster: true,
+        deadline: Duration::from_secs(1),
+        key_secret: b"test".to_vec(),
+        deny_cache: 0,
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let daily = |name: &str, q| Plan::new(name, vec![Policy::daily(name, q).unwrap()]).unwrap();
+    let (wide, narrow) = (daily("wide", 50), daily("narrow", 1));
+    store.check(&wide, "k:warm", 1, Nanos::ZERO).await.unwrap();
+    let c = Cost::requests(1);
+    let left = |key: &'static str| {
+        let (s, p) = (store.clone(), wide.clone());
+        async move {
+            let d = s.check(&p, key, 0, Nanos::ZERO).await.unwrap();
+            d.statuses[0].remaining
+        }
+    };
+    let same = [
+        GroupItem::new(&wide, "k:a", c),
+        GroupItem::new(&narrow, "k:a", c),
+    ];
+    let calls = store.stats().calls;
+    assert!(store
+        .check_all(&same, Nanos::ZERO)
+        .await
+        .unwrap()
+        .is_admitted());
+    let g = store.check_all(&same, Nanos::ZERO).await.unwrap();
+    assert_eq!(g.refused(), Some(1));
+    assert_eq!(store.stats().calls, calls + 2, "one call per group");
+    assert_eq!(left("k:a").await, 49);
+    let across = [
+        GroupItem::new(&wide, "k:b", c),
+        GroupItem::new(&narrow, "k:c", c),
+    ];
+    assert!(store
+        .check_all(&across, Nanos::ZERO)
+        .await
+        .unwrap()
+        .is_admitted());
+    let g = store.check_all(&across, Nanos::ZERO).await.unwrap();
+    assert_eq!(g.refused(), Some(1));
+    assert_eq!(left("k:b").await, 49);
+}

@@ -152,3 +152,51 @@ async fn a_degraded_lease_is_released_locally_not_in_redis() {
     assert!(allowed(&s, &plan, "k:c", at(5)).await);
     assert!(!allowed(&s, &plan, "k:c", at(5)).await);
 }
+
+/// Redis away, a group of fail-open plans is decided by the degraded
+/// limiter, all or nothing as in Redis; a group with a fail-closed plan is
+/// an error (its 503 stands).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_group_is_all_or_nothing() {
+    use paceline_core::GroupItem;
+    let mut server = testing::RedisServer::start();
+    let s = store(server.url()).await;
+    let open = |name: &str, q: u64| {
+        Plan::new(
+            name,
+            vec![Policy::token_bucket(name, q, 3_600)
+                .unwrap()
+                .with_fail_mode(FailMode::Open)],
+        )
+        .unwrap()
+    };
+    let (wide, narrow) = (open("wide", 20), open("narrow", 2));
+    reachable(&s, &wide).await;
+    server.kill();
+    let c = Cost::requests(1);
+    let group = [
+        GroupItem::new(&wide, "k:g", c),
+        GroupItem::new(&narrow, "k:g", c),
+    ];
+    // half of each quota: the narrow bucket holds 1
+    let g = s.check_all(&group, at(1)).await.unwrap();
+    assert!(g.is_admitted(), "{g:?}");
+    let g = s.check_all(&group, at(2)).await.unwrap();
+    assert_eq!(g.refused(), Some(1), "{g:?}");
+    let wide_left = g.decisions[0].as_ref().unwrap().statuses[0].remaining;
+    assert_eq!(wide_left, 9, "the refusal charged the wide bucket nothing");
+    assert!(s.stats().degraded >= 4);
+    let closed = Plan::new(
+        "closed",
+        vec![Policy::token_bucket("closed", 5, 3_600)
+            .unwrap()
+            .with_fail_mode(FailMode::Closed)],
+    )
+    .unwrap();
+    let mixed = [
+        GroupItem::new(&wide, "k:g", c),
+        GroupItem::new(&closed, "k:g", c),
+    ];
+    let r = s.check_all(&mixed, at(3)).await;
+    assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+}

@@ -217,3 +217,80 @@ fn big_sliding_counts_are_exact() {
         }
     }
 }
+
+/// One item of a group: which plan, which key, its cost.
+type Member = (usize, u8, u64, u64);
+
+fn group_step() -> impl Strategy<Value = (u64, Vec<Member>)> {
+    let bytes = prop_oneof![3 => 0u64..400, 1 => 0u64..3_000_000_000];
+    let member = (0usize..2, 0u8..3, 0u64..4, bytes);
+    let gap = prop_oneof![
+        3 => 0u64..50_000_000,
+        2 => 0u64..3_000_000_000,
+        1 => Just(0u64),
+    ];
+    (gap, prop::collection::vec(member, 1..5))
+}
+
+/// Groups (all or nothing) against both stores: the same verdict, the
+/// same refusing item, the same decision for every item the memory store
+/// asked (it stops at the first refusal; Redis answers them all), and so
+/// the same counts afterwards. Two plans, so a group's rows differ in
+/// plan and key, and sometimes repeat.
+fn run_group_differential(scripting: Scripting, cases: u32) {
+    use paceline_core::GroupItem;
+    let server = testing::RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let redis = rt
+        .block_on(RedisStore::connect(config(server.url(), scripting)))
+        .unwrap();
+    let cfg = ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(cfg, |(a in plan_strategy(), b in plan_strategy(), start in 0u64..1_000_000_000, steps in prop::collection::vec(group_step(), 1..40))| {
+        rt.block_on(async {
+            redis.command(&redis::cmd("FLUSHALL")).await.unwrap();
+        });
+        // the same layout under two names: two rows per key
+        let b = Plan::new("diff2", b.policies().to_vec()).unwrap();
+        let plans = [&a, &b];
+        let memory = MemoryStore::new();
+        let mut now = 1_700_000_000u64 * 1_000_000_000 + start;
+        for (i, (gap, members)) in steps.iter().enumerate() {
+            now += gap;
+            let t = Nanos::new(now);
+            let keys: Vec<String> = members.iter().map(|m| format!("k:{}", m.1)).collect();
+            let items: Vec<GroupItem<'_>> = members
+                .iter()
+                .zip(&keys)
+                .map(|(m, k)| GroupItem::new(plans[m.0], k, Cost::requests(m.2).with_bytes(m.3)))
+                .collect();
+            let m = memory.check_all_sync(&items, t).unwrap();
+            let r = rt.block_on(redis.check_all(&items, t)).unwrap();
+            prop_assert_eq!(r.is_admitted(), m.is_admitted(), "step {}: {:?} {:?}", i, &r, &m);
+            prop_assert_eq!(r.refused(), m.refused(), "step {}: {:?} {:?}", i, &r, &m);
+            for (k, (rd, md)) in r.decisions.iter().zip(&m.decisions).enumerate() {
+                if md.is_some() {
+                    prop_assert_eq!(rd, md, "step {} item {} of {:?} on {:?} {:?}", i, k, steps, a, b);
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn groups_decide_as_in_memory_with_functions() {
+    run_group_differential(Scripting::Functions, 300);
+}
+
+#[test]
+fn groups_decide_as_in_memory_with_scripts() {
+    run_group_differential(Scripting::Eval, 60);
+}
+
+#[test]
+fn groups_decide_as_in_memory_interpreted() {
+    run_group_differential(Scripting::EvalInterpreted, 150);
+}

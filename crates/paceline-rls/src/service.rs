@@ -4,8 +4,11 @@
 //! Why not envoyproxy/ratelimit's way: it charges every descriptor's
 //! counter and answers `OVER_LIMIT` if any is over, so a request refused
 //! by one limit still spends the others. Here a request is admitted only
-//! if every rule admits it; a refused request gives back what it was
-//! charged, so it spends nothing.
+//! if every rule admits it: its rules go to the store as one group
+//! ([`Store::check_all`]), which the store decides as one step (the
+//! memory store holding the keys' stripes, Redis in one atomic call), so a
+//! refused request spends nothing and no other request ever sees its
+//! charges.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use paceline_core::{Clock, Cost, FailMode, Nanos, Store};
+use paceline_core::{Clock, Cost, FailMode, GroupItem, Nanos, Plan, Store};
 use tonic::{Request, Response, Status};
 
 use crate::answer::{self, Item, State, Verdict};
@@ -51,20 +54,6 @@ struct Shared<S, C> {
     store: S,
     clock: C,
     problem_base: String,
-    /// On the memory store, a request holds the stripes of its keys while
-    /// it decides, so that no other request sees a charge that a refusal
-    /// is about to give back: all or nothing, as one step.
-    stripes: Box<[tokio::sync::Mutex<()>]>,
-}
-
-/// Stripes of keys (a power of two).
-const STRIPES: usize = 256;
-
-fn stripe(key: &str) -> usize {
-    use std::hash::{BuildHasher, BuildHasherDefault};
-    let h =
-        BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(key);
-    (h as usize) & (STRIPES - 1)
 }
 
 impl<S: Store, C: Clock> RlsService<S, C> {
@@ -81,7 +70,6 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 store,
                 clock,
                 problem_base: base.to_string(),
-                stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             }),
         }
     }
@@ -140,8 +128,11 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         Ok(answer::response(n, &items, verdict, now, &sh.problem_base))
     }
 
-    /// Asks the store for every rule that counts; a refused request then
-    /// gets its charges back and the standing of the rules not asked.
+    /// Asks the store for every rule that counts, as one group: admitted
+    /// by all of them and charged to all, or refused and charged nothing
+    /// (the store decides the group as one step, so no other request sees
+    /// a charge of a refused one). A refused request then reads the
+    /// standing of the rules the store did not answer for.
     async fn evaluate(
         &self,
         items: &mut [Item],
@@ -149,18 +140,6 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         domain: &str,
         now: Nanos,
     ) -> Verdict {
-        let store = &self.shared.store;
-        // in this process's memory, the whole request is one step: its
-        // keys' stripes held, in one order, until it is decided
-        let mut held = Vec::new();
-        if store.memory().is_some() {
-            let mut ids: Vec<usize> = items.iter().map(|it| stripe(&it.m.store_key)).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            for i in ids {
-                held.push(self.shared.stripes[i].lock().await);
-            }
-        }
         for it in items.iter_mut() {
             it.state = match it.m.rule.limit {
                 Limit::Unlimited => State::Unlimited,
@@ -170,55 +149,54 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         }
         self.give_negative_hits(items, now).await;
         // a rule that admits nothing refuses before any store is asked
-        let mut verdict = items
+        if let Some(i) = items.iter().position(Item::refuses) {
+            self.read_unknown(items, now).await;
+            return Verdict::Over(i);
+        }
+        let asked: Vec<usize> = (0..items.len())
+            .filter(|&i| plan_of(&items[i]).is_some() && !items[i].negative)
+            .collect();
+        if asked.is_empty() {
+            return Verdict::Ok;
+        }
+        let group: Vec<GroupItem<'_>> = asked
             .iter()
-            .position(Item::refuses)
-            .map_or(Verdict::Ok, Verdict::Over);
-        // what this process can answer at once (the memory store always;
-        // Redis for a key its deny cache holds), one rule after another,
-        // stopping at the first refusal; the rest asked of the store
-        // together, so a request costs one round trip, not one per rule
-        let mut remote = Vec::new();
-        if verdict == Verdict::Ok {
-            for (i, it) in items.iter_mut().enumerate() {
-                let Limit::Plan(plan) = &it.m.rule.limit else {
-                    continue;
-                };
-                if it.negative {
-                    continue;
-                }
-                let (key, cost) = (&it.m.store_key, Cost::requests(it.cost));
-                match store.check_local(plan, key, cost, now) {
-                    Some(r) => verdict = settle(it, i, r, fail, domain),
-                    None => remote.push(i),
-                }
-                if verdict != Verdict::Ok {
-                    break;
-                }
-            }
-        }
-        if verdict == Verdict::Ok && !remote.is_empty() {
-            let asked = join_all(remote.iter().map(|&i| {
+            .filter_map(|&i| {
                 let it = &items[i];
-                let Limit::Plan(plan) = &it.m.rule.limit else {
-                    unreachable!("only rules with a plan are asked");
-                };
-                store.check_cost(plan, &it.m.store_key, Cost::requests(it.cost), now)
-            }))
-            .await;
-            for (&i, r) in remote.iter().zip(asked) {
-                let v = settle(&mut items[i], i, r, fail, domain);
-                // the first refusal in the request's order decides
-                if verdict == Verdict::Ok {
-                    verdict = v;
+                Some(GroupItem::new(
+                    plan_of(it)?,
+                    &it.m.store_key,
+                    Cost::requests(it.cost),
+                ))
+            })
+            .collect();
+        let decided = self.shared.store.check_all(&group, now).await;
+        drop(group);
+        match decided {
+            Ok(g) => {
+                for (&i, d) in asked.iter().zip(g.decisions) {
+                    if let Some(d) = d {
+                        items[i].state = State::Decided(d);
+                    }
                 }
             }
+            Err(e) => {
+                metrics::store_error(domain);
+                tracing::warn!(domain, error = %e, "rate-limit store failed");
+                return match fail {
+                    FailMode::Closed => Verdict::Unavailable,
+                    _ => Verdict::Ok,
+                };
+            }
         }
-        if verdict != Verdict::Ok {
-            self.give_back(items, verdict, now).await;
+        // the first refusal in the request's order decides
+        match items.iter().position(Item::refuses) {
+            Some(i) => {
+                self.read_unknown(items, now).await;
+                Verdict::Over(i)
+            }
+            None => Verdict::Ok,
         }
-        drop(held);
-        verdict
     }
 
     /// `is_negative_hits`: the hits go back to the rule (as a refund of a
@@ -247,127 +225,54 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         }
     }
 
-    /// A refused request: what it was charged goes back, and the rules
-    /// not asked are read (without a charge) for the answer's fields; the
-    /// refunds together, then the reads together (at most two rounds).
-    async fn give_back(&self, items: &mut [Item], verdict: Verdict, now: Nanos) {
+    /// A refused request: the rules the store did not answer for are read
+    /// (without a charge) for the answer's fields: what a remote store
+    /// last heard of a key at once, the rest as one group of reads.
+    async fn read_unknown(&self, items: &mut [Item], now: Nanos) {
         let store = &self.shared.store;
-        let plan = |it: &Item| match &it.m.rule.limit {
-            Limit::Plan(p) => Some(p.clone()),
-            _ => None,
-        };
-        let charged: Vec<usize> = (0..items.len())
-            .filter(|&i| Verdict::Over(i) != verdict && was_charged(&items[i]))
-            .collect();
-        let refunds = join_all(charged.iter().filter_map(|&i| {
-            let it = &items[i];
-            let p = plan(it)?;
-            let cost = Cost::requests(it.cost);
-            Some(async move { store.refund(&p, &it.m.store_key, cost, now, now).await })
-        }))
-        .await;
-        for (&i, r) in charged.iter().zip(refunds) {
-            let it = &mut items[i];
-            let (Some(p), State::Decided(d)) = (plan(it), &mut it.state) else {
+        let remote = store.memory().is_none();
+        let mut unknown = Vec::new();
+        for (i, it) in items.iter_mut().enumerate() {
+            let (State::Unknown, Some(plan)) = (&it.state, plan_of(it)) else {
                 continue;
             };
-            match r {
-                Ok(()) => {
-                    let st = &mut d.statuses[0];
-                    st.remaining = (st.remaining + it.cost).min(p.policy(0).quota());
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "giving a refused request's charge back failed")
-                }
+            match remote.then(|| store.peek_local(plan, &it.m.store_key, now)) {
+                Some(Some(d)) => it.state = State::Decided(d),
+                _ => unknown.push(i),
             }
         }
-        if verdict == Verdict::Unavailable {
+        if unknown.is_empty() {
             return;
         }
-        let unknown: Vec<usize> = (0..items.len())
-            .filter(|&i| matches!(items[i].state, State::Unknown) && plan(&items[i]).is_some())
-            .collect();
-        let reads = join_all(unknown.iter().filter_map(|&i| {
-            let it = &items[i];
-            let p = plan(it)?;
-            Some(async move {
-                match store.peek_local(&p, &it.m.store_key, now) {
-                    Some(d) => Ok(d),
-                    None => {
-                        store
-                            .check_cost(&p, &it.m.store_key, Cost::requests(0), now)
-                            .await
-                    }
-                }
+        let reads: Vec<GroupItem<'_>> = unknown
+            .iter()
+            .filter_map(|&i| {
+                let it = &items[i];
+                Some(GroupItem::new(
+                    plan_of(it)?,
+                    &it.m.store_key,
+                    Cost::requests(0),
+                ))
             })
-        }))
-        .await;
-        for (&i, r) in unknown.iter().zip(reads) {
-            if let Ok(d) = r {
-                items[i].state = State::Decided(d);
-            }
-        }
-    }
-}
-
-/// Whether the store charged this item (admitted by a rule that counts).
-fn was_charged(it: &Item) -> bool {
-    match &it.state {
-        State::Decided(d) => {
-            d.is_allowed() && !d.statuses[0].would_deny && !it.m.rule.shadow && !it.negative
-        }
-        _ => false,
-    }
-}
-
-/// Takes the store's answer for item `i`: the verdict it makes alone.
-fn settle(
-    it: &mut Item,
-    i: usize,
-    r: Result<paceline_core::Decision, paceline_core::StoreError>,
-    fail: FailMode,
-    domain: &str,
-) -> Verdict {
-    match r {
-        Ok(d) => {
-            it.state = State::Decided(d);
-            match it.refuses() {
-                true => Verdict::Over(i),
-                false => Verdict::Ok,
-            }
-        }
-        Err(e) => {
-            metrics::store_error(domain);
-            tracing::warn!(domain, error = %e, "rate-limit store failed");
-            match fail {
-                FailMode::Closed => Verdict::Unavailable,
-                _ => Verdict::Ok,
-            }
-        }
-    }
-}
-
-/// Runs every future at once on this task; their outputs in order.
-async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
+            .collect();
+        let read = store.check_all(&reads, now).await;
+        drop(reads);
+        if let Ok(g) = read {
+            for (&i, d) in unknown.iter().zip(g.decisions) {
+                if let Some(d) = d {
+                    items[i].state = State::Decided(d);
                 }
             }
         }
-        match pending {
-            true => std::task::Poll::Pending,
-            false => std::task::Poll::Ready(()),
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
+    }
+}
+
+/// The plan of an item whose rule counts in the store.
+fn plan_of(it: &Item) -> Option<&Plan> {
+    match &it.m.rule.limit {
+        Limit::Plan(p) => Some(p),
+        _ => None,
+    }
 }
 
 /// The rules the request's descriptors reach, less those another of them

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use paceline_core::SystemClock;
+use paceline_core::{Nanos, Plan, Policy, Store, SystemClock};
 use paceline_redis::{testing, RedisStore, RedisStoreConfig};
 use paceline_rls::RlsService;
 
@@ -191,4 +191,117 @@ async fn a_paused_redis_is_answered_within_the_deadline_per_fail_mode() {
         );
     }
     server.resume();
+}
+
+const RACE: &str = "
+domain: race
+descriptors:
+  - key: a
+    rate_limit: {unit: day, requests_per_unit: 50}
+  - key: b
+    rate_limit: {unit: day, requests_per_unit: 1}
+";
+
+/// A service on its own store (no deny cache: every refusal is Redis's).
+async fn on_redis(url: &str, yaml: &str) -> RlsService<RedisStore, SystemClock> {
+    let store = RedisStore::connect(RedisStoreConfig {
+        urls: vec![url.to_string()],
+        key_secret: b"the same secret on every instance".to_vec(),
+        deadline: Duration::from_millis(500),
+        deny_cache: 0,
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap();
+    // the first call connects and loads the library: up to two seconds
+    let warm = Plan::new("warm", vec![Policy::daily("warm", 1_000).unwrap()]).unwrap();
+    let until = Instant::now() + Duration::from_secs(2);
+    while store.check(&warm, "warm", 1, Nanos::ZERO).await.is_err() {
+        assert!(Instant::now() < until, "Redis did not answer within 2 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    RlsService::new(config(yaml), store, SystemClock::new())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_descriptor_request_is_one_call_and_a_refusal_charges_nothing() {
+    let server = testing::RedisServer::start();
+    let svc = on_redis(&server.url(), RACE).await;
+    let both = request("race", &[&[("a", "x")], &[("b", "x")]]);
+    let calls = svc.store().stats().calls;
+    let r = svc.decide(&both).await.unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(svc.store().stats().calls, calls + 1, "one call per request");
+    for _ in 0..5 {
+        let r = svc.decide(&both).await.unwrap();
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        assert_eq!(status_code(&r, 1), Code::OverLimit);
+        assert_eq!(status_code(&r, 0), Code::Ok);
+        assert_eq!(r.statuses[0].limit_remaining, 49, "a as it stands");
+    }
+    assert_eq!(
+        svc.store().stats().calls,
+        calls + 6,
+        "one call per request, refused or not: nothing given back after"
+    );
+    let r = svc
+        .decide(&request("race", &[&[("a", "x")]]))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.statuses[0].limit_remaining, 48,
+        "1 admitted with b, 1 now"
+    );
+}
+
+/// The memory store's `a_refused_request_s_charge_is_never_seen_by_another`
+/// on Redis: requests refused by `b` race reads of `a`, which always has
+/// its last unit, on two services (two connections) over one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_s_charge_is_never_seen_by_another_on_redis() {
+    let server = testing::RedisServer::start();
+    let one = on_redis(&server.url(), RACE).await;
+    let two = on_redis(&server.url(), RACE).await;
+    // b spent, a at 49 of 50: every (a, b) request is refused after a
+    // was charged its last unit
+    one.decide(&request("race", &[&[("b", "x")]]))
+        .await
+        .unwrap();
+    let mut fill = request("race", &[&[("a", "x")]]);
+    fill.hits_addend = 49;
+    one.decide(&fill).await.unwrap();
+    let mut tasks = Vec::new();
+    for k in 0..3 {
+        let svc = [&one, &two][k % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..300 {
+                let r = svc
+                    .decide(&request("race", &[&[("a", "x")], &[("b", "x")]]))
+                    .await;
+                assert_eq!(r.unwrap().overall_code, Code::OverLimit as i32);
+            }
+            0
+        }));
+    }
+    for k in 0..3 {
+        let svc = [&two, &one][k % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            // a read (no hit): a always has its one unit left
+            let mut read = request("race", &[&[("a", "x")]]);
+            read.descriptors[0].hits_addend =
+                Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+            let mut seen = 0u32;
+            for _ in 0..300 {
+                let r = svc.decide(&read).await.unwrap();
+                seen += u32::from(r.statuses[0].limit_remaining != 1);
+            }
+            seen
+        }));
+    }
+    let mut seen = 0;
+    for t in tasks {
+        seen += t.await.unwrap();
+    }
+    println!("reads of a that saw a refused request's charge: {seen} of 900");
+    assert_eq!(seen, 0, "a refused request's charge was seen");
 }

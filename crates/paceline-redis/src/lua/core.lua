@@ -12,6 +12,14 @@
 -- operations, four values each: op ("c" check, "r" release, "f<ns>"
 -- refund of a charge made that many nanoseconds ago), plan index, cost in
 -- requests, cost in bytes.
+-- After the operations, optionally, the groups: a string of one byte per
+-- decision, 1 when the decision belongs to the group of the one before
+-- it, else 0. A group (checks only) is all or nothing: its decisions are
+-- checked in order, each seeing the charges of those before it; if any
+-- refuses (outcome 1 or 2), every row it touched goes back to what it was
+-- before the group and each of its checks that admitted answers its
+-- standing as a cost-0 check would (outcome 0), so a refused group
+-- charges nothing and shows no charge of its own.
 -- Reply: one flat array of integers, decision after decision. A check
 -- gives a head (its outcome: 0 allowed, 1 denied, 2 a cost over the
 -- burst; plus 4 x the deciding policy's index; plus 64 x a bit per policy
@@ -1011,6 +1019,38 @@ local function make()
     return tonumber(s)
   end
 
+  -- ---- groups --------------------------------------------------------------
+
+  -- one check on a decoded row, whichever path its plan takes; its reply
+  -- written from out[o + 1] on: returns where it ends and whether the row
+  -- changed
+  local function run_check(plan, states, cr, cb, out, o)
+    local gen = plan.gen
+    if gen then return gen.check(states, cr, cb, out, o) end
+    if plan.fast then return flat_check(plan, states, cr, cb, out, o) end
+    out[o + 1] = 0
+    return check(plan, states, cr, cb, out, o)
+  end
+
+  -- a decoded row, copied (a group's refusal puts it back)
+  local function copy_states(plan, states)
+    if plan.fast then return {unpack(states, 1, plan.nf + 1)} end
+    local c = {}
+    for k = 1, #plan do
+      local t = {}
+      for f, v in pairs(states[k]) do
+        if type(v) == "table" then
+          local a = {}
+          for j = 1, #v do a[j] = v[j] end
+          v = a
+        end
+        t[f] = v
+      end
+      c[k] = t
+    end
+    return c
+  end
+
   local ONE = {1}
   -- a call's bookkeeping, kept from call to call: a table grown afresh in
   -- every call is rehashed at every power of two (Lua 5.1 counts its keys
@@ -1105,6 +1145,14 @@ local function make()
     s_rows = nrows
     local out = S_out
     local o = 0
+    -- the groups, if any: the group being decided (its first decision,
+    -- whether one of its checks refused, each touched row as it was, the
+    -- rows it changed, where each of its replies starts)
+    local joins = args[base + 3 + 4 * nops]
+    if joins and #joins ~= nkeys then
+      return redis.error_reply("paceline: the groups do not match the keys")
+    end
+    local g_first, g_refused, g_saved, g_changed, g_at
     for i = 1, nkeys do
       local j = row_of[i]
       local t
@@ -1125,17 +1173,18 @@ local function make()
         row_states[j] = states
         row_plan[j] = plan
       end
+      local grouped = joins and (byte(joins, i) == 1 or (i < nkeys and byte(joins, i + 1) == 1))
+      if grouped then
+        if byte(joins, i) ~= 1 or not g_saved then
+          g_first, g_refused, g_saved, g_changed, g_at = i, false, {}, {}, {}
+        end
+        if not g_saved[j] then g_saved[j] = copy_states(plan, states) end
+        g_at[i] = o
+      end
       local changed
       if op == "c" then
-        local gen = plan.gen
-        if gen then
-          o, changed = gen.check(states, cr, cb, out, o)
-        elseif plan.fast then
-          o, changed = flat_check(plan, states, cr, cb, out, o)
-        else
-          out[o + 1] = 0
-          o, changed = check(plan, states, cr, cb, out, o)
-        end
+        o, changed = run_check(plan, states, cr, cb, out, o)
+        if grouped and out[g_at[i] + 1] % 4 ~= 0 then g_refused = true end
       else
         local st = states
         if plan.fast then st = flat_states(plan, states) end
@@ -1151,7 +1200,29 @@ local function make()
         if plan.fast then flat_store(plan, states, st) end
         o = o + 1; out[o] = 0
       end
-      if changed then dirty[j] = true end
+      if not grouped then
+        if changed then dirty[j] = true end
+      else
+        if changed then g_changed[j] = true end
+        if i == nkeys or byte(joins, i + 1) ~= 1 then
+          if not g_refused then
+            for r in pairs(g_changed) do dirty[r] = true end
+          else
+            -- refused: every row as it was, and each admitted check's
+            -- reply its standing without the group's charge
+            for r, saved in pairs(g_saved) do row_states[r] = saved end
+            for m = g_first, i do
+              local at = g_at[m]
+              local u
+              if wide then u = byte(index, 2 * m - 1) + 256 * byte(index, 2 * m) else u = byte(index, m) end
+              if O_op[u] == "c" and out[at + 1] % 4 == 0 then
+                local r = row_of[m]
+                run_check(row_plan[r], row_states[r], 0, 0, out, at)
+              end
+            end
+          end
+        end
+      end
     end
     -- on the server's clock, the instant now in ms (a key's expiry is on
     -- that clock); on the caller's, expiries are not remembered
