@@ -330,39 +330,51 @@ pub(crate) mod tests {
             .unwrap()
     }
 
+    /// Path segments a client may write: the example's routes in any
+    /// case, dot segments, empty ones and a few characters more.
+    pub(crate) fn path_segments() -> impl proptest::strategy::Strategy<Value = Vec<String>> {
+        use proptest::strategy::Just;
+        proptest::collection::vec(
+            proptest::prop_oneof![
+                Just("v1".to_string()),
+                Just("labels:batch".to_string()),
+                Just("labels".to_string()),
+                Just("files".to_string()),
+                Just("login".to_string()),
+                Just("LOGIN".to_string()),
+                Just("Labels:Batch".to_string()),
+                Just("..".to_string()),
+                Just(".".to_string()),
+                Just(String::new()),
+                "[a-zA-Z:.~_-]{1,4}",
+            ],
+            1..7,
+        )
+    }
+
+    /// The path of `segs` as a client may spell it: each character but
+    /// `/` written plain or percent-encoded in either case, as the bits of
+    /// `encode` say.
+    pub(crate) fn spelled(segs: &[String], encode: u64) -> String {
+        let plain = format!("/{}", segs.join("/"));
+        let mut written = String::new();
+        for (i, c) in plain.chars().enumerate() {
+            match (c, (encode >> (2 * (i % 32))) & 3) {
+                ('/', _) | (_, 0) | (_, 3) => written.push(c),
+                (_, 1) => written.push_str(&format!("%{:02X}", c as u32)),
+                _ => written.push_str(&format!("%{:02x}", c as u32)),
+            }
+        }
+        written
+    }
+
     proptest::proptest! {
         #[test]
         fn what_the_gateway_charges_for_is_what_the_upstream_routes_on(
-            segs in proptest::collection::vec(
-                proptest::prop_oneof![
-                    proptest::strategy::Just("v1".to_string()),
-                    proptest::strategy::Just("labels:batch".to_string()),
-                    proptest::strategy::Just("labels".to_string()),
-                    proptest::strategy::Just("files".to_string()),
-                    proptest::strategy::Just("login".to_string()),
-                    proptest::strategy::Just("LOGIN".to_string()),
-                    proptest::strategy::Just("Labels:Batch".to_string()),
-                    proptest::strategy::Just("..".to_string()),
-                    proptest::strategy::Just(".".to_string()),
-                    proptest::strategy::Just(String::new()),
-                    "[a-zA-Z:.~_-]{1,4}",
-                ],
-                1..7,
-            ),
+            segs in path_segments(),
             encode in proptest::prelude::any::<u64>(),
         ) {
-            // each character of the path written plain, or encoded in
-            // either case
-            let plain = format!("/{}", segs.join("/"));
-            let mut written = String::new();
-            for (i, c) in plain.chars().enumerate() {
-                match (c, (encode >> (2 * (i % 32))) & 3) {
-                    ('/', _) | (_, 0) => written.push(c),
-                    (_, 1) => written.push_str(&format!("%{:02X}", c as u32)),
-                    (_, 2) => written.push_str(&format!("%{:02x}", c as u32)),
-                    _ => written.push(c),
-                }
-            }
+            let written = spelled(&segs, encode);
             let limits = limits();
             let mut req = Request::post(&written).header("host", "gw").body(()).unwrap();
             if screen(&mut req, &PathSettings::default()).is_ok() {

@@ -207,7 +207,7 @@ impl tower_service::Service<Request<()>> for Allow {
 #[cfg(test)]
 mod tests {
     use crate::config::PathSettings;
-    use crate::front::tests::{as_an_upstream_reads, limits};
+    use crate::front::tests::{as_an_upstream_reads, limits, path_segments, spelled};
     use http::HeaderMap;
 
     proptest::proptest! {
@@ -216,32 +216,11 @@ mod tests {
         /// check charges for is still the one the upstream routes on.
         #[test]
         fn what_the_check_charges_for_is_what_the_upstream_routes_on_as_written(
-            segs in proptest::collection::vec(
-                proptest::prop_oneof![
-                    proptest::strategy::Just("v1".to_string()),
-                    proptest::strategy::Just("labels:batch".to_string()),
-                    proptest::strategy::Just("labels".to_string()),
-                    proptest::strategy::Just("files".to_string()),
-                    proptest::strategy::Just("LOGIN".to_string()),
-                    proptest::strategy::Just("..".to_string()),
-                    proptest::strategy::Just(".".to_string()),
-                    proptest::strategy::Just(String::new()),
-                    "[a-zA-Z:.~_-]{1,4}",
-                ],
-                1..7,
-            ),
+            segs in path_segments(),
             encode in proptest::prelude::any::<u64>(),
             query in proptest::option::of("[a-z=&]{0,6}"),
         ) {
-            let plain = format!("/{}", segs.join("/"));
-            let mut written = String::new();
-            for (i, c) in plain.chars().enumerate() {
-                match (c, (encode >> (2 * (i % 32))) & 3) {
-                    ('/', _) | (_, 0) | (_, 3) => written.push(c),
-                    (_, 1) => written.push_str(&format!("%{:02X}", c as u32)),
-                    _ => written.push_str(&format!("%{:02x}", c as u32)),
-                }
-            }
+            let written = spelled(&segs, encode);
             let target = match &query {
                 Some(q) => format!("{written}?{q}"),
                 None => written.clone(),

@@ -588,6 +588,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_deferred_layer_holds_the_ticket_left_in_the_answer_until_the_body_ends() {
+        let clock = ManualClock::at_unix_secs(1_790_000_000);
+        let shedder = slow_rule(&clock);
+        let l = limits(1);
+        let current: CurrentLimits = Arc::new(move || l.clone());
+        // the stage below takes the unit (as the gateway's does once the
+        // body can flow) and leaves its ticket in the answer
+        let taker = shedder.clone();
+        let below = tower::service_fn(move |_req: Request<()>| {
+            let ticket = ShedTicket::redeem(&taker, Criticality::Sheddable).unwrap();
+            let mut res = passed_on();
+            res.extensions_mut().insert(ticket);
+            std::future::ready(Ok::<_, Infallible>(res))
+        });
+        let mut svc = LoadShedLayer::deferred(shedder.clone(), current).layer(below);
+        assert_eq!(shedder.in_flight(), 0);
+        let res = svc.ready().await.unwrap().call(rates()).await.unwrap();
+        // the answer's head is out: its body still holds the unit
+        assert_eq!(shedder.in_flight(), 1);
+        assert!(
+            res.extensions().get::<ShedTicket>().is_none(),
+            "taken by the layer"
+        );
+        drop(res);
+        assert_eq!(shedder.in_flight(), 0);
+    }
+
+    #[tokio::test]
     async fn the_shed_layers_own_timing_feeds_the_latency_rule() {
         let clock = ManualClock::at_unix_secs(1_790_000_000);
         let shedder = slow_rule(&clock);
