@@ -35,7 +35,7 @@
 //!     │        upstream could read two ways refused
 //!     ▼
 //!  shed/ service.rs (LoadShed: classify once, room from the head or 503,
-//!     │              a ticket for the unit, time the upstream call)
+//!     │              hold the unit admitted.rs takes, time the upstream)
 //!     │  mod.rs     (Shedder: in-flight units by criticality, latency rule)
 //!     ▼
 //!  paceline-server RateLimit  (decide from the head; 429 without going on)
