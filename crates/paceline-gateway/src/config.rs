@@ -403,7 +403,80 @@ pub struct Settings {
     pub limits: GatewayLimits,
     /// How request paths are normalised.
     pub paths: PathSettings,
+    /// TLS toward clients (`[gateway.tls]`); cleartext without it.
+    pub tls: Option<TlsSettings>,
+    /// TLS toward an `https://` upstream (`[gateway.upstream_tls]`).
+    pub upstream_tls: UpstreamTlsSettings,
+    /// The HTTP version spoken to the upstream (`gateway.upstream_protocol`).
+    pub upstream_protocol: UpstreamProtocol,
 }
+
+/// TLS toward clients: the `[gateway.tls]` table.
+///
+/// The files are read when the gateway starts and again at every reload
+/// (SIGHUP, or a change to any of them while watching): new connections
+/// get the new certificate, the ones already open keep theirs. A file
+/// that is broken at a reload refuses the reload, and the certificate in
+/// force keeps serving.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// The certificate chain, PEM, the leaf first (`cert_file`).
+    pub cert_file: PathBuf,
+    /// Its private key, PEM (`key_file`).
+    pub key_file: PathBuf,
+    /// The CAs a client certificate must chain to (`client_ca_file`): with
+    /// it, a client without a valid certificate is refused in the
+    /// handshake (mutual TLS).
+    pub client_ca_file: Option<PathBuf>,
+    /// The longest a handshake may take from the connection's accept
+    /// (`handshake_ms`, by default 10 s).
+    pub handshake: Duration,
+    /// The most handshakes in progress at once (`max_handshakes`, by
+    /// default 1,024); a new connection past it closes the oldest
+    /// unfinished one, so a flood of half-open handshakes cannot keep
+    /// anyone out.
+    pub max_handshakes: u32,
+}
+
+/// TLS toward the upstream: the `[gateway.upstream_tls]` table, read for
+/// an `https://` upstream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpstreamTlsSettings {
+    /// CAs trusted besides the system's roots (`ca_file`, PEM).
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate chain for upstreams that require mutual TLS
+    /// (`cert_file`, PEM; with `key_file`).
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's key (`key_file`, PEM).
+    pub key_file: Option<PathBuf>,
+    /// `insecure_skip_verify_for_tests_only = true`: the upstream's
+    /// certificate is not verified at all. For tests against throwaway
+    /// certificates, never for a real upstream; the gateway warns at
+    /// every start.
+    pub insecure_skip_verify_for_tests_only: bool,
+}
+
+/// The HTTP version spoken to the upstream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 on pooled keep-alive connections (`"http1"`, the default).
+    #[default]
+    Http1,
+    /// HTTP/2 (`"http2"`): negotiated by ALPN over TLS, by prior
+    /// knowledge in cleartext (h2c); requests multiplexed on one
+    /// connection.
+    Http2,
+    /// HTTP/2 where the upstream offers it by ALPN, HTTP/1.1 otherwise
+    /// (`"auto"`); in cleartext, HTTP/1.1.
+    Auto,
+}
+
+/// The default of `gateway.tls.handshake_ms`.
+pub const DEFAULT_TLS_HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// The default of `gateway.tls.max_handshakes`.
+pub const DEFAULT_MAX_HANDSHAKES: u32 = 1024;
 
 /// A loaded, validated configuration.
 #[derive(Clone, Debug)]
@@ -412,8 +485,14 @@ pub struct GatewayConfig {
     pub settings: Settings,
     /// The validated limits.
     pub limits: Limits,
-    /// The files it came from (the config, then the keys file if any).
+    /// The files it came from (the config, then the keys file and the TLS
+    /// files if any): a change to any of them reloads.
     pub sources: Vec<PathBuf>,
+    /// What is valid but should be looked at: a certificate expired, not
+    /// valid yet or expiring within 30 days, upstream verification turned
+    /// off. `paceline gateway --check` prints them; the gateway logs them
+    /// when it starts.
+    pub warnings: Vec<String>,
 }
 
 // ---------------------------------------------------------------------------
@@ -465,6 +544,32 @@ struct GatewayModel {
     limits: LimitsModel,
     #[serde(default)]
     paths: PathsModel,
+    #[serde(default)]
+    tls: Option<TlsModel>,
+    #[serde(default)]
+    upstream_tls: Option<UpstreamTlsModel>,
+    #[serde(default)]
+    upstream_protocol: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsModel {
+    cert_file: String,
+    key_file: String,
+    client_ca_file: Option<String>,
+    handshake_ms: Option<u64>,
+    max_handshakes: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct UpstreamTlsModel {
+    ca_file: Option<String>,
+    cert_file: Option<String>,
+    key_file: Option<String>,
+    #[serde(default)]
+    insecure_skip_verify_for_tests_only: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -688,6 +793,7 @@ impl GatewayConfig {
             limits: mut model,
         } = src.parse()?;
         let settings = settings(&src, &gateway, dir)?;
+        let warnings = tls_checks(&src, &settings)?;
         let mut sources = Vec::new();
         let keys_text;
         let keys_name;
@@ -755,10 +861,17 @@ impl GatewayConfig {
                 })?;
             }
         }
+        sources.extend(settings.tls.iter().flat_map(|t| {
+            [Some(&t.cert_file), Some(&t.key_file), t.client_ca_file.as_ref()]
+                .into_iter()
+                .flatten()
+                .cloned()
+        }));
         Ok(GatewayConfig {
             settings,
             limits,
             sources,
+            warnings,
         })
     }
 }
@@ -825,7 +938,7 @@ fn settings(
         })
     };
     let listen = addr("gateway.listen", &g.listen)?;
-    let upstream = http_uri(&g.upstream).map_err(|m| {
+    let upstream = upstream_uri(&g.upstream).map_err(|m| {
         src.at_field(
             Kind::InvalidValue,
             "gateway.upstream",
@@ -891,7 +1004,135 @@ fn settings(
         max_head_bytes: max_head_bytes(src, g.max_head_bytes)?,
         limits: limits(src, &g.limits)?,
         paths: paths(src, &g.paths)?,
+        tls: g.tls.as_ref().map(|t| tls(src, t, dir)).transpose()?,
+        upstream_tls: upstream_tls(src, g.upstream_tls.as_ref(), dir)?,
+        upstream_protocol: match g.upstream_protocol.as_deref() {
+            None | Some("http1") => UpstreamProtocol::Http1,
+            Some("http2") => UpstreamProtocol::Http2,
+            Some("auto") => UpstreamProtocol::Auto,
+            Some(other) => {
+                return Err(src.at_field(
+                    Kind::InvalidValue,
+                    "gateway.upstream_protocol",
+                    format!("{other:?}: expected \"http1\", \"http2\" or \"auto\""),
+                ))
+            }
+        },
     })
+}
+
+/// A file named in the configuration, relative to its directory.
+fn file_in(dir: Option<&Path>, name: &str) -> PathBuf {
+    dir.unwrap_or(Path::new("")).join(name)
+}
+
+fn tls(src: &Source<'_>, t: &TlsModel, dir: Option<&Path>) -> Result<TlsSettings, ConfigFileError> {
+    let handshake = match t.handshake_ms {
+        None => DEFAULT_TLS_HANDSHAKE,
+        Some(0) => {
+            return Err(src.at_field(
+                Kind::OutOfRange,
+                "gateway.tls.handshake_ms",
+                "a handshake deadline of 0 ms would close every connection; expected a number of milliseconds above 0",
+            ))
+        }
+        Some(ms) => Duration::from_millis(ms),
+    };
+    let max_handshakes = match t.max_handshakes {
+        None => DEFAULT_MAX_HANDSHAKES,
+        Some(0) => {
+            return Err(src.at_field(
+                Kind::OutOfRange,
+                "gateway.tls.max_handshakes",
+                "0 handshakes at once would refuse every connection; expected a number above 0",
+            ))
+        }
+        Some(n) => n,
+    };
+    Ok(TlsSettings {
+        cert_file: file_in(dir, &t.cert_file),
+        key_file: file_in(dir, &t.key_file),
+        client_ca_file: t.client_ca_file.as_deref().map(|f| file_in(dir, f)),
+        handshake,
+        max_handshakes,
+    })
+}
+
+fn upstream_tls(
+    src: &Source<'_>,
+    t: Option<&UpstreamTlsModel>,
+    dir: Option<&Path>,
+) -> Result<UpstreamTlsSettings, ConfigFileError> {
+    let Some(t) = t else {
+        return Ok(UpstreamTlsSettings::default());
+    };
+    if t.cert_file.is_some() != t.key_file.is_some() {
+        let field = match t.cert_file {
+            Some(_) => "gateway.upstream_tls.key_file",
+            None => "gateway.upstream_tls.cert_file",
+        };
+        return Err(src.at_field(
+            Kind::Missing,
+            field,
+            "a client certificate needs both cert_file and key_file",
+        ));
+    }
+    Ok(UpstreamTlsSettings {
+        ca_file: t.ca_file.as_deref().map(|f| file_in(dir, f)),
+        cert_file: t.cert_file.as_deref().map(|f| file_in(dir, f)),
+        key_file: t.key_file.as_deref().map(|f| file_in(dir, f)),
+        insecure_skip_verify_for_tests_only: t.insecure_skip_verify_for_tests_only,
+    })
+}
+
+/// Reads every TLS file the settings name, as the gateway will: an
+/// unreadable or mismatched file is an error at its field; what is
+/// valid but dated comes back as warnings.
+fn tls_checks(src: &Source<'_>, s: &Settings) -> Result<Vec<String>, ConfigFileError> {
+    let now = std::time::SystemTime::now();
+    let mut warnings = Vec::new();
+    let err = |field: &str, m: String| src.at_field(Kind::Unreadable, field, m);
+    if let Some(t) = &s.tls {
+        let certs = crate::tls::read_certs(&t.cert_file).map_err(|m| err("gateway.tls.cert_file", m))?;
+        crate::tls::certified_key(&t.cert_file, &t.key_file)
+            .map_err(|m| err("gateway.tls.key_file", m))?;
+        warnings.extend(crate::tls::validity_warnings(&t.cert_file, &certs, now));
+        if let Some(ca) = &t.client_ca_file {
+            let certs = crate::tls::read_certs(ca).map_err(|m| err("gateway.tls.client_ca_file", m))?;
+            crate::tls::server::client_verifier(ca)
+                .map_err(|m| err("gateway.tls.client_ca_file", m))?;
+            warnings.extend(crate::tls::validity_warnings(ca, &certs, now));
+        }
+    }
+    let u = &s.upstream_tls;
+    let https = s.upstream.scheme() == Some(&Scheme::HTTPS);
+    if !https && *u != UpstreamTlsSettings::default() {
+        return Err(src.at_field(
+            Kind::InvalidValue,
+            "gateway.upstream_tls",
+            format!(
+                "[gateway.upstream_tls] is read only for an https:// upstream; the upstream is {}",
+                s.upstream
+            ),
+        ));
+    }
+    if let Some(ca) = &u.ca_file {
+        let certs = crate::tls::read_certs(ca).map_err(|m| err("gateway.upstream_tls.ca_file", m))?;
+        crate::tls::read_roots(ca).map_err(|m| err("gateway.upstream_tls.ca_file", m))?;
+        warnings.extend(crate::tls::validity_warnings(ca, &certs, now));
+    }
+    if let (Some(c), Some(k)) = (&u.cert_file, &u.key_file) {
+        let certs = crate::tls::read_certs(c).map_err(|m| err("gateway.upstream_tls.cert_file", m))?;
+        crate::tls::certified_key(c, k).map_err(|m| err("gateway.upstream_tls.key_file", m))?;
+        warnings.extend(crate::tls::validity_warnings(c, &certs, now));
+    }
+    if u.insecure_skip_verify_for_tests_only {
+        warnings.push(format!(
+            "gateway.upstream_tls.insecure_skip_verify_for_tests_only = true: the certificate of {} is NOT verified; anyone on the path can read and change the traffic",
+            s.upstream
+        ));
+    }
+    Ok(warnings)
 }
 
 fn paths(src: &Source<'_>, p: &PathsModel) -> Result<PathSettings, ConfigFileError> {
@@ -1174,6 +1415,22 @@ fn max_rps(src: &Source<'_>, v: Option<u32>) -> Result<u32, ConfigFileError> {
     }
 }
 
+/// Parses an `http://` or `https://` `host[:port][/base]` URI.
+fn upstream_uri(s: &str) -> Result<Uri, String> {
+    match s.get(..8) {
+        Some(p) if p.eq_ignore_ascii_case("https://") => {
+            let uri: Uri = s
+                .parse()
+                .map_err(|_| "not a URI; expected https://HOST[:PORT]".to_string())?;
+            match uri.authority().map(Authority::host) {
+                Some(h) if !h.is_empty() => Ok(uri),
+                _ => Err("no host; expected https://HOST[:PORT]".into()),
+            }
+        }
+        _ => http_uri(s),
+    }
+}
+
 /// Parses an `http://host:port[/base]` URI.
 fn http_uri(s: &str) -> Result<Uri, String> {
     let uri: Uri = s
@@ -1291,7 +1548,7 @@ criticality = "SHEDDABLE"
         let e = patched("127.0.0.1:0", "localhost");
         assert_eq!((e.line(), e.field()), (2, "gateway.listen"));
         assert!(e.message().contains("IP:PORT"));
-        let e = patched("http://127.0.0.1:9", "https://x");
+        let e = patched("http://127.0.0.1:9", "ftp://x");
         assert_eq!(e.field(), "gateway.upstream");
         let e = patched("max_in_flight = 64", "max_in_flight = 64\nreserve = 2.0");
         assert_eq!((e.line(), e.field()), (7, "gateway.shedding.reserve"));

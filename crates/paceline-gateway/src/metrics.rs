@@ -9,6 +9,7 @@
 //! | `paceline_gateway_reloads_total` | counter | `result` (`applied`, `refused`) |
 //! | `paceline_gateway_request_body_deadlines_total` | counter | `deadline` (`total`, `rate`) |
 //! | `paceline_gateway_intake_refused_total` | counter | `reason` (`receiving`, `memory`, `idle`) |
+//! | `paceline_gateway_tls_handshakes_total` | counter | `outcome` (`ok`, `failed`, `deadline`, `displaced`, `memory`) |
 //!
 //! plus every series of [`paceline_server::telemetry`].
 
@@ -29,6 +30,13 @@ pub const RELOADS: &str = "paceline_gateway_reloads_total";
 pub const BODY_DEADLINES: &str = "paceline_gateway_request_body_deadlines_total";
 /// Requests refused by the body intake, by reason.
 pub const INTAKE_REFUSED: &str = "paceline_gateway_intake_refused_total";
+
+/// TLS handshakes with clients, by outcome.
+pub const TLS_HANDSHAKES: &str = "paceline_gateway_tls_handshakes_total";
+
+pub(crate) fn tls_handshake(outcome: &'static str) {
+    metrics::counter!(TLS_HANDSHAKES, "outcome" => outcome).increment(1);
+}
 
 pub(crate) fn request_body_deadline(b: crate::intake::Breach) {
     let which = match b {

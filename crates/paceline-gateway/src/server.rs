@@ -561,6 +561,10 @@ fn restart_notes(
         max_head_bytes,
         limits: gateway_limits,
         paths,
+        // applied to new connections; turning TLS on or off is noted below
+        tls,
+        upstream_tls,
+        upstream_protocol,
     } = new;
     let mut notes = Vec::new();
     let mut note = |name: &str, changed: bool| {
@@ -584,6 +588,12 @@ fn restart_notes(
     );
     note("gateway.limits", old.limits != *gateway_limits);
     note("gateway.paths", old.paths != *paths);
+    note("gateway.tls", old.tls.is_some() != tls.is_some());
+    note("gateway.upstream_tls", old.upstream_tls != *upstream_tls);
+    note(
+        "gateway.upstream_protocol",
+        old.upstream_protocol != *upstream_protocol,
+    );
     // the limiter keeps these from its construction
     note("escalation", old_limits.escalation() != limits.escalation());
     // the idempotency layer and its store are built once (each route's

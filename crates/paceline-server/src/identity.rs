@@ -60,6 +60,20 @@ pub enum KeySource {
     Route,
     /// The value of a request header.
     Header(HeaderName),
+    /// The subject of the client's TLS certificate (mutual TLS), as the
+    /// server terminating TLS puts it in the request's extensions
+    /// ([`ClientCert`]). A request without one has no key.
+    ClientCert,
+}
+
+/// The verified TLS client certificate of a request's connection, for
+/// [`KeySource::ClientCert`]: the server that terminates TLS inserts it
+/// into each request's extensions. Its subject is a distinguished name
+/// as RFC 4514 writes it (`CN=billing,O=Example`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The certificate's subject.
+    pub subject: std::sync::Arc<str>,
 }
 
 /// What a request without a known key gets: the configured answer for a

@@ -116,7 +116,7 @@ pub use escalation::{EscalationConfig, Level};
 pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyMode, IdempotencySettings};
 pub use identity::{
     bearer_token, client_ip, peer_ip, read_authorization, BasicAuth, Credential, IpNet, IpPrefixes,
-    KeyHash, KeyHasher, KeySource, KeyTreatment, PeerAddr, SecretOrigin, ShortSecret,
+    ClientCert, KeyHash, KeyHasher, KeySource, KeyTreatment, PeerAddr, SecretOrigin, ShortSecret,
     TrustedProxies, MIN_KEY_HASH_SECRET_BYTES,
 };
 pub use layer::{

@@ -945,6 +945,9 @@ fn who(
         }
         KeySource::Route => route.pattern.as_deref().map(|p| Credential::Key(p.into())),
         KeySource::Header(name) => headers.get(name).map(read_key_field),
+        KeySource::ClientCert => extensions
+            .get::<crate::identity::ClientCert>()
+            .map(|c| Credential::Key((&*c.subject).into())),
     };
     let l = match read {
         None => return stranger(Stranger::Missing),

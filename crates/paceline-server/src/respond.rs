@@ -39,6 +39,7 @@ pub(crate) fn unauthorized(base: &str, why: Stranger, source: &KeySource) -> Res
         KeySource::Header(name) => format!("in the {name} header"),
         KeySource::ClientIp => "from a configured client address".to_string(),
         KeySource::Route => "on a configured route".to_string(),
+        KeySource::ClientCert => "as the subject of a TLS client certificate".to_string(),
         _ => "as Authorization: Bearer <key>".to_string(),
     };
     let (kind, detail, challenge) = match why {

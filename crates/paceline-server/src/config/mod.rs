@@ -152,6 +152,7 @@ pub(crate) fn key_prefix(source: &KeySource) -> &'static str {
         KeySource::ClientIp => "ip:",
         KeySource::Route => "r:",
         KeySource::Header(_) => "h:",
+        KeySource::ClientCert => "c:",
     }
 }
 

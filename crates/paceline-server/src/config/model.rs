@@ -34,8 +34,9 @@ pub struct LimitsConfig {
     pub keys: BTreeMap<String, String>,
     /// Routes, first match wins.
     pub routes: Vec<RouteConfig>,
-    /// Where the key comes from: `api_key` (default), `ip`, `route`, or
-    /// `header:<name>`.
+    /// Where the key comes from: `api_key` (default), `ip`, `route`,
+    /// `client_cert` (the subject of a verified TLS client certificate)
+    /// or `header:<name>`.
     pub key: String,
     /// The plan for keys not listed under `keys`, counted per key with
     /// their counters published. Without it, an unknown key gets
@@ -402,12 +403,13 @@ fn parse_key_source(s: &str) -> Result<KeySource, ConfigError> {
         "api_key" => Ok(KeySource::ApiKey),
         "ip" => Ok(KeySource::ClientIp),
         "route" => Ok(KeySource::Route),
+        "client_cert" => Ok(KeySource::ClientCert),
         other => {
             let name = other.strip_prefix("header:").ok_or_else(|| {
                 ConfigError::new(
                     Kind::InvalidValue,
                     "key",
-                    format!("{other:?}: use api_key, ip, route or header:<name>"),
+                    format!("{other:?}: use api_key, ip, route, client_cert or header:<name>"),
                 )
             })?;
             HeaderName::from_bytes(name.trim().as_bytes())
