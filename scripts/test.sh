@@ -19,6 +19,9 @@ need_pkg() { # need_pkg COMMAND PACKAGE
 need_pkg /usr/sbin/nginx nginx
 # the proxies of crates/paceline-gateway/tests/check.rs (nginx above too)
 need_pkg caddy caddy
+# the TLS tests of crates/paceline-gateway/tests/tls.rs
+need_pkg curl curl
+need_pkg openssl openssl
 need_pkg node nodejs
 need_pkg chromium chromium
 need_pkg redis-server redis-server

@@ -111,8 +111,8 @@ pub(crate) const MAX_TARGET: usize = u16::MAX as usize - 1;
 
 /// What a connection leaves behind for [`finish`]: the socket, the answer
 /// held back, and how much was read since the gateway last wrote.
-pub(crate) struct Left {
-    io: TcpStream,
+pub(crate) struct Left<T = TcpStream> {
+    io: T,
     held: Vec<u8>,
     read_since_write: usize,
     lines_since_write: usize,
@@ -120,8 +120,8 @@ pub(crate) struct Left {
 
 /// A client socket that holds back hyper's own answers (see the module
 /// documentation).
-pub(crate) struct EdgeIo {
-    io: Option<TcpStream>,
+pub(crate) struct EdgeIo<T = TcpStream> {
+    io: Option<T>,
     held: Vec<u8>,
     /// Bytes read since the last write: a head past the bound has filled
     /// the read buffer, a bad length has not.
@@ -129,14 +129,14 @@ pub(crate) struct EdgeIo {
     /// Line ends in the heads read since the last write: a head with too
     /// many fields has more than [`MAX_FIELDS`] of them, a bad length not.
     lines_since_write: usize,
-    left: Option<oneshot::Sender<Left>>,
+    left: Option<oneshot::Sender<Left<T>>>,
     metered: Option<Metered>,
 }
 
-impl EdgeIo {
-    /// Wraps `io`; the receiver gets what is left when the connection
-    /// ends with an answer held.
-    pub(crate) fn new(io: TcpStream) -> (EdgeIo, oneshot::Receiver<Left>) {
+impl<T: AsyncRead + AsyncWrite + Unpin> EdgeIo<T> {
+    /// Wraps `io` (a TCP socket, or a TLS stream over one); the receiver
+    /// gets what is left when the connection ends with an answer held.
+    pub(crate) fn new(io: T) -> (EdgeIo<T>, oneshot::Receiver<Left<T>>) {
         let (tx, rx) = oneshot::channel();
         let io = EdgeIo {
             io: Some(io),
@@ -203,7 +203,7 @@ impl EdgeIo {
         r
     }
 
-    fn io(&mut self) -> Pin<&mut TcpStream> {
+    fn io(&mut self) -> Pin<&mut T> {
         Pin::new(self.io.as_mut().expect("the socket is there until drop"))
     }
 
@@ -251,7 +251,7 @@ fn contains(buf: &[u8], what: &[u8]) -> bool {
     buf.windows(what.len()).any(|w| w == what)
 }
 
-impl AsyncRead for EdgeIo {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for EdgeIo<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -284,7 +284,7 @@ impl AsyncRead for EdgeIo {
     }
 }
 
-impl AsyncWrite for EdgeIo {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for EdgeIo<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -320,7 +320,7 @@ impl AsyncWrite for EdgeIo {
     }
 }
 
-impl Drop for EdgeIo {
+impl<T> Drop for EdgeIo<T> {
     fn drop(&mut self) {
         if let Some(m) = &self.metered {
             m.head.dispatched();
@@ -342,8 +342,8 @@ impl Drop for EdgeIo {
 /// After a connection ended (with `error`, if it failed): writes the
 /// answer it left held, as a problem answer under `base` when the error
 /// says why, within `bound`.
-pub(crate) async fn finish(
-    left: oneshot::Receiver<Left>,
+pub(crate) async fn finish<T: AsyncWrite + Unpin>(
+    left: oneshot::Receiver<Left<T>>,
     error: Option<Box<dyn std::error::Error + Send + Sync>>,
     max_head: usize,
     base: impl FnOnce() -> String,

@@ -40,7 +40,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use paceline_core::{Clock, MemoryStore, SystemClock};
 
 use crate::store::GatewayStore;
@@ -58,6 +58,8 @@ use crate::intake::Intake;
 use crate::metrics as m;
 use crate::proxy::{full, Proxy};
 use crate::shed::{CurrentLimits, LoadShedLayer, Shedder};
+use crate::tls::server::TlsFront;
+use paceline_server::ClientCert;
 
 /// The flow-control window of an HTTP/2 request stream: the most of its
 /// body a client may send before the gateway has passed it on (the
@@ -125,6 +127,8 @@ struct HandleInner {
     intake: Intake,
     settings: RwLock<Settings>,
     sources: RwLock<Vec<PathBuf>>,
+    /// The client-facing TLS, with `[gateway.tls]`.
+    tls: RwLock<Option<Arc<TlsFront>>>,
     stop: watch::Sender<bool>,
 }
 
@@ -179,6 +183,17 @@ impl Gateway {
         if let Some(uri) = &s.soft_limit_webhook {
             limiter.set_soft_limit_hook(crate::webhook::webhook(uri.clone()));
         }
+        for w in &config.warnings {
+            tracing::warn!("{w}");
+        }
+        let tls = match &s.tls {
+            Some(t) => Some(Arc::new(
+                TlsFront::new(t, intake.buffered.clone()).map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidInput, format!("gateway.tls: {e}"))
+                })?,
+            )),
+            None => None,
+        };
         let (stop, _) = watch::channel(false);
         let handle = GatewayHandle {
             inner: Arc::new(HandleInner {
@@ -187,6 +202,7 @@ impl Gateway {
                 intake,
                 settings: RwLock::new(s),
                 sources: RwLock::new(config.sources.clone()),
+                tls: RwLock::new(tls),
                 stop,
             }),
         };
@@ -262,6 +278,16 @@ impl Gateway {
             .max_header_list_size(settings.max_head_bytes as u32)
             .initial_stream_window_size(H2_STREAM_WINDOW);
         let graceful = GracefulShutdown::new();
+        let serving = Arc::new(Serving {
+            h: h.clone(),
+            proxy,
+            shed,
+            idempotency,
+            builder,
+            max_head: settings.max_head_bytes,
+            bound: t.client_header,
+        });
+        let tls = h.inner.tls.read().clone();
         let mut tasks = Vec::new();
         if let Some((l, _)) = self.metrics {
             tasks.push(tokio::spawn(serve_metrics(l)));
@@ -299,58 +325,20 @@ impl Gateway {
                 _ = &mut stopped => break,
             };
             let _ = stream.set_nodelay(true);
-            // a stack per connection, knowing its peer: no address to put
-            // into every request
-            let keyed = idempotency.for_peer(peer).layer(proxy.with_peer(peer));
-            let retry = h.inner.shedder.settings().retry_after_s;
-            let admitted = Admitted::new(
-                keyed,
-                h.inner.intake.clone(),
-                h.inner.shedder.clone(),
-                peer.ip(),
-                current_limits(&h),
-                retry,
-            );
-            let limited = RateLimit::new(admitted, h.inner.limiter.clone());
-            let stack = shed.layer(limited.with_peer(peer));
-            let activity = Activity::new();
-            let watched = activity.clone();
-            let head = HeadBytes::new(h.inner.intake.buffered.clone(), settings.max_head_bytes);
-            let metered = Metered {
-                head: head.clone(),
-                activity: activity.clone(),
-            };
-            let (intake, limits) = (h.inner.intake.clone(), current_limits(&h));
-            let shedder = h.inner.shedder.clone();
-            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let busy = activity.start();
-                head.dispatched();
-                // decided up to the stack's call here: a head refused or
-                // rejected costs no clone of the stack and no boxed future
-                let retry = || shedder.settings().retry_after_s;
-                let call = intake.serve(&stack, req, &limits, retry);
-                TrackedCall::new(call, busy)
-            });
-            let (io, left) = crate::edge::EdgeIo::new(stream);
-            let io = io.metered(metered);
-            let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
-            let conn = graceful.watch(conn);
-            let bound = t.client_header;
-            let (limiter, max_head) = (h.inner.limiter.clone(), settings.max_head_bytes);
-            tokio::spawn(async move {
-                let mut error = None;
-                tokio::select! {
-                    r = conn => if let Err(e) = r {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                        error = Some(e);
-                    },
-                    _ = watched.idle_for(bound) => {
-                        tracing::debug!("connection idle too long: closed");
-                    }
+            match &tls {
+                None => serving.serve(stream, peer, None, graceful.watcher()),
+                Some(front) => {
+                    // the handshake in a task of its own, within its bounds
+                    let (front, serving) = (front.clone(), serving.clone());
+                    let watcher = graceful.watcher();
+                    tokio::spawn(async move {
+                        match front.accept(stream).await {
+                            Ok(a) => serving.serve(a.stream, peer, a.client, watcher),
+                            Err(e) => tracing::debug!(%peer, reason = %e, "TLS handshake refused"),
+                        }
+                    });
                 }
-                let base = || limiter.limits().problem_base().to_string();
-                crate::edge::finish(left, error, max_head, base, bound).await;
-            });
+            }
         }
         drop(self.listener);
         tracing::info!("shutting down: waiting for requests in flight");
@@ -364,6 +352,90 @@ impl Gateway {
             task.abort();
         }
         Ok(())
+    }
+}
+
+/// What every connection of a gateway is served with.
+struct Serving {
+    h: GatewayHandle,
+    proxy: Proxy,
+    shed: LoadShedLayer,
+    idempotency: crate::idempotency::GatewayIdempotency,
+    builder: auto::Builder<TokioExecutor>,
+    max_head: usize,
+    bound: Duration,
+}
+
+impl Serving {
+    /// Serves the connection `io` from `peer` (a TCP socket, or a TLS
+    /// stream whose handshake is done, with its client's certificate) in
+    /// a task of its own.
+    fn serve<T>(&self, io: T, peer: SocketAddr, client: Option<ClientCert>, watcher: Watcher)
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let h = &self.h;
+        // a stack per connection, knowing its peer: no address to put
+        // into every request
+        let keyed = self
+            .idempotency
+            .for_peer(peer)
+            .layer(self.proxy.with_peer(peer));
+        let retry = h.inner.shedder.settings().retry_after_s;
+        let admitted = Admitted::new(
+            keyed,
+            h.inner.intake.clone(),
+            h.inner.shedder.clone(),
+            peer.ip(),
+            current_limits(h),
+            retry,
+        );
+        let limited = RateLimit::new(admitted, h.inner.limiter.clone());
+        let stack = self.shed.layer(limited.with_peer(peer));
+        let activity = Activity::new();
+        let watched = activity.clone();
+        let head = HeadBytes::new(h.inner.intake.buffered.clone(), self.max_head);
+        let metered = Metered {
+            head: head.clone(),
+            activity: activity.clone(),
+        };
+        let (intake, limits) = (h.inner.intake.clone(), current_limits(h));
+        let shedder = h.inner.shedder.clone();
+        let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            let busy = activity.start();
+            head.dispatched();
+            if let Some(c) = &client {
+                req.extensions_mut().insert(c.clone());
+            }
+            // decided up to the stack's call here: a head refused or
+            // rejected costs no clone of the stack and no boxed future
+            let retry = || shedder.settings().retry_after_s;
+            let call = intake.serve(&stack, req, &limits, retry);
+            TrackedCall::new(call, busy)
+        });
+        let (io, left) = crate::edge::EdgeIo::new(io);
+        let io = io.metered(metered);
+        let conn = self
+            .builder
+            .serve_connection(TokioIo::new(io), svc)
+            .into_owned();
+        let conn = watcher.watch(conn);
+        let bound = self.bound;
+        let (limiter, max_head) = (h.inner.limiter.clone(), self.max_head);
+        tokio::spawn(async move {
+            let mut error = None;
+            tokio::select! {
+                r = conn => if let Err(e) = r {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                    error = Some(e);
+                },
+                _ = watched.idle_for(bound) => {
+                    tracing::debug!("connection idle too long: closed");
+                }
+            }
+            let base = || limiter.limits().problem_base().to_string();
+            crate::edge::finish(left, error, max_head, base, bound).await;
+        });
     }
 }
 
@@ -439,6 +511,15 @@ impl GatewayHandle {
         self.inner.intake.receiving.taken()
     }
 
+    /// The TLS handshakes with clients in progress now (0 in cleartext).
+    pub fn tls_handshakes(&self) -> usize {
+        self.inner
+            .tls
+            .read()
+            .as_ref()
+            .map_or(0, |f| f.in_progress())
+    }
+
     /// Stops accepting and starts the graceful shutdown.
     pub fn shutdown(&self) {
         self.inner.stop.send_replace(true);
@@ -483,11 +564,24 @@ impl GatewayHandle {
         }
         self.inner.limiter.reload(cfg.limits);
         self.inner.shedder.set_settings(new.shedding);
+        let mut notes = notes;
+        if let (Some(front), Some(t)) = (&*self.inner.tls.read(), &new.tls) {
+            // read and checked by the load already: this reads them again,
+            // and a file changed in between keeps the old certificate
+            if let Err(e) = front.reload(t) {
+                notes.push(format!(
+                    "gateway.tls: the certificate in force keeps serving: {e}"
+                ));
+            }
+        }
         *self.inner.sources.write() = cfg.sources;
         let mut s = self.inner.settings.write();
         s.shedding = new.shedding;
         s.soft_limit_webhook = new.soft_limit_webhook;
         s.watch = new.watch;
+        if s.tls.is_some() && new.tls.is_some() {
+            s.tls = new.tls;
+        }
         notes
     }
 

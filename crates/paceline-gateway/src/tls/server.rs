@@ -126,6 +126,17 @@ pub(crate) enum Refused {
     Failed(io::Error),
 }
 
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Memory => f.write_str("no room in the memory bound for another handshake"),
+            Refused::Displaced => f.write_str("displaced by newer connections (max_handshakes)"),
+            Refused::Deadline => f.write_str("not finished within handshake_ms"),
+            Refused::Failed(e) => write!(f, "{e}"),
+        }
+    }
+}
+
 impl TlsFront {
     /// The front of `s`, counting handshakes in `gauge`.
     pub(crate) fn new(s: &TlsSettings, gauge: Arc<Buffered>) -> Result<TlsFront, String> {
@@ -159,10 +170,7 @@ impl TlsFront {
         }
         let cur = self.current.lock().clone();
         let (id, displaced) = self.enter(cur.max);
-        let slot = Slot {
-            front: self,
-            id,
-        };
+        let slot = Slot { front: self, id };
         let r = tokio::select! {
             r = tokio::time::timeout(cur.deadline, cur.acceptor.accept(tcp)) => match r {
                 Ok(Ok(stream)) => Ok(stream),

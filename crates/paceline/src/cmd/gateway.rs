@@ -76,6 +76,9 @@ fn check(path: &std::path::Path) -> i32 {
                 c.limits.routes().count(),
                 c.settings.upstream
             );
+            for w in &c.warnings {
+                println!("warning: {w}");
+            }
             0
         }
         Err(e) => {
@@ -87,6 +90,10 @@ fn check(path: &std::path::Path) -> i32 {
 
 async fn serve(config: GatewayConfig) -> anyhow::Result<()> {
     let upstream = config.settings.upstream.clone();
+    let scheme = match config.settings.tls {
+        Some(_) => "https",
+        None => "http",
+    };
     let shutdown = paceline_gateway::shutdown_signal();
     // the error names the address that failed (there may be two)
     let gateway = Gateway::bind(config)
@@ -97,7 +104,7 @@ async fn serve(config: GatewayConfig) -> anyhow::Result<()> {
         println!("paceline gateway: metrics on http://{m}/metrics");
     }
     println!(
-        "paceline gateway: listening on http://{} (upstream {upstream})",
+        "paceline gateway: listening on {scheme}://{} (upstream {upstream})",
         gateway.local_addr()
     );
     gateway.run(shutdown).await?;

@@ -1,0 +1,517 @@
+//! The gateway over TLS, as clients meet it: curl over HTTP/1.1 and
+//! HTTP/2 (ALPN) get the Free plan's fields and the 429 of the plain
+//! gateway; `openssl s_client` sees TLS 1.3 and the negotiated protocol;
+//! with `client_ca_file` a client without a certificate is refused in the
+//! handshake, and with `key = "client_cert"` its subject is its key; a
+//! certificate replaced on disk is served to new connections while the
+//! open ones go on; a broken new certificate keeps the old one. And the
+//! hostile side: a thousand handshakes that never finish are closed at
+//! their deadline while a polite client keeps its pace, and bytes that
+//! are not TLS close their connection.
+//!
+//! The certificates are made here (`common/certs.rs`). curl and openssl
+//! come from Debian (`scripts/test.sh` installs them when missing).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::certs::{Leaf, TestCa};
+use common::{counting_upstream, LIMIT};
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use paceline_core::{Clock, ManualClock};
+use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+const NOW_S: u64 = 1_790_880_000;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("paceline-gw-tls-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `examples/shiplane.toml` in front of `api`, listening with TLS on the
+/// files of `leaf`, with `more` lines in `[gateway.tls]` and `extra`
+/// lines at the top level.
+fn shiplane(api: SocketAddr, leaf: &Leaf, more: &str, extra: &str) -> String {
+    let text = std::fs::read_to_string(workspace().join("examples/shiplane.toml")).unwrap();
+    let text = text
+        .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\"")
+        .replace("http://127.0.0.1:9000", &format!("http://{api}"));
+    format!(
+        "{extra}\n{text}\n[gateway.tls]\ncert_file = {:?}\nkey_file = {:?}\n{more}\n",
+        leaf.cert_file, leaf.key_file
+    )
+}
+
+struct Rig {
+    addr: SocketAddr,
+    handle: GatewayHandle,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Rig {
+    async fn start(text: &str) -> Rig {
+        let cfg = GatewayConfig::parse(text, "tls.toml", None).unwrap();
+        Rig::start_config(cfg).await
+    }
+
+    async fn start_config(cfg: GatewayConfig) -> Rig {
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::at_unix_secs(NOW_S));
+        let gw = Gateway::bind_with_clock(cfg, clock).await.unwrap();
+        let addr = gw.local_addr();
+        let handle = gw.handle();
+        let served = tokio::spawn(gw.run(std::future::pending()));
+        Rig {
+            addr,
+            handle,
+            served,
+        }
+    }
+
+    async fn stop(self) {
+        self.handle.shutdown();
+        let _ = tokio::time::timeout(LIMIT, self.served).await;
+    }
+}
+
+/// A tool from Debian, or a failure in CI and a skip elsewhere.
+fn tool(name: &str) -> bool {
+    if Command::new(name).arg("--version").output().is_ok()
+        || Command::new(name).arg("version").output().is_ok()
+    {
+        return true;
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    assert!(
+        !ci,
+        "{name} is missing: run scripts/test.sh, which installs it"
+    );
+    eprintln!("SKIPPED: {name} is missing (scripts/test.sh installs it)");
+    false
+}
+
+/// One answer of curl's `-i` output: status line, fields, body.
+#[derive(Debug)]
+struct Seen {
+    status: u16,
+    version: String,
+    fields: Vec<(String, String)>,
+    body: String,
+}
+
+impl Seen {
+    fn field(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Runs curl over `version` (`--http1.1` or `--http2`) for `n` GETs of
+/// `path` on one connection, and splits what it printed into answers
+/// (curl's `-w` marks where each body ends).
+fn curl(addr: SocketAddr, ca: &Path, version: &str, path: &str, key: &str, n: usize) -> Vec<Seen> {
+    let url = format!("https://127.0.0.1:{}{path}", addr.port());
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "-i", version, "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .args(["-H", &format!("Authorization: Bearer {key}")])
+        .args(["-w", "\n--END--\n"]);
+    for _ in 0..n {
+        cmd.arg(&url);
+    }
+    let out = cmd.output().expect("curl runs");
+    assert!(
+        out.status.success(),
+        "curl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.split("\n--END--\n")
+        .filter(|s| !s.trim().is_empty())
+        .map(|one| {
+            let (head, body) = one.split_once("\r\n\r\n").expect("a head");
+            let mut lines = head.lines();
+            let status_line = lines.next().unwrap();
+            let mut parts = status_line.split_whitespace();
+            let version = parts.next().unwrap().to_string();
+            let status = parts.next().unwrap().parse().unwrap();
+            let fields = lines
+                .filter_map(|l| l.split_once(':'))
+                .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+                .collect();
+            Seen {
+                status,
+                version,
+                fields,
+                body: body.to_string(),
+            }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_over_http1_and_http2_gets_the_free_plans_fields_and_its_429() {
+    if !tool("curl") {
+        return;
+    }
+    let dir = scratch("curl");
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server(&dir, "gw", &["127.0.0.1", "localhost"]);
+    let (api, seen) = counting_upstream().await;
+    let rig = Rig::start(&shiplane(api, &leaf, "", "")).await;
+    for (version, shown, key) in [
+        ("--http1.1", "HTTP/1.1", "sk_demo_alice"),
+        ("--http2", "HTTP/2", "sk_demo_bob"),
+    ] {
+        let (addr, ca) = (rig.addr, ca.cert_file.clone());
+        let answers =
+            tokio::task::spawn_blocking(move || curl(addr, &ca, version, "/v1/rates", key, 21))
+                .await
+                .unwrap();
+        assert_eq!(answers.len(), 21, "{answers:?}");
+        for (i, a) in answers.iter().enumerate() {
+            assert_eq!(a.version, shown, "answer {i}");
+            assert_eq!(
+                a.field("ratelimit-policy"),
+                Some(r#""burst";q=20;w=2, "daily";q=10000;w=86400"#),
+                "answer {i}: {a:?}"
+            );
+            let limit = a.field("ratelimit").expect("RateLimit on every answer");
+            let burst_left = 19i64 - i as i64;
+            if i < 20 {
+                assert_eq!(a.status, 200, "answer {i}: {a:?}");
+                assert!(
+                    limit.starts_with(&format!("\"burst\";r={burst_left};")),
+                    "answer {i}: {limit}"
+                );
+            } else {
+                assert_eq!(a.status, 429, "answer {i}: {a:?}");
+                assert!(limit.starts_with("\"burst\";r=0;t="), "{limit}");
+                let retry: u64 = a
+                    .field("retry-after")
+                    .expect("Retry-After")
+                    .parse()
+                    .unwrap();
+                assert!(retry >= 1, "{retry}");
+                assert_eq!(a.field("content-type"), Some("application/problem+json"));
+                let problem: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+                assert_eq!(problem["status"], 429, "{problem}");
+                assert_eq!(problem["limit"], "burst", "{problem}");
+            }
+        }
+    }
+    // 20 of each key's 21 reached the API
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 40);
+    rig.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `openssl s_client` against `addr` with `args`: what it printed (both
+/// streams), and whether the handshake succeeded.
+fn s_client(addr: SocketAddr, ca: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", &addr.to_string(), "-CAfile"])
+        .arg(ca)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        out.status.success() && text.contains("Verify return code: 0 (ok)"),
+        text,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openssl_sees_tls_1_3_and_the_negotiated_protocol_and_nothing_older_than_1_2() {
+    if !tool("openssl") {
+        return;
+    }
+    let dir = scratch("openssl");
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server(&dir, "gw", &["127.0.0.1"]);
+    let (api, _) = counting_upstream().await;
+    let rig = Rig::start(&shiplane(api, &leaf, "", "")).await;
+    let (addr, ca_file) = (rig.addr, ca.cert_file.clone());
+    tokio::task::spawn_blocking(move || {
+        let (ok, text) = s_client(addr, &ca_file, &["-alpn", "h2,http/1.1"]);
+        assert!(ok, "{text}");
+        assert!(text.contains("New, TLSv1.3, Cipher is"), "{text}");
+        assert!(text.contains("ALPN protocol: h2"), "{text}");
+        let (ok, text) = s_client(addr, &ca_file, &["-alpn", "http/1.1"]);
+        assert!(ok && text.contains("ALPN protocol: http/1.1"), "{text}");
+        // TLS 1.2 is offered too, 1.1 and older not
+        let (ok, text) = s_client(addr, &ca_file, &["-tls1_2"]);
+        assert!(ok && text.contains("New, TLSv1.2, Cipher is"), "{text}");
+        let (ok, text) = s_client(
+            addr,
+            &ca_file,
+            &["-tls1_1", "-cipher", "DEFAULT@SECLEVEL=0"],
+        );
+        assert!(!ok, "TLS 1.1 must be refused: {text}");
+    })
+    .await
+    .unwrap();
+    rig.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A TLS client trusting `ca`, offering `alpn`, with `cert` as its
+/// client certificate if given.
+fn connector(ca: &Path, alpn: &[&[u8]], cert: Option<&Leaf>) -> TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(ca).unwrap();
+    for c in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
+        let c: CertificateDer<'static> = c.unwrap();
+        roots.add(c).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let mut cfg = match cert {
+        None => builder.with_no_client_auth(),
+        Some(leaf) => {
+            use rustls::pki_types::pem::PemObject;
+            let pem = std::fs::read(&leaf.cert_file).unwrap();
+            let chain = CertificateDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&leaf.key_file).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+    };
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    TlsConnector::from(Arc::new(cfg))
+}
+
+/// A TLS connection to `addr` (the handshake within [`LIMIT`]).
+async fn tls_connect(
+    c: &TlsConnector,
+    addr: SocketAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    tokio::time::timeout(LIMIT, c.connect(name, tcp))
+        .await
+        .map_err(|_| std::io::Error::other("handshake took too long"))?
+}
+
+/// An HTTP/1.1 connection over TLS: its sender, and the leaf certificate
+/// the server showed.
+async fn h1(
+    c: &TlsConnector,
+    addr: SocketAddr,
+) -> (
+    hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    CertificateDer<'static>,
+) {
+    let tls = tls_connect(c, addr).await.expect("handshake");
+    let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    (send, leaf)
+}
+
+/// `GET path` with `Bearer key` on `send`: the status and the RateLimit
+/// field.
+async fn get(
+    send: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    path: &str,
+    key: Option<&str>,
+) -> (u16, Option<String>) {
+    let mut req = Request::get(path).header("host", "127.0.0.1");
+    if let Some(k) = key {
+        req = req.header("authorization", format!("Bearer {k}"));
+    }
+    let res = tokio::time::timeout(LIMIT, send.send_request(req.body(Empty::new()).unwrap()))
+        .await
+        .expect("an answer in time")
+        .expect("an answer");
+    let status = res.status().as_u16();
+    let limit = res
+        .headers()
+        .get("ratelimit")
+        .map(|v| v.to_str().unwrap().to_string());
+    let _ = res.into_body().collect().await;
+    (status, limit)
+}
+
+fn first_cert(file: &Path) -> CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_file_iter(file)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_client_ca_only_clients_with_a_valid_certificate_get_in_and_its_subject_is_the_key()
+{
+    let dir = scratch("mtls");
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server(&dir, "gw", &["127.0.0.1"]);
+    let billing = ca.client(&dir, "billing", "billing");
+    let stranger_ca = TestCa::new(&dir, "other");
+    let stranger = stranger_ca.client(&dir, "stranger", "billing");
+    let (api, seen) = counting_upstream().await;
+    let text = format!(
+        r#"key = "client_cert"
+
+[gateway]
+listen = "127.0.0.1:0"
+upstream = "http://{api}"
+watch = false
+
+[gateway.tls]
+cert_file = {:?}
+key_file = {:?}
+client_ca_file = {:?}
+
+[plans.free]
+policies = [{{ name = "burst", algorithm = "token_bucket", q = 3, w = 3600 }}]
+
+[keys]
+"CN=billing" = "free"
+"#,
+        leaf.cert_file, leaf.key_file, ca.cert_file
+    );
+    let rig = Rig::start(&text).await;
+    // no certificate: refused in the handshake (TLS 1.3 tells the client
+    // at its first read)
+    let anon = connector(&ca.cert_file, &[b"http/1.1"], None);
+    let refused = match tls_connect(&anon, rig.addr).await {
+        Err(_) => true,
+        Ok(mut s) => {
+            let _ = s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await;
+            let mut buf = [0u8; 64];
+            !matches!(
+                tokio::time::timeout(LIMIT, s.read(&mut buf)).await,
+                Ok(Ok(n)) if n > 0
+            )
+        }
+    };
+    assert!(refused, "a client without a certificate got in");
+    // a certificate from a CA the gateway does not trust: refused too
+    let other = connector(&ca.cert_file, &[b"http/1.1"], Some(&stranger));
+    let refused = match tls_connect(&other, rig.addr).await {
+        Err(_) => true,
+        Ok(mut s) => {
+            let _ = s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await;
+            let mut buf = [0u8; 64];
+            !matches!(
+                tokio::time::timeout(LIMIT, s.read(&mut buf)).await,
+                Ok(Ok(n)) if n > 0
+            )
+        }
+    };
+    assert!(refused, "a client with an untrusted certificate got in");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // the trusted client: counted under its subject
+    let ok = connector(&ca.cert_file, &[b"http/1.1"], Some(&billing));
+    let (mut send, _) = h1(&ok, rig.addr).await;
+    for left in [2, 1, 0] {
+        let (status, limit) = get(&mut send, "/v1/x", None).await;
+        assert_eq!(status, 200);
+        let limit = limit.unwrap();
+        assert!(
+            limit.starts_with(&format!("\"burst\";r={left};")),
+            "{limit}"
+        );
+    }
+    let (status, _) = get(&mut send, "/v1/x", None).await;
+    assert_eq!(status, 429);
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 3);
+    rig.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_replaced_on_disk_serves_new_connections_and_drops_no_open_one() {
+    let dir = scratch("reload");
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server(&dir, "gw", &["127.0.0.1"]);
+    let (api, _) = counting_upstream().await;
+    // from a file, as a reload reads it again
+    let file = dir.join("gw.toml");
+    std::fs::write(&file, shiplane(api, &leaf, "", "")).unwrap();
+    let rig = Rig::start_config(GatewayConfig::load(&file).unwrap()).await;
+    let c = connector(&ca.cert_file, &[b"http/1.1"], None);
+    let (mut open, shown) = h1(&c, rig.addr).await;
+    assert_eq!(shown, first_cert(&leaf.cert_file));
+    assert_eq!(
+        get(&mut open, "/v1/rates", Some("sk_demo_alice")).await.0,
+        200
+    );
+
+    // a new certificate, moved into place as a deployment tool does
+    let next = ca.server(&dir, "next", &["127.0.0.1"]);
+    let wanted = first_cert(&next.cert_file);
+    std::fs::rename(&next.key_file, &leaf.key_file).unwrap();
+    std::fs::rename(&next.cert_file, &leaf.cert_file).unwrap();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (_, now) = h1(&c, rig.addr).await;
+        if now == wanted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate is never served"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // the connection opened before goes on
+    assert_eq!(
+        get(&mut open, "/v1/rates", Some("sk_demo_alice")).await.0,
+        200
+    );
+
+    // a broken certificate: the reload is refused and says why, and the
+    // certificate in force keeps serving
+    std::fs::write(&leaf.cert_file, "not a certificate\n").unwrap();
+    match rig.handle.reload() {
+        paceline_gateway::ReloadEvent::Refused(e) => {
+            assert_eq!(e.field(), "gateway.tls.cert_file", "{e}");
+            assert!(e.message().contains("no certificate"), "{e}");
+        }
+        other => panic!("a broken certificate was applied: {other:?}"),
+    }
+    let (_, still) = h1(&c, rig.addr).await;
+    assert_eq!(still, wanted);
+    assert_eq!(
+        get(&mut open, "/v1/rates", Some("sk_demo_alice")).await.0,
+        200
+    );
+    rig.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
