@@ -20,18 +20,14 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::certs::{Leaf, TestCa};
+use common::tls::{connector, get, h1, tls_connect, tls_gateway};
 use common::{counting_upstream, LIMIT};
-use http::Request;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use paceline_core::{Clock, ManualClock};
 use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle};
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 
 const NOW_S: u64 = 1_790_880_000;
 
@@ -39,7 +35,7 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("paceline-gw-tls-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -280,91 +276,6 @@ async fn openssl_sees_tls_1_3_and_the_negotiated_protocol_and_nothing_older_than
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A TLS client trusting `ca`, offering `alpn`, with `cert` as its
-/// client certificate if given.
-fn connector(ca: &Path, alpn: &[&[u8]], cert: Option<&Leaf>) -> TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    let pem = std::fs::read(ca).unwrap();
-    for c in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
-        let c: CertificateDer<'static> = c.unwrap();
-        roots.add(c).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots);
-    let mut cfg = match cert {
-        None => builder.with_no_client_auth(),
-        Some(leaf) => {
-            use rustls::pki_types::pem::PemObject;
-            let pem = std::fs::read(&leaf.cert_file).unwrap();
-            let chain = CertificateDer::pem_slice_iter(&pem)
-                .collect::<Result<Vec<_>, _>>()
-                .unwrap();
-            let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&leaf.key_file).unwrap();
-            builder.with_client_auth_cert(chain, key).unwrap()
-        }
-    };
-    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    TlsConnector::from(Arc::new(cfg))
-}
-
-/// A TLS connection to `addr` (the handshake within [`LIMIT`]).
-async fn tls_connect(
-    c: &TlsConnector,
-    addr: SocketAddr,
-) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    let tcp = TcpStream::connect(addr).await?;
-    let name = ServerName::try_from("127.0.0.1").unwrap();
-    tokio::time::timeout(LIMIT, c.connect(name, tcp))
-        .await
-        .map_err(|_| std::io::Error::other("handshake took too long"))?
-}
-
-/// An HTTP/1.1 connection over TLS: its sender, and the leaf certificate
-/// the server showed.
-async fn h1(
-    c: &TlsConnector,
-    addr: SocketAddr,
-) -> (
-    hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
-    CertificateDer<'static>,
-) {
-    let tls = tls_connect(c, addr).await.expect("handshake");
-    let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
-    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    (send, leaf)
-}
-
-/// `GET path` with `Bearer key` on `send`: the status and the RateLimit
-/// field.
-async fn get(
-    send: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
-    path: &str,
-    key: Option<&str>,
-) -> (u16, Option<String>) {
-    let mut req = Request::get(path).header("host", "127.0.0.1");
-    if let Some(k) = key {
-        req = req.header("authorization", format!("Bearer {k}"));
-    }
-    let res = tokio::time::timeout(LIMIT, send.send_request(req.body(Empty::new()).unwrap()))
-        .await
-        .expect("an answer in time")
-        .expect("an answer");
-    let status = res.status().as_u16();
-    let limit = res
-        .headers()
-        .get("ratelimit")
-        .map(|v| v.to_str().unwrap().to_string());
-    let _ = res.into_body().collect().await;
-    (status, limit)
-}
-
 fn first_cert(file: &Path) -> CertificateDer<'static> {
     use rustls::pki_types::pem::PemObject;
     CertificateDer::pem_file_iter(file)
@@ -513,5 +424,107 @@ async fn a_certificate_replaced_on_disk_serves_new_connections_and_drops_no_open
         200
     );
     rig.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+static PANICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn count_panics() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        PANICS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        previous(info);
+    }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_not_a_client_hello_closes_its_connection_without_a_panic() {
+    count_panics();
+    let dir = scratch("garbage");
+    let (addr, handle, ca) = tls_gateway(&dir, "").await;
+    let mut noise = vec![0u8; 4096];
+    for (i, b) in noise.iter_mut().enumerate() {
+        *b = (i * 7919 % 251) as u8;
+    }
+    let inputs: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.1\r\nhost: x\r\n\r\n".to_vec(),
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec(),
+        noise,
+        // a handshake record announcing 16 MiB
+        vec![0x16, 0x03, 0x03, 0xff, 0xff, 0x01, 0xff, 0xff, 0xff],
+        // a ClientHello that says it is longer than its record and
+        // then the record's end: a TLS record of another type
+        vec![
+            0x16, 0x03, 0x01, 0x00, 0x08, 0x01, 0x00, 0x00, 0x40, 0x03, 0x03, 0, 0, 0x17, 0x03,
+            0x03, 0x00, 0x01, 0x00,
+        ],
+        // an alert before anything
+        vec![0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28],
+        Vec::new(),
+    ];
+    for input in &inputs {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(input).await.unwrap();
+        if input.is_empty() {
+            s.shutdown().await.unwrap();
+        }
+        let mut buf = vec![0u8; 1024];
+        let t = Instant::now();
+        loop {
+            match tokio::time::timeout(LIMIT, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => continue,
+                Err(_) => panic!("{input:?}: the connection stays open"),
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{input:?}: closed only after {:?}",
+            t.elapsed()
+        );
+    }
+    // and a polite client is still served
+    let c = connector(&ca, &[b"http/1.1"], None);
+    let (mut send, _) = h1(&c, addr).await;
+    assert_eq!(get(&mut send, "/v1/x", Some("sk_a")).await.0, 200);
+    assert_eq!(
+        PANICS.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a task panicked"
+    );
+    assert_eq!(handle.tls_handshakes(), 0);
+    handle.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_handshakes_the_oldest_unfinished_one_makes_room() {
+    let dir = scratch("displace");
+    let (addr, handle, ca) = tls_gateway(&dir, "max_handshakes = 50").await;
+    let mut stalled = Vec::new();
+    for _ in 0..200 {
+        stalled.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let until = Instant::now() + LIMIT;
+    while handle.tls_handshakes() < 50 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // the oldest 150 are closed at once, not at the 10 s deadline
+    let t = Instant::now();
+    for s in stalled.iter_mut().take(150) {
+        let mut buf = [0u8; 16];
+        let r = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
+        assert!(
+            matches!(r, Ok(Ok(0)) | Ok(Err(_))),
+            "a displaced handshake stays open: {r:?}"
+        );
+    }
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert!(handle.tls_handshakes() <= 50, "{}", handle.tls_handshakes());
+    // a polite client displaces the oldest of the rest and is served
+    let c = connector(&ca, &[b"http/1.1"], None);
+    let (mut send, _) = h1(&c, addr).await;
+    assert_eq!(get(&mut send, "/v1/x", Some("sk_a")).await.0, 200);
+    handle.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod certs;
+pub(crate) mod tls;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
