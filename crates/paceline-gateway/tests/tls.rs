@@ -528,3 +528,131 @@ async fn past_max_handshakes_the_oldest_unfinished_one_makes_room() {
     handle.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The `[gateway]` table with TLS lines `tls`, and one plan and key.
+fn tls_config(tls: &str) -> String {
+    format!(
+        r#"[gateway]
+listen = "127.0.0.1:0"
+upstream = "http://127.0.0.1:9"
+watch = false
+{tls}
+
+[plans.free]
+policies = [{{ name = "burst", algorithm = "token_bucket", q = 5, w = 1 }}]
+
+[keys]
+sk_a = "free"
+"#
+    )
+}
+
+#[test]
+fn the_check_reads_every_tls_file_and_names_what_is_wrong() {
+    let dir = scratch("check");
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server(&dir, "gw", &["127.0.0.1"]);
+    let other = ca.server(&dir, "other", &["127.0.0.1"]);
+    let parse = |tls: &str| GatewayConfig::parse(&tls_config(tls), "c.toml", Some(&dir));
+    let ok = parse(
+        "[gateway.tls]\ncert_file = \"gw.pem\"\nkey_file = \"gw.key\"\nclient_ca_file = \"ca.pem\"",
+    )
+    .unwrap();
+    assert!(ok.warnings.is_empty(), "{:?}", ok.warnings);
+    let t = ok.settings.tls.as_ref().unwrap();
+    assert_eq!(t.cert_file, leaf.cert_file);
+    assert_eq!(t.handshake, paceline_gateway::DEFAULT_TLS_HANDSHAKE);
+    // the TLS files are watched with the configuration
+    assert!(ok.sources.contains(&leaf.key_file), "{:?}", ok.sources);
+
+    let err = |tls: &str| parse(tls).unwrap_err();
+    let e = err("[gateway.tls]\ncert_file = \"missing.pem\"\nkey_file = \"gw.key\"");
+    assert_eq!(e.field(), "gateway.tls.cert_file", "{e}");
+    assert!(e.message().contains("cannot read"), "{e}");
+    let e = err("[gateway.tls]\ncert_file = \"gw.key\"\nkey_file = \"gw.key\"");
+    assert_eq!(e.field(), "gateway.tls.cert_file", "{e}");
+    assert!(e.message().contains("no certificate"), "{e}");
+    let e = err("[gateway.tls]\ncert_file = \"gw.pem\"\nkey_file = \"gw.pem\"");
+    assert_eq!(e.field(), "gateway.tls.key_file", "{e}");
+    // a key that belongs to another certificate
+    let e = err(&format!(
+        "[gateway.tls]\ncert_file = \"gw.pem\"\nkey_file = {:?}",
+        other.key_file
+    ));
+    assert_eq!(e.field(), "gateway.tls.key_file", "{e}");
+    assert!(
+        e.message().contains("does not belong to the certificate"),
+        "{e}"
+    );
+    assert_eq!(e.line(), 7, "{e}");
+    let e = err(
+        "[gateway.tls]\ncert_file = \"gw.pem\"\nkey_file = \"gw.key\"\nclient_ca_file = \"gw.key\"",
+    );
+    assert_eq!(e.field(), "gateway.tls.client_ca_file", "{e}");
+    let e = err("[gateway.tls]\ncert_file = \"gw.pem\"\nkey_file = \"gw.key\"\nhandshake_ms = 0");
+    assert_eq!(e.field(), "gateway.tls.handshake_ms", "{e}");
+    let e = err("[gateway.tls]\ncert_file = \"gw.pem\"\nkey_file = \"gw.key\"\nmax_handshakes = 0");
+    assert_eq!(e.field(), "gateway.tls.max_handshakes", "{e}");
+    let e = err("[gateway.tls]\ncert_file = \"gw.pem\"");
+    assert!(e.message().contains("key_file"), "{e}");
+
+    // valid but dated: warnings with the date
+    let old = ca.server_dated(&dir, "old", &["127.0.0.1"], (2020, 1, 1), (2021, 3, 4));
+    let c = parse(&format!(
+        "[gateway.tls]\ncert_file = {:?}\nkey_file = {:?}",
+        old.cert_file, old.key_file
+    ))
+    .unwrap();
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(
+        c.warnings[0].contains("expired on Thu, 04 Mar 2021"),
+        "{:?}",
+        c.warnings
+    );
+    let early = ca.server_dated(&dir, "early", &["127.0.0.1"], (2090, 5, 6), (2091, 1, 1));
+    let c = parse(&format!(
+        "[gateway.tls]\ncert_file = {:?}\nkey_file = {:?}",
+        early.cert_file, early.key_file
+    ))
+    .unwrap();
+    assert!(
+        c.warnings[0].contains("not valid before Sat, 06 May 2090"),
+        "{:?}",
+        c.warnings
+    );
+
+    // the upstream side
+    let e = GatewayConfig::parse(
+        &tls_config("[gateway.upstream_tls]\nca_file = \"ca.pem\""),
+        "c.toml",
+        Some(&dir),
+    )
+    .unwrap_err();
+    assert_eq!(e.field(), "gateway.upstream_tls", "{e}");
+    let https = |tls: &str| {
+        GatewayConfig::parse(
+            &tls_config(tls).replace("http://127.0.0.1:9", "https://localhost:9"),
+            "c.toml",
+            Some(&dir),
+        )
+    };
+    let c = https("[gateway.upstream_tls]\nca_file = \"ca.pem\"\ncert_file = \"gw.pem\"\nkey_file = \"gw.key\"").unwrap();
+    assert_eq!(
+        c.settings.upstream_tls.ca_file.as_ref(),
+        Some(&ca.cert_file)
+    );
+    let e = https("[gateway.upstream_tls]\ncert_file = \"gw.pem\"").unwrap_err();
+    assert_eq!(e.field(), "gateway.upstream_tls.key_file", "{e}");
+    let e = https("[gateway.upstream_tls]\nca_file = \"nothing.pem\"").unwrap_err();
+    assert_eq!(e.field(), "gateway.upstream_tls.ca_file", "{e}");
+    let c = https("[gateway.upstream_tls]\ninsecure_skip_verify_for_tests_only = true").unwrap();
+    assert!(c.warnings[0].contains("NOT verified"), "{:?}", c.warnings);
+    let e = https("upstream_protocol = \"h3\"").unwrap_err();
+    assert_eq!(e.field(), "gateway.upstream_protocol", "{e}");
+    let c = https("upstream_protocol = \"http2\"").unwrap();
+    assert_eq!(
+        c.settings.upstream_protocol,
+        paceline_gateway::UpstreamProtocol::Http2
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -54,6 +54,29 @@ impl TestCa {
         )
     }
 
+    /// A server leaf for `names` valid from `from` to `until` (year,
+    /// month, day).
+    pub(crate) fn server_dated(
+        &self,
+        dir: &Path,
+        stem: &str,
+        names: &[&str],
+        from: (i32, u8, u8),
+        until: (i32, u8, u8),
+    ) -> Leaf {
+        self.make(
+            dir,
+            stem,
+            names[0],
+            names,
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            |p| {
+                p.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+                p.not_after = rcgen::date_time_ymd(until.0, until.1, until.2);
+            },
+        )
+    }
+
     /// A client leaf with common name `cn`.
     pub(crate) fn client(&self, dir: &Path, stem: &str, cn: &str) -> Leaf {
         self.leaf(
@@ -73,12 +96,25 @@ impl TestCa {
         names: &[&str],
         usage: rcgen::ExtendedKeyUsagePurpose,
     ) -> Leaf {
+        self.make(dir, stem, cn, names, usage, |_| {})
+    }
+
+    fn make(
+        &self,
+        dir: &Path,
+        stem: &str,
+        cn: &str,
+        names: &[&str],
+        usage: rcgen::ExtendedKeyUsagePurpose,
+        adjust: impl FnOnce(&mut rcgen::CertificateParams),
+    ) -> Leaf {
         let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         let mut params = rcgen::CertificateParams::new(names).unwrap();
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, cn);
         params.extended_key_usages = vec![usage];
+        adjust(&mut params);
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
         let leaf = Leaf {
