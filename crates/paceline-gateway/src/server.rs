@@ -8,12 +8,15 @@
 //! body is read), the admitted request's body intake and unit of
 //! in-flight capacity (`admitted.rs`), the idempotency layer (on the
 //! routes configured with `idempotency`: a retried write is replayed,
-//! never run twice), and the [`Proxy`]. HTTP/1.1 and cleartext HTTP/2
-//! (prior knowledge) are served on the same port.
+//! never run twice), and the [`Proxy`]. HTTP/1.1 and HTTP/2 are served on
+//! the same port: in cleartext (HTTP/2 by prior knowledge), or with
+//! `[gateway.tls]` over TLS (HTTP/2 by ALPN), each handshake in a task of
+//! its own within the bounds of `tls/server.rs`.
 //!
 //! A reload (SIGHUP, a change to the file, or [`GatewayHandle::reload`])
 //! swaps the limits (plans, keys, routes, dialects, problem base, ...),
-//! the shedding settings, the webhook and the keys file in place: the
+//! the shedding settings, the webhook, the keys file and the TLS
+//! certificate (for new connections) in place: the
 //! counters live in one store that outlives every configuration, and no
 //! connection is dropped. The settings only a restart applies (listen,
 //! upstream, store, metrics, timeouts, the request-head bound, escalation,
