@@ -7,6 +7,7 @@
 #   RUNS="429 0" scripts/bench-gateway.sh   # only the 429 path and +0 ms
 #   RUNS=shipped scripts/bench-gateway.sh   # examples/shiplane.toml as shipped
 #   RUNS=redis scripts/bench-gateway.sh     # the 429 paths on the memory store and on Redis
+#   RUNS=tls scripts/bench-gateway.sh       # the same over TLS, against nginx (same certificate)
 #
 # Every round measures every server once, in turn; the summary at the end
 # gives each one's median over the rounds (runs on a shared machine move by
@@ -35,6 +36,13 @@
 #                  on REDIS_PORT): the hot key's 429s are answered from the
 #                  store's local cache of denials, so the two should be
 #                  within a few percent.
+#   tls:           over TLS (one ECDSA P-256 certificate made here with
+#                  openssl, served by both), the gateway against nginx
+#                  limit_req: the 429 path and the admitted path (+0 ms)
+#                  on keep-alive connections, and new connections a
+#                  second: the 429 path with `Connection: close`, so every
+#                  request is a new TCP connection and a full handshake
+#                  (wrk resumes no sessions).
 # The limit is per client IP for all three in the first two (HAProxy's is a
 # request rate over the burst window, the closest it has to a token
 # bucket); there the gateway's escalation is off, as the peers have none.
@@ -61,6 +69,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${PACELINE_BIN:-$root/target/release/paceline}
 
 need wrk wrk
+case " $RUNS " in *" tls "*) need nginx nginx; need openssl openssl ;; esac
 case " $RUNS " in *" 429 "* | *" shipped "* | *" 0 "* | *" 2 "*)
   need nginx nginx
   need haproxy haproxy ;;
@@ -88,7 +97,10 @@ nginx_conf() { # nginx_conf RATE BURST MODE(static|proxy) [KEY]
   mkdir -p "$work/www/v1"
   printf '{"rates":[{"id":"rate_ups_ground","amount":"7.45"}]}' >"$work/www/v1/rates"
   chmod -R a+rX "$work/www"
-  local body
+  local body listen="127.0.0.1:$NGX_PORT"
+  if [ -n "${TLS:-}" ]; then
+    listen="$listen ssl; ssl_certificate $work/tls.pem; ssl_certificate_key $work/tls.key; ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m"
+  fi
   if [ "$3" = static ]; then
     # not `return`: it would run before limit_req
     body="root $work/www; try_files \$uri =404;"
@@ -106,7 +118,7 @@ http {
   limit_req_status 429;
   upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; }
   server {
-    listen 127.0.0.1:$NGX_PORT;
+    listen $listen;
     location / {
       limit_req zone=one burst=$2 nodelay;
       $body
@@ -168,7 +180,7 @@ measure() { # measure PATH_NAME SERVER PORT [HEADER]
   mapfile -t pids < <(listeners "$3")
   before=$(cpu_ticks "${pids[@]}")
   out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" --latency \
-    "${header[@]}" "http://127.0.0.1:$3$PATH_Q")
+    "${header[@]}" "${SCHEME:-http}://127.0.0.1:$3$PATH_Q")
   after=$(cpu_ticks "${pids[@]}")
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
@@ -281,6 +293,43 @@ run_redis() {
   done
 }
 
+tls_files() { # one certificate and key for both servers
+  [ -f "$work/tls.pem" ] && return 0
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
+    -keyout "$work/tls.key" -out "$work/tls.pem" 2>/dev/null
+  chmod a+r "$work/tls.key" "$work/tls.pem"
+}
+
+with_tls() { # with_tls FILE: the gateway's file, listening with TLS
+  printf '\n[gateway.tls]\ncert_file = "%s"\nkey_file = "%s"\n' "$work/tls.pem" "$work/tls.key" >>"$1"
+}
+
+run_tls() {
+  tls_files
+  local name
+  for what in 429 admitted new; do
+    case $what in
+      429) name="TLS 429 path (10 r/s, burst 20)" ;;
+      admitted) name="TLS admitted, upstream +0 ms" ;;
+      new) name="TLS new connections (429 path)" ;;
+    esac
+    local header=""
+    [ "$what" = new ] && header="Connection: close"
+    start_upstream 0
+    if [ "$what" = admitted ]; then gateway_conf 1000000 100000000; else gateway_conf 10 20; fi
+    with_tls "$work/gateway.toml"
+    start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
+    SCHEME=https measure "$name" paceline "$GW_PORT" "$header"
+    stop_all
+    start_upstream 0
+    if [ "$what" = admitted ]; then TLS=1 nginx_conf 1000000 100000000 proxy; else TLS=1 nginx_conf 10 20 static; fi
+    start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
+    SCHEME=https measure "$name" "nginx limit_req" "$NGX_PORT" "$header"
+    stop_all
+  done
+}
+
 run_admitted() { # run_admitted DELAY_MS
   local name="admitted, upstream +$1 ms"
   start_upstream "$1"
@@ -310,6 +359,7 @@ for round in $(seq 1 "$ROUNDS"); do
       429) run_429 ;;
       shipped) run_shipped ;;
       redis) run_redis ;;
+      tls) run_tls ;;
       *) run_admitted "$r" ;;
     esac
   done
