@@ -44,6 +44,16 @@ cargo fmt --all -- --check
 (cd examples-outside/sdk-user && cargo fmt -- --check)
 echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+echo "== what the binary is built from: no test code"
+# the release binary links only what it runs: no certificate maker, bench
+# or property-test crate, no debugging recorder
+test_code=$(cargo tree -p paceline -e normal,features --prefix none \
+    | grep -E '^(rcgen|criterion|proptest) |metrics-util feature "debugging"' | sort -u || true)
+if [ -n "$test_code" ]; then
+    echo "the paceline binary depends on test code:"
+    echo "$test_code"
+    exit 1
+fi
 echo "== cargo test"
 cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.txt
 # The SDK as a new user meets it: examples-outside/sdk-user, a crate outside
@@ -94,7 +104,7 @@ cargo test --release -p paceline-gateway --test noisy -- --ignored --nocapture 2
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
 
 # ---------------------------------------------------------------------------
-# Fuzzing: the targets of crates/paceline-wire/fuzz (its own workspace, so
+# Fuzzing: the targets of fuzz/ (a workspace of its own at the root, so
 # the builds above never compile it): `parse` (rate-limit answers), `config`
 # (the gateway's file, as `paceline gateway --check` reads it), `identity`
 # (keys and client addresses from hostile heads), `forwarded` (the
@@ -122,12 +132,12 @@ if [ "$fuzz_seconds" -gt 0 ]; then
     fuzz_passed=0
     fuzz_failed=0
     export RUSTC_BOOTSTRAP=1
-    (cd crates/paceline-wire && cargo fuzz build -O --target-dir "$fuzz_dir/fuzz")
+    cargo fuzz build -O --target-dir "$fuzz_dir/fuzz"
     for t in parse config identity forwarded rls; do
         mkdir -p "$fuzz_dir/fuzz-corpus/$t"
-        if (cd crates/paceline-wire && cargo fuzz run -O --target-dir "$fuzz_dir/fuzz" "$t" \
+        if cargo fuzz run -O --target-dir "$fuzz_dir/fuzz" "$t" \
             "$fuzz_dir/fuzz-corpus/$t" "fuzz/seeds/$t" -- \
-            -max_total_time="$fuzz_seconds" -timeout=10 -max_len=8192) \
+            -max_total_time="$fuzz_seconds" -timeout=10 -max_len=8192 \
             >"$fuzz_dir/fuzz-$t.txt" 2>&1; then
             fuzz_passed=$((fuzz_passed + 1))
             echo "fuzz $t: ok, $(grep -m1 -o 'Done [0-9]* runs' "$fuzz_dir/fuzz-$t.txt" || echo 'runs unknown')"
