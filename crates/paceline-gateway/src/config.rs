@@ -174,6 +174,11 @@ pub struct RedisSettings {
     /// Decide on the gateway's clock instead of the Redis server's (for
     /// tests on a virtual clock; not read from the file).
     pub caller_clock: bool,
+    /// Whether `GET /readyz` says ready while Redis is unreachable and the
+    /// degraded limiter decides (`ready_when_degraded`; needs
+    /// `degraded_share`). Off by default: an orchestrator then routes
+    /// around an instance that cannot reach the shared count.
+    pub ready_when_degraded: bool,
 }
 
 impl fmt::Debug for RedisSettings {
@@ -628,6 +633,7 @@ struct RedisModel {
     standing_keys: Option<u64>,
     idempotency_deadline_ms: Option<u64>,
     tls_ca_file: Option<String>,
+    ready_when_degraded: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1317,7 +1323,15 @@ fn redis_settings(
         tls_ca,
         key_secret: Vec::new(),
         caller_clock: false,
+        ready_when_degraded: r.ready_when_degraded.unwrap_or(false),
     };
+    if settings.ready_when_degraded && settings.degraded_share.is_none() {
+        return Err(src.at_field(
+            Kind::InvalidValue,
+            "gateway.redis.ready_when_degraded",
+            "there is no degraded mode to be ready in: set degraded_share too",
+        ));
+    }
     settings.store_config().validate().map_err(|e| {
         let field = match e.field {
             "urls" => url_field.to_string(),

@@ -97,6 +97,7 @@ mod idle;
 mod intake;
 mod locate;
 pub mod metrics;
+mod ops;
 mod proxy;
 mod server;
 pub mod shed;

@@ -39,7 +39,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use http::{Request, Response};
+use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -59,7 +59,7 @@ use crate::edge::{HeadBytes, Metered};
 use crate::idle::{Activity, TrackedCall};
 use crate::intake::Intake;
 use crate::metrics as m;
-use crate::proxy::{full, Proxy};
+use crate::proxy::Proxy;
 use crate::shed::{CurrentLimits, LoadShedLayer, Shedder};
 use crate::tls::server::TlsFront;
 use paceline_server::ClientCert;
@@ -293,7 +293,12 @@ impl Gateway {
         let tls = h.inner.tls.read().clone();
         let mut tasks = Vec::new();
         if let Some((l, _)) = self.metrics {
-            tasks.push(tokio::spawn(serve_metrics(l)));
+            let degraded_ok = settings
+                .redis
+                .as_ref()
+                .is_some_and(|r| r.ready_when_degraded);
+            let probe = crate::ops::store_probe(h.inner.limiter.store().clone(), degraded_ok);
+            tasks.push(tokio::spawn(crate::ops::serve(l, Some(probe))));
         }
         tasks.push(tokio::spawn(watch_config(
             h.clone(),
@@ -747,45 +752,12 @@ async fn watch_config(
     }
 }
 
-/// Serves `GET /metrics` in the Prometheus text format on `listener`
-/// (the gateway's metrics listener, also used by `paceline rls`).
+/// Serves `GET /metrics` in the Prometheus text format, `GET /healthz`
+/// and `GET /readyz` (ready whenever the process serves) on `listener`
+/// (`paceline rls`'s metrics listener; the gateway's own also asks its
+/// store, see `ops.rs`).
 pub async fn serve_metrics(listener: TcpListener) {
-    let Some(handle) = m::prometheus() else {
-        tracing::warn!("another metrics recorder is installed; /metrics stays empty");
-        return;
-    };
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let handle = handle.clone();
-        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let handle = handle.clone();
-            async move {
-                let res = match req.uri().path() {
-                    "/metrics" => {
-                        let mut r = Response::new(full(handle.render()));
-                        r.headers_mut().insert(
-                            http::header::CONTENT_TYPE,
-                            http::HeaderValue::from_static("text/plain; version=0.0.4"),
-                        );
-                        r
-                    }
-                    _ => {
-                        let mut r = Response::new(full("not found\n"));
-                        *r.status_mut() = http::StatusCode::NOT_FOUND;
-                        r
-                    }
-                };
-                Ok::<_, std::convert::Infallible>(res)
-            }
-        });
-        tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+    crate::ops::serve(listener, None).await
 }
 
 /// Completes on SIGTERM or Ctrl-C. The handlers are installed when this is

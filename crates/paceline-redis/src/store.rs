@@ -219,6 +219,36 @@ impl RedisStore {
         }
     }
 
+    /// Whether Redis answers a `PING` within the store's deadline: the
+    /// round trip, or why not. For readiness probes: it goes on the
+    /// store's own connection, so it sees what the decisions see.
+    pub async fn ping(&self) -> Result<std::time::Duration, StoreError> {
+        let started = Instant::now();
+        let deadline = self.inner.deadline;
+        match tokio::time::timeout(deadline, self.inner.link.command(&redis::cmd("PING"))).await {
+            Ok(Ok(_)) => Ok(started.elapsed()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer to PING within {} ms",
+                deadline.as_millis()
+            ))),
+        }
+    }
+
+    /// The deadline of one call to Redis.
+    pub fn deadline(&self) -> std::time::Duration {
+        self.inner.deadline
+    }
+
+    /// Whether the store has a degraded mode (a share of each quota decided
+    /// locally while Redis is unreachable), and whether it is in it now.
+    pub fn degraded_mode(&self) -> (bool, bool) {
+        match &self.inner.degraded {
+            None => (false, false),
+            Some(d) => (true, d.since.lock().is_some()),
+        }
+    }
+
     /// Sends one plain command to a server (tests and diagnostics), within
     /// the deadline.
     pub async fn command(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {

@@ -79,15 +79,27 @@ fn main() {
 /// Log lines of the servers on stderr, filtered by `PACELINE_LOG` (the
 /// `tracing` filter syntax, e.g. `info` or `paceline_server=debug`).
 /// Warnings and errors by default; `info` adds one line per rejection
-/// (policy, outcome, a hash of the key), reloads and shutdowns.
+/// (policy, outcome, a hash of the key), reloads and shutdowns. With
+/// `PACELINE_LOG_FORMAT=json`, each line is one JSON object (`timestamp`,
+/// `level`, `target`, `fields` with the message and every field), for
+/// log collectors; `text` (the default) is for people.
 fn logs() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("PACELINE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
+    let format = std::env::var("PACELINE_LOG_FORMAT").unwrap_or_default();
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+        .with_ansi(false);
+    let _ = match format.trim() {
+        "json" => builder.json().try_init(),
+        "" | "text" => builder.try_init(),
+        other => {
+            let r = builder.try_init();
+            eprintln!("paceline: PACELINE_LOG_FORMAT={other:?} is not json or text; logging text");
+            r
+        }
+    };
 }
 
 /// `paceline sim herd --json | head` closes our stdout early: end quietly

@@ -102,10 +102,15 @@ fn wait_line(rx: &Receiver<String>, what: &str) -> String {
 
 impl Proc {
     fn start(config: &Path) -> Proc {
+        Proc::start_with_env(config, &[])
+    }
+
+    fn start_with_env(config: &Path, env: &[(&str, &str)]) -> Proc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_paceline"))
             .args(["gateway", "--config"])
             .arg(config)
             .env("PACELINE_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -223,6 +228,33 @@ async fn rejections_are_answered_by_the_gateway_alone() {
     assert!(line.contains("policy=hour"), "{line}");
     assert!(line.contains("outcome=\"quota_exhausted\""), "{line}");
     assert!(!line.contains("sk_a"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_a_line() {
+    let up = upstream(Duration::ZERO).await;
+    let dir = TempDir::new("json");
+    let cfg = dir.file("gw.toml", &config(&up.addr().to_string(), 1, false, 0));
+    let gw = Proc::start_with_env(&cfg, &[("PACELINE_LOG_FORMAT", "json")]);
+    let c = client();
+    // the hour's one request, then a rejection, logged at info
+    assert_eq!(rates(&c, &gw.url).await.status(), 200);
+    assert_eq!(rates(&c, &gw.url).await.status(), 429);
+    let end = Instant::now() + WAIT;
+    let mut seen = 0;
+    let mut rejection = false;
+    while !rejection {
+        let left = end.saturating_duration_since(Instant::now());
+        let line = gw.err.recv_timeout(left).expect("log lines");
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("not one JSON object ({e}): {line}"));
+        assert!(v["timestamp"].is_string(), "{line}");
+        assert!(v["level"].is_string(), "{line}");
+        assert!(v["fields"].is_object(), "{line}");
+        seen += 1;
+        rejection = line.contains("429") || line.to_ascii_lowercase().contains("reject");
+    }
+    assert!(seen >= 1);
 }
 
 #[test]
