@@ -40,11 +40,11 @@ use paceline_wire::problem::{self, Problem, ProblemKind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tower_service::Service;
 
-use crate::config::Timeouts;
+use crate::config::{Timeouts, UpstreamProtocol, UpstreamTlsSettings};
 use crate::intake::{BodyProgress, RequestBody};
 use crate::metrics as m;
 use crate::shed::CurrentLimits;
-use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError, Via};
+use crate::upstream::{Answer, Outgoing, Upstream, UpstreamClient, UpstreamError, Via};
 
 pub(crate) use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
 
@@ -66,7 +66,7 @@ pub(crate) struct Proxy {
 }
 
 struct ProxyInner {
-    upstream: Client,
+    upstream: UpstreamClient<ClientBody>,
     timeouts: Timeouts,
     /// The limits in force: their problem base prefixes the types of the
     /// gateway's own answers, so a reload reaches these too.
@@ -82,25 +82,47 @@ impl std::fmt::Debug for Proxy {
 }
 
 impl Proxy {
-    /// A proxy to `upstream` (`http://host:port[/base]`); the problem
+    /// A proxy to `upstream` (`http[s]://host[:port][/base]`) speaking
+    /// `protocol` to it, with `tls` for an `https://` one; the problem
     /// types of the proxy's own answers (an upstream that fails, say) are
     /// under the problem base of the limits `limits` gives at the time;
     /// upstream latencies and the ages of pooled connections are read
-    /// from `clock`.
+    /// from `clock`. Fails (`InvalidInput`, saying why) when the upstream
+    /// TLS configuration cannot be built: a file unreadable since the
+    /// config was checked, or no trusted root at all.
+    pub(crate) fn build(
+        upstream: &Uri,
+        tls: &UpstreamTlsSettings,
+        protocol: UpstreamProtocol,
+        timeouts: Timeouts,
+        limits: CurrentLimits,
+        clock: Arc<dyn Clock>,
+    ) -> std::io::Result<Self> {
+        let upstream = UpstreamClient::new(upstream, tls, protocol, &timeouts, clock)
+            .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidInput, m))?;
+        Ok(Proxy {
+            inner: Arc::new(ProxyInner {
+                upstream,
+                timeouts,
+                limits,
+            }),
+            peer: None,
+        })
+    }
+
+    /// [`Proxy::build`] with HTTP/1.1 and the default upstream TLS
+    /// settings: what `server.rs` calls until it passes
+    /// `settings.upstream_tls` and `settings.upstream_protocol` (then
+    /// this goes).
     pub(crate) fn new(
         upstream: &Uri,
         timeouts: Timeouts,
         limits: CurrentLimits,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        Proxy {
-            inner: Arc::new(ProxyInner {
-                upstream: Client::new(upstream, &timeouts, clock),
-                timeouts,
-                limits,
-            }),
-            peer: None,
-        }
+        let tls = UpstreamTlsSettings::default();
+        Proxy::build(upstream, &tls, UpstreamProtocol::Http1, timeouts, limits, clock)
+            .expect("the default upstream TLS settings")
     }
 
     /// The same proxy (sharing the pool) for the one client connection

@@ -523,7 +523,7 @@ where
 }
 
 fn own(uri: &Uri, t: &Timeouts) -> Client {
-    Client::new(
+    Client::plain(
         uri,
         t,
         std::sync::Arc::new(paceline_core::SystemClock::new()),

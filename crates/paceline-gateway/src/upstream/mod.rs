@@ -22,10 +22,13 @@
 //! over hyper's client, for tests, checks the first against it.
 
 mod body;
+mod choice;
 mod client;
 mod codec;
 mod conn;
+mod dial;
 mod error;
+mod h2;
 mod idle;
 mod pool;
 
@@ -41,6 +44,8 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body::Body;
 
+pub(crate) use choice::UpstreamClient;
+#[cfg(test)]
 pub(crate) use client::Client;
 pub(crate) use codec::strip_hop_by_hop;
 pub(crate) use codec::Via;
@@ -78,7 +83,19 @@ pub(crate) struct Answer<B> {
     pub(crate) waited: Duration,
 }
 
-/// An HTTP/1.1 client to one upstream: sends a request with a body of type
+impl<B> Answer<B> {
+    /// The same answer with its body turned into another type.
+    pub(crate) fn map<C>(self, f: impl FnOnce(B) -> C) -> Answer<C> {
+        Answer {
+            status: self.status,
+            headers: self.headers,
+            body: f(self.body),
+            waited: self.waited,
+        }
+    }
+}
+
+/// A client to one upstream: sends a request with a body of type
 /// `B` and gives back the answer's head and streaming body, or the kind of
 /// failure the proxy answers for (a `502` for [`UpstreamError::Connect`]
 /// and the upstream's faults, a `400`/`408` for
