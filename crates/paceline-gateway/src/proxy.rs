@@ -121,8 +121,15 @@ impl Proxy {
         clock: Arc<dyn Clock>,
     ) -> Self {
         let tls = UpstreamTlsSettings::default();
-        Proxy::build(upstream, &tls, UpstreamProtocol::Http1, timeouts, limits, clock)
-            .expect("the default upstream TLS settings")
+        Proxy::build(
+            upstream,
+            &tls,
+            UpstreamProtocol::Http1,
+            timeouts,
+            limits,
+            clock,
+        )
+        .expect("the default upstream TLS settings")
     }
 
     /// The same proxy (sharing the pool) for the one client connection

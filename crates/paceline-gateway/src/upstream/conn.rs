@@ -115,11 +115,13 @@ impl Conn {
         match &mut self.io {
             Io::Plain(s) => loop {
                 match s.try_read_buf(&mut self.buf) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match s.poll_read_ready(cx) {
-                        Poll::Ready(Ok(())) => {}
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => return Poll::Pending,
-                    },
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        match s.poll_read_ready(cx) {
+                            Poll::Ready(Ok(())) => {}
+                            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                            Poll::Pending => return Poll::Pending,
+                        }
+                    }
                     done => return Poll::Ready(done),
                 }
             },
@@ -244,7 +246,9 @@ where
         )),
         BodyFraming::Length(_) => Ok(()),
         BodyFraming::Chunked => {
-            wr.write_all(b"0\r\n\r\n").await.map_err(UpstreamError::Io)?;
+            wr.write_all(b"0\r\n\r\n")
+                .await
+                .map_err(UpstreamError::Io)?;
             wr.flush().await.map_err(UpstreamError::Io)
         }
     }

@@ -285,7 +285,9 @@ where
         let mut first = BytesMut::new();
         let (taken, whole) = match framing {
             None => (0, true),
-            Some(f) => coalesce(&mut body, &mut first, f, false).map_err(UpstreamError::RequestBody)?,
+            Some(f) => {
+                coalesce(&mut body, &mut first, f, false).map_err(UpstreamError::RequestBody)?
+            }
         };
         let first = first.freeze();
         let failed = Arc::new(parking_lot::Mutex::new(None));

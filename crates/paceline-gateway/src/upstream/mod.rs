@@ -36,6 +36,8 @@ mod pool;
 mod differential;
 #[cfg(test)]
 mod hyper;
+#[cfg(test)]
+mod transports;
 
 use std::future::Future;
 use std::time::Duration;

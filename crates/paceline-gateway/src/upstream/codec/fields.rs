@@ -84,7 +84,11 @@ mod tests {
     use super::*;
     use http::Request;
 
-    fn head(req: http::request::Builder, framing: Option<BodyFraming>, v: Version) -> (Uri, HeaderMap) {
+    fn head(
+        req: http::request::Builder,
+        framing: Option<BodyFraming>,
+        v: Version,
+    ) -> (Uri, HeaderMap) {
         let (parts, ()) = req.body(()).unwrap().into_parts();
         let target = Target::new(&"https://up.example:8443/base".parse().unwrap());
         hyper_head(&target, &parts, Via::UNKNOWN, framing, v).unwrap()

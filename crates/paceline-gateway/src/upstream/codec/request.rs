@@ -317,7 +317,10 @@ mod tests {
     #[test]
     fn https_targets_default_to_443_and_leave_it_out_of_host() {
         let t = Target::new(&"https://api.example:443/v2".parse().unwrap());
-        assert_eq!((t.host(), t.port(), t.is_https()), ("api.example", 443, true));
+        assert_eq!(
+            (t.host(), t.port(), t.is_https()),
+            ("api.example", 443, true)
+        );
         assert_eq!(t.authority().as_str(), "api.example");
         assert_eq!(t.scheme(), "https");
         let t = Target::new(&"https://api.example".parse().unwrap());
