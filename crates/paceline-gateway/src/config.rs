@@ -862,14 +862,10 @@ impl GatewayConfig {
             }
         }
         sources.extend(settings.tls.iter().flat_map(|t| {
-            [
-                Some(&t.cert_file),
-                Some(&t.key_file),
-                t.client_ca_file.as_ref(),
-            ]
-            .into_iter()
-            .flatten()
-            .cloned()
+            [Some(&t.cert_file), Some(&t.key_file), t.client_ca_file.as_ref()]
+                .into_iter()
+                .flatten()
+                .cloned()
         }));
         Ok(GatewayConfig {
             settings,
@@ -1097,14 +1093,12 @@ fn tls_checks(src: &Source<'_>, s: &Settings) -> Result<Vec<String>, ConfigFileE
     let mut warnings = Vec::new();
     let err = |field: &str, m: String| src.at_field(Kind::Unreadable, field, m);
     if let Some(t) = &s.tls {
-        let certs =
-            crate::tls::read_certs(&t.cert_file).map_err(|m| err("gateway.tls.cert_file", m))?;
+        let certs = crate::tls::read_certs(&t.cert_file).map_err(|m| err("gateway.tls.cert_file", m))?;
         crate::tls::certified_key(&t.cert_file, &t.key_file)
             .map_err(|m| err("gateway.tls.key_file", m))?;
         warnings.extend(crate::tls::validity_warnings(&t.cert_file, &certs, now));
         if let Some(ca) = &t.client_ca_file {
-            let certs =
-                crate::tls::read_certs(ca).map_err(|m| err("gateway.tls.client_ca_file", m))?;
+            let certs = crate::tls::read_certs(ca).map_err(|m| err("gateway.tls.client_ca_file", m))?;
             crate::tls::server::client_verifier(ca)
                 .map_err(|m| err("gateway.tls.client_ca_file", m))?;
             warnings.extend(crate::tls::validity_warnings(ca, &certs, now));
@@ -1123,14 +1117,12 @@ fn tls_checks(src: &Source<'_>, s: &Settings) -> Result<Vec<String>, ConfigFileE
         ));
     }
     if let Some(ca) = &u.ca_file {
-        let certs =
-            crate::tls::read_certs(ca).map_err(|m| err("gateway.upstream_tls.ca_file", m))?;
+        let certs = crate::tls::read_certs(ca).map_err(|m| err("gateway.upstream_tls.ca_file", m))?;
         crate::tls::read_roots(ca).map_err(|m| err("gateway.upstream_tls.ca_file", m))?;
         warnings.extend(crate::tls::validity_warnings(ca, &certs, now));
     }
     if let (Some(c), Some(k)) = (&u.cert_file, &u.key_file) {
-        let certs =
-            crate::tls::read_certs(c).map_err(|m| err("gateway.upstream_tls.cert_file", m))?;
+        let certs = crate::tls::read_certs(c).map_err(|m| err("gateway.upstream_tls.cert_file", m))?;
         crate::tls::certified_key(c, k).map_err(|m| err("gateway.upstream_tls.key_file", m))?;
         warnings.extend(crate::tls::validity_warnings(c, &certs, now));
     }

@@ -110,8 +110,7 @@ pub use config::{
     ConfigFileError, GatewayConfig, GatewayLimits, PathSettings, RedisSettings, Settings,
     SheddingSettings, StoreKind, Timeouts, TlsSettings, UpstreamProtocol, UpstreamTlsSettings,
     DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HEAD_BYTES,
-    DEFAULT_TLS_HANDSHAKE, KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES, MIN_MAX_BUFFERED_BYTES,
-    MIN_MAX_HEAD_BYTES,
+    DEFAULT_TLS_HANDSHAKE, KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES, MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
 };
 pub use server::{
     serve_metrics, shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback,

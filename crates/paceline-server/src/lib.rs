@@ -115,8 +115,8 @@ pub use config::{
 pub use escalation::{EscalationConfig, Level};
 pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyMode, IdempotencySettings};
 pub use identity::{
-    bearer_token, client_ip, peer_ip, read_authorization, BasicAuth, ClientCert, Credential, IpNet,
-    IpPrefixes, KeyHash, KeyHasher, KeySource, KeyTreatment, PeerAddr, SecretOrigin, ShortSecret,
+    bearer_token, client_ip, peer_ip, read_authorization, BasicAuth, Credential, IpNet, IpPrefixes,
+    ClientCert, KeyHash, KeyHasher, KeySource, KeyTreatment, PeerAddr, SecretOrigin, ShortSecret,
     TrustedProxies, MIN_KEY_HASH_SECRET_BYTES,
 };
 pub use layer::{

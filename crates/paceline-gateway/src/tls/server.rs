@@ -159,7 +159,10 @@ impl TlsFront {
         }
         let cur = self.current.lock().clone();
         let (id, displaced) = self.enter(cur.max);
-        let slot = Slot { front: self, id };
+        let slot = Slot {
+            front: self,
+            id,
+        };
         let r = tokio::select! {
             r = tokio::time::timeout(cur.deadline, cur.acceptor.accept(tcp)) => match r {
                 Ok(Ok(stream)) => Ok(stream),

@@ -45,24 +45,12 @@ impl TestCa {
     /// A server leaf for `names` (DNS names or IP addresses), common name
     /// the first, written as `dir/{stem}.pem` and `dir/{stem}.key`.
     pub(crate) fn server(&self, dir: &Path, stem: &str, names: &[&str]) -> Leaf {
-        self.leaf(
-            dir,
-            stem,
-            names[0],
-            names,
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-        )
+        self.leaf(dir, stem, names[0], names, rcgen::ExtendedKeyUsagePurpose::ServerAuth)
     }
 
     /// A client leaf with common name `cn`.
     pub(crate) fn client(&self, dir: &Path, stem: &str, cn: &str) -> Leaf {
-        self.leaf(
-            dir,
-            stem,
-            cn,
-            &[],
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-        )
+        self.leaf(dir, stem, cn, &[], rcgen::ExtendedKeyUsagePurpose::ClientAuth)
     }
 
     fn leaf(
@@ -85,11 +73,7 @@ impl TestCa {
             cert_file: dir.join(format!("{stem}.pem")),
             key_file: dir.join(format!("{stem}.key")),
         };
-        std::fs::write(
-            &leaf.cert_file,
-            format!("{}{}", cert.pem(), self.cert.pem()),
-        )
-        .unwrap();
+        std::fs::write(&leaf.cert_file, format!("{}{}", cert.pem(), self.cert.pem())).unwrap();
         std::fs::write(&leaf.key_file, key.serialize_pem()).unwrap();
         leaf
     }
