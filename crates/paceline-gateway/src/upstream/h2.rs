@@ -67,8 +67,12 @@ const PING_EVERY: Duration = Duration::from_secs(10);
 /// How long a PING may go unanswered before the connection is closed.
 const PING_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many times a request goes out at most (again only when the
-/// upstream did not process it).
-const ATTEMPTS: usize = 3;
+/// upstream did not process it, each time on a newer connection). A
+/// server that retires connections after a few requests refuses every
+/// stream past the last it takes, so a burst of requests may need a few
+/// connections in turn; the bound is for a server that refuses
+/// everything.
+const ATTEMPTS: usize = 10;
 
 /// The HTTP/2 client to one upstream.
 pub(crate) struct H2Client<B> {
@@ -346,9 +350,10 @@ where
                 None => whole,
             };
             if !again || attempt == ATTEMPTS {
-                tracing::debug!(error = %error, "upstream refused the request unprocessed");
+                tracing::debug!(error = ?error, attempt, "upstream refused the request unprocessed");
                 return Err(UpstreamError::Closed);
             }
+            tracing::debug!(error = ?error, attempt, "upstream refused the request unprocessed: sending it again");
             match self.link(self.clock.now()).await? {
                 Link::H2(s, n) => (send, number) = (s, n),
                 // the upstream turned to HTTP/1.1 between two connections
