@@ -3,7 +3,12 @@
 //!
 //! It speaks HTTP/1.1 to the upstream itself, inside the request's task,
 //! over a pool of keep-alive connections (a stack of idle connections, one
-//! going back on it the moment its response body ends). It strips
+//! going back on it the moment its response body ends), in cleartext or
+//! over TLS for an `https://` upstream; or HTTP/2 on one multiplexed
+//! connection when `upstream_protocol` asks for it (see
+//! [`crate::upstream`]). A TLS handshake that fails (an unknown issuer, a
+//! name that does not match) is a connect failure: `502`, logged with
+//! rustls's reason, its charge given back. It strips
 //! hop-by-hop fields both ways, appends the client to `X-Forwarded-For`
 //! (replacing what a client that is no trusted proxy sent there),
 //! and bounds every phase: connecting, waiting for the response head, and

@@ -279,7 +279,11 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
             }
             Ok(0) => return Err(UpstreamError::Closed),
             Ok(_) => {}
-            Err(e) if !received && is_reset(&e) => return Err(UpstreamError::Closed),
+            // (under TLS an end without `close_notify` is an error, not
+            // an empty read: before any byte, it is the same close)
+            Err(e) if !received && (is_reset(&e) || e.kind() == io::ErrorKind::UnexpectedEof) => {
+                return Err(UpstreamError::Closed)
+            }
             Err(e) => return Err(UpstreamError::Io(e)),
         }
     }

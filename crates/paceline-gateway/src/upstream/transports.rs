@@ -41,9 +41,7 @@ use super::error::{BoxError, UpstreamError};
 use super::{strip_hop_by_hop, Answer, Outgoing, Upstream, UpstreamClient, Via};
 use crate::config::{Timeouts, UpstreamProtocol, UpstreamTlsSettings};
 
-#[allow(dead_code)]
-#[path = "../../tests/common/certs.rs"]
-mod certs;
+use super::test_certs::{self as certs, server_config};
 
 /// The bound on every wait here.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -329,20 +327,6 @@ fn scratch(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("paceline-transports-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// A server configuration for `leaf`, offering `alpn`.
-fn server_config(leaf: &certs::Leaf, alpn: &[&[u8]]) -> Arc<ServerConfig> {
-    let certs = crate::tls::read_certs(&leaf.cert_file).unwrap();
-    let key = crate::tls::read_key(&leaf.key_file).unwrap();
-    let mut cfg = ServerConfig::builder_with_provider(crate::tls::provider())
-        .with_protocol_versions(crate::tls::VERSIONS)
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .unwrap();
-    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Arc::new(cfg)
 }
 
 fn trusting(ca: &Path) -> UpstreamTlsSettings {
