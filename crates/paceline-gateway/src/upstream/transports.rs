@@ -12,8 +12,9 @@
 //!
 //! The raw-wire corpus (`differential.rs`) stays HTTP/1.1-only: its cases
 //! are bytes no HTTP/2 server would write. What TLS adds to a connection
-//! (reuse across TLS 1.3 session tickets, a `close_notify` while idle,
-//! verification, SNI) has cases of its own here.
+//! (verification, SNI, the handshake inside the connect deadline, reuse
+//! across TLS 1.3 session tickets, a `close_notify` while idle, a body cut
+//! without one) has cases of its own here.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -710,5 +711,97 @@ async fn a_tls_close_while_idle_is_seen_before_reuse() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let (got, _) = post().await;
     assert!(matches!(got, Got::Answer { status: 200, .. }), "{got:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A handshake counts within the connect deadline: an upstream that takes
+/// the TCP connection and never answers the `ClientHello` is a connect
+/// failure once `timeouts.connect` has passed, over either version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_that_never_ends_is_a_connect_failure_in_time() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = l.accept().await {
+            held.push(tcp);
+        }
+    });
+    let t = Timeouts {
+        connect: Duration::from_millis(200),
+        ..Timeouts::default()
+    };
+    let uri: Uri = format!("https://localhost:{port}").parse().unwrap();
+    let skip = UpstreamTlsSettings {
+        insecure_skip_verify_for_tests_only: true,
+        ..UpstreamTlsSettings::default()
+    };
+    for protocol in [UpstreamProtocol::Http1, UpstreamProtocol::Http2] {
+        let clock = Arc::new(SystemClock::new());
+        let c: UpstreamClient<ReqBody> =
+            UpstreamClient::new(&uri, &skip, protocol, &t, clock).unwrap();
+        let started = std::time::Instant::now();
+        assert_eq!(get(&c).await, Got::Failed("connect"), "{protocol:?}");
+        let took = started.elapsed();
+        assert!(took >= t.connect && took < LIMIT, "{protocol:?}: {took:?}");
+    }
+}
+
+/// Under TLS the end of the stream without `close_notify` may be an
+/// attacker's cut: a body framed by the end of the connection that ends
+/// that way fails, where one ended by `close_notify` is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_delimited_body_needs_close_notify() {
+    let dir = scratch("truncated");
+    let ca = certs::TestCa::new(&dir, "ca");
+    let leaf = ca.server(&dir, "up", &["localhost"]);
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&leaf, &[b"http/1.1"]));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut s) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil the end").await;
+                let _ = s.flush().await;
+                if buf.starts_with(b"GET /notify ") {
+                    let _ = s.shutdown().await;
+                } else {
+                    // the TCP connection closed under rustls's feet
+                    let (mut tcp, _) = s.into_inner();
+                    let _ = tcp.shutdown().await;
+                }
+            });
+        }
+    });
+    let c = client(
+        &format!("https://localhost:{port}"),
+        &trusting(&ca.cert_file),
+        UpstreamProtocol::Http1,
+    );
+    let (got, _) = run(&c, &Method::GET, "/notify", Sent::None).await;
+    let Got::Answer { body, .. } = got else {
+        panic!("{got:?}")
+    };
+    assert_eq!(body.as_deref(), Some(&b"until the end"[..]));
+    let (got, _) = run(&c, &Method::GET, "/cut", Sent::None).await;
+    let Got::Answer {
+        status: 200, body, ..
+    } = got
+    else {
+        panic!("{got:?}")
+    };
+    assert_eq!(body, None, "a cut body passed as whole");
     let _ = std::fs::remove_dir_all(&dir);
 }
