@@ -14,6 +14,7 @@
 //! on goes over HTTP/1.1 (until the gateway restarts). In cleartext,
 //! `"auto"` is HTTP/1.1: without ALPN there is nothing to find out from.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -120,22 +121,77 @@ where
 {
     type Body = AnswerBody;
 
-    async fn send(&self, req: Outgoing<'_>, body: B) -> Result<Answer<AnswerBody>, UpstreamError> {
-        let (h1, body) = match self {
-            UpstreamClient::Http1(c) => (c, body),
+    fn send(
+        &self,
+        req: Outgoing<'_>,
+        body: B,
+    ) -> impl Future<Output = Result<Answer<AnswerBody>, UpstreamError>> + Send {
+        // not an `async fn`: its state would hold the arguments beside the
+        // client's future; and the HTTP/2 exchange, several times the own
+        // client's state, is boxed, so no HTTP/1.1 exchange grows by it
+        match self {
+            UpstreamClient::Http1(c) => Sending::Http1 {
+                f: c.send(req, body),
+            },
+            _ => Sending::Other {
+                f: Box::pin(self.send_other(req, body)),
+            },
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`UpstreamClient::send`]: the own client's exchange
+    /// in place, the others boxed.
+    #[project = SendingProj]
+    enum Sending<H, O> {
+        Http1 { #[pin] f: H },
+        Other { #[pin] f: O },
+    }
+}
+
+impl<H, O> Future for Sending<H, O>
+where
+    H: Future<Output = Result<Answer<UpstreamBody>, UpstreamError>>,
+    O: Future<Output = Result<Answer<AnswerBody>, UpstreamError>>,
+{
+    type Output = Result<Answer<AnswerBody>, UpstreamError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            SendingProj::Http1 { f } => f.poll(cx).map(|r| r.map(AnswerBody::h1)),
+            SendingProj::Other { f } => f.poll(cx),
+        }
+    }
+}
+
+impl<B> UpstreamClient<B>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    /// [`Upstream::send`] for HTTP/2 and `"auto"`.
+    async fn send_other(
+        &self,
+        req: Outgoing<'_>,
+        body: B,
+    ) -> Result<Answer<AnswerBody>, UpstreamError> {
+        let (h1, h2) = match self {
+            UpstreamClient::Http1(c) => return c.send(req, body).await.map(AnswerBody::h1),
             UpstreamClient::Http2(c) => return c.send(req, body).await.map(AnswerBody::h2),
-            UpstreamClient::Auto { h1, h2 } if !h2.chose_http1() => {
-                match h2.send_routed(req, body).await {
-                    Routed::Done(r) => return r.map(AnswerBody::h2),
-                    Routed::Http1(io, body) => {
-                        if let Some(io) = io {
-                            h1.adopt(io);
-                        }
-                        (h1, body)
+            UpstreamClient::Auto { h1, h2 } => (h1, h2),
+        };
+        let body = match h2.chose_http1() {
+            true => body,
+            false => match h2.send_routed(req, body).await {
+                Routed::Done(r) => return r.map(AnswerBody::h2),
+                Routed::Http1(io, body) => {
+                    if let Some(io) = io {
+                        h1.adopt(io);
                     }
+                    body
                 }
-            }
-            UpstreamClient::Auto { h1, .. } => (h1, body),
+            },
         };
         h1.send(req, body).await.map(AnswerBody::h1)
     }

@@ -805,3 +805,27 @@ async fn a_close_delimited_body_needs_close_notify() {
     assert_eq!(body, None, "a cut body passed as whole");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The choice of client costs the HTTP/1.1 path a tag in its future and
+/// nothing more: the HTTP/2 exchange, much larger, is boxed apart.
+#[test]
+fn the_http1_exchange_does_not_grow_by_the_choice() {
+    let t = Timeouts::default();
+    let uri: Uri = "http://127.0.0.1:9".parse().unwrap();
+    let none = UpstreamTlsSettings::default();
+    let chosen = client("http://127.0.0.1:9", &none, UpstreamProtocol::Http1);
+    let own = super::Client::plain(&uri, &t, Arc::new(SystemClock::new()));
+    let (parts, ()) = Request::get("/").body(()).unwrap().into_parts();
+    let reached = std::sync::atomic::AtomicBool::new(false);
+    let req = Outgoing {
+        parts: &parts,
+        via: Via::UNKNOWN,
+        reached: &reached,
+    };
+    let through_choice = std::mem::size_of_val(&chosen.send(req, Sent::None.body()));
+    let direct = std::mem::size_of_val(&own.send(req, Sent::None.body()));
+    assert!(
+        through_choice <= direct + 16,
+        "{through_choice} > {direct} + 16"
+    );
+}
