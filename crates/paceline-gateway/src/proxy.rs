@@ -115,28 +115,6 @@ impl Proxy {
         })
     }
 
-    /// [`Proxy::build`] with HTTP/1.1 and the default upstream TLS
-    /// settings: what `server.rs` calls until it passes
-    /// `settings.upstream_tls` and `settings.upstream_protocol` (then
-    /// this goes).
-    pub(crate) fn new(
-        upstream: &Uri,
-        timeouts: Timeouts,
-        limits: CurrentLimits,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
-        let tls = UpstreamTlsSettings::default();
-        Proxy::build(
-            upstream,
-            &tls,
-            UpstreamProtocol::Http1,
-            timeouts,
-            limits,
-            clock,
-        )
-        .expect("the default upstream TLS settings")
-    }
-
     /// The same proxy (sharing the pool) for the one client connection
     /// whose peer is `peer`: its requests need not carry a [`PeerAddr`].
     pub(crate) fn with_peer(&self, peer: std::net::SocketAddr) -> Self {
