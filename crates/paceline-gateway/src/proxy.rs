@@ -3,7 +3,12 @@
 //!
 //! It speaks HTTP/1.1 to the upstream itself, inside the request's task,
 //! over a pool of keep-alive connections (a stack of idle connections, one
-//! going back on it the moment its response body ends). It strips
+//! going back on it the moment its response body ends), in cleartext or
+//! over TLS for an `https://` upstream; or HTTP/2 on one multiplexed
+//! connection when `upstream_protocol` asks for it (see
+//! [`crate::upstream`]). A TLS handshake that fails (an unknown issuer, a
+//! name that does not match) is a connect failure: `502`, logged with
+//! rustls's reason, its charge given back. It strips
 //! hop-by-hop fields both ways, appends the client to `X-Forwarded-For`
 //! (replacing what a client that is no trusted proxy sent there),
 //! and bounds every phase: connecting, waiting for the response head, and
@@ -40,11 +45,11 @@ use paceline_wire::problem::{self, Problem, ProblemKind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tower_service::Service;
 
-use crate::config::Timeouts;
+use crate::config::{Timeouts, UpstreamProtocol, UpstreamTlsSettings};
 use crate::intake::{BodyProgress, RequestBody};
 use crate::metrics as m;
 use crate::shed::CurrentLimits;
-use crate::upstream::{Answer, Client, Outgoing, Upstream, UpstreamError, Via};
+use crate::upstream::{Answer, Outgoing, Upstream, UpstreamClient, UpstreamError, Via};
 
 pub(crate) use crate::upstream::{strip_hop_by_hop, BodyIdle, BoxError, IdleTimeout};
 
@@ -66,7 +71,7 @@ pub(crate) struct Proxy {
 }
 
 struct ProxyInner {
-    upstream: Client,
+    upstream: UpstreamClient<ClientBody>,
     timeouts: Timeouts,
     /// The limits in force: their problem base prefixes the types of the
     /// gateway's own answers, so a reload reaches these too.
@@ -82,25 +87,32 @@ impl std::fmt::Debug for Proxy {
 }
 
 impl Proxy {
-    /// A proxy to `upstream` (`http://host:port[/base]`); the problem
+    /// A proxy to `upstream` (`http[s]://host[:port][/base]`) speaking
+    /// `protocol` to it, with `tls` for an `https://` one; the problem
     /// types of the proxy's own answers (an upstream that fails, say) are
     /// under the problem base of the limits `limits` gives at the time;
     /// upstream latencies and the ages of pooled connections are read
-    /// from `clock`.
-    pub(crate) fn new(
+    /// from `clock`. Fails (`InvalidInput`, saying why) when the upstream
+    /// TLS configuration cannot be built: a file unreadable since the
+    /// config was checked, or no trusted root at all.
+    pub(crate) fn build(
         upstream: &Uri,
+        tls: &UpstreamTlsSettings,
+        protocol: UpstreamProtocol,
         timeouts: Timeouts,
         limits: CurrentLimits,
         clock: Arc<dyn Clock>,
-    ) -> Self {
-        Proxy {
+    ) -> std::io::Result<Self> {
+        let upstream = UpstreamClient::new(upstream, tls, protocol, &timeouts, clock)
+            .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidInput, m))?;
+        Ok(Proxy {
             inner: Arc::new(ProxyInner {
-                upstream: Client::new(upstream, &timeouts, clock),
+                upstream,
                 timeouts,
                 limits,
             }),
             peer: None,
-        }
+        })
     }
 
     /// The same proxy (sharing the pool) for the one client connection

@@ -257,13 +257,15 @@ impl Gateway {
         let h = self.handle.clone();
         let settings = h.inner.settings.read().clone();
         let t = settings.timeouts;
-        let proxy = Proxy::new(
+        let proxy = Proxy::build(
             &settings.upstream,
+            &settings.upstream_tls,
+            settings.upstream_protocol,
             t,
             current_limits(&h),
             // the gateway's one clock, the limiter's
             h.inner.limiter.clock().clone(),
-        );
+        )?;
         let shed = shed_layer(&h);
         let idempotency = crate::idempotency::layer(&h.inner.limiter);
         let mut builder = auto::Builder::new(TokioExecutor::new());

@@ -13,6 +13,7 @@
 //! `server` is the client-facing side (`[gateway.tls]`): the acceptor,
 //! its reload and the bounds on handshakes.
 
+pub(crate) mod client;
 pub(crate) mod server;
 
 use std::path::Path;

@@ -1,7 +1,8 @@
-//! The own HTTP/1.1 client, the [`Upstream`] the proxy runs on: the head
-//! written by the codec with as much of the body as is there already, on a
-//! pooled connection or a new one, sent again when a reused connection
-//! lost it before any answer came and that is safe; the answer's body read
+//! The own HTTP/1.1 client, the [`Upstream`] the proxy runs on by
+//! default: the head written by the codec with as much of the body as is
+//! there already, on a pooled connection or a new one (cleartext or TLS,
+//! as its dialer opens them), sent again when a reused connection lost it
+//! before any answer came and that is safe; the answer's body read
 //! straight from the connection.
 
 use std::pin::Pin;
@@ -12,13 +13,16 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::uri::Authority;
-use http::{Method, Uri};
+use http::Method;
+#[cfg(test)]
+use http::Uri;
 use http_body::Body;
 use paceline_core::{Clock, Nanos};
 
 use super::body::UpstreamBody;
 use super::codec::{put_data, write_head, BodyFraming, Head, Target};
 use super::conn::Conn;
+use super::dial::{Dialer, Io};
 use super::error::{BoxError, UpstreamError};
 use super::idle::IdleTimeout;
 use super::pool::Pool;
@@ -38,28 +42,40 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    /// A client for `upstream` (`http://host:port[/base]`), bounding
-    /// connecting, pooled idleness and pauses inside the request body by
-    /// `timeouts`, and reading latencies and pool ages from `clock`.
-    pub(crate) fn new(upstream: &Uri, timeouts: &Timeouts, clock: Arc<dyn Clock>) -> Client {
-        let target = Target::new(upstream);
-        let pool = Pool::new(
-            target.host(),
-            target.port(),
-            timeouts.connect,
-            timeouts.pool_idle,
-            clock,
-        );
+    /// A client for `target` on connections `dialer` opens (cleartext or
+    /// TLS), bounding pooled idleness and pauses inside the request body
+    /// by `timeouts` (connecting is the dialer's), and reading latencies
+    /// and pool ages from `clock`.
+    pub(crate) fn new(
+        target: Target,
+        dialer: Dialer,
+        timeouts: &Timeouts,
+        clock: Arc<dyn Clock>,
+    ) -> Client {
         Client {
-            pool: Arc::new(pool),
+            pool: Arc::new(Pool::new(dialer, timeouts.pool_idle, clock)),
             target,
             body_idle: timeouts.body_idle,
         }
     }
 
+    /// A client for the cleartext `upstream` (`http://host:port[/base]`).
+    #[cfg(test)]
+    pub(crate) fn plain(upstream: &Uri, timeouts: &Timeouts, clock: Arc<dyn Clock>) -> Client {
+        let target = Target::new(upstream);
+        let dialer = Dialer::plain(&target, timeouts.connect);
+        Client::new(target, dialer, timeouts, clock)
+    }
+
     /// The upstream's authority.
     pub(crate) fn authority(&self) -> &Authority {
         self.target.authority()
+    }
+
+    /// Takes a connection the HTTP/2 client opened and the upstream chose
+    /// HTTP/1.1 on (`upstream_protocol = "auto"`) into the pool.
+    pub(crate) fn adopt(&self, io: Io) {
+        self.pool.adopt(io);
     }
 
     /// Sends the head `out` (and the body still to stream, if any) on a
@@ -132,7 +148,8 @@ where
         write_head(&mut out, &self.target, parts, req.via, framing);
         let (sent, whole) = match framing {
             None => (0, true),
-            Some(f) => coalesce(&mut body, &mut out, f).map_err(UpstreamError::RequestBody)?,
+            Some(f) => coalesce(&mut body, &mut out, f, f == BodyFraming::Chunked)
+                .map_err(UpstreamError::RequestBody)?,
         };
         // a streamed body waits in its own allocation: the common future
         // stays small
@@ -178,18 +195,20 @@ struct Streaming<'a, B> {
 }
 
 /// Appends the body frames that are ready now to `out` (up to
-/// [`COALESCE`] bytes): how many bytes that was, and whether it was the
-/// whole body.
-fn coalesce<B>(
+/// [`COALESCE`] bytes), chunk-framed if `chunked` (and then with the last
+/// chunk if that was all): how many body bytes that was, and whether it
+/// was the whole body. A body that is not as long as its framing says
+/// fails.
+pub(super) fn coalesce<B>(
     body: &mut B,
     out: &mut BytesMut,
     framing: BodyFraming,
+    chunked: bool,
 ) -> Result<(u64, bool), BoxError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    let chunked = framing == BodyFraming::Chunked;
     let mut cx = Context::from_waker(Waker::noop());
     let mut taken = 0u64;
     let mut ended = body.is_end_stream();

@@ -1,20 +1,26 @@
-//! One keep-alive HTTP/1.1 connection to the upstream on a `TcpStream`:
-//! connecting, writing a request, reading until the codec has a whole
-//! answer head (while the rest of a request body streams), and filling its
-//! buffer for the response body.
+//! One keep-alive HTTP/1.1 connection to the upstream, cleartext or TLS
+//! (an [`Io`]): writing a request, reading until the codec has a whole
+//! answer head (while the rest of a request body streams), and filling
+//! its buffer for the response body.
+//!
+//! The cleartext socket keeps its fast paths (a read attempted before
+//! readiness is awaited, the socket split by reference while a body
+//! streams); under TLS the same steps go through rustls, which may hold
+//! bytes on either side, so writes are flushed and a close while idle is
+//! looked for in what rustls decrypts, not in the raw socket.
 
+use std::future::Future;
 use std::io;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::Method;
 use http_body::Body;
 use paceline_core::Nanos;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::codec::{parse_head, put_data, BodyFraming, Head, MAX_HEAD};
+use super::dial::Io;
 use super::error::{BoxError, UpstreamError};
 
 /// Bytes reserved when the read buffer runs low.
@@ -24,7 +30,7 @@ const MIN_READ: usize = 4 * 1024;
 
 /// One keep-alive HTTP/1.1 connection to the upstream.
 pub(crate) struct Conn {
-    io: TcpStream,
+    io: Io,
     /// Bytes read and not consumed yet.
     pub(super) buf: BytesMut,
     /// When it last went idle, by the pool's clock.
@@ -32,43 +38,43 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Opens a connection within `timeout` (the pool stamps its age).
-    pub(crate) async fn connect(
-        host: &str,
-        port: u16,
-        timeout: Duration,
-    ) -> Result<Conn, UpstreamError> {
-        let dial = TcpStream::connect((host, port));
-        let io = match tokio::time::timeout(timeout, dial).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(UpstreamError::Connect(e)),
-            Err(_) => {
-                return Err(UpstreamError::Connect(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "connect timed out",
-                )))
-            }
-        };
-        let _ = io.set_nodelay(true);
-        Ok(Conn {
+    /// A connection on `io`, just opened (the pool stamps its age).
+    pub(crate) fn new(io: Io) -> Conn {
+        Conn {
             io,
             buf: BytesMut::new(),
             since: Nanos::ZERO,
-        })
+        }
     }
 
     /// True when the connection cannot carry another request: it has been
     /// seen closed, or it sent something nobody asked for. Costs no system
     /// call unless the socket was reported readable while idle.
-    pub(super) fn is_stale(&self) -> bool {
+    ///
+    /// Under TLS the raw socket is not read (its bytes are records, and
+    /// some are expected while idle: TLS 1.3 session tickets); rustls
+    /// reads and decrypts what is there without waiting: a `close_notify`
+    /// or the end of the stream is a close, decrypted bytes (or bytes it
+    /// held already) answer nothing, and records with no data in them
+    /// leave the connection usable.
+    pub(super) fn is_stale(&mut self) -> bool {
         if !self.buf.is_empty() {
             return true;
         }
         let mut probe = [0u8; 1];
-        match self.io.try_read(&mut probe) {
-            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
-            // the end of the stream, or bytes that answer nothing
-            Ok(_) => true,
+        match &mut self.io {
+            Io::Plain(s) => match s.try_read(&mut probe) {
+                Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+                // the end of the stream, or bytes that answer nothing
+                Ok(_) => true,
+            },
+            Io::Tls(s) => {
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                let mut probe = tokio::io::ReadBuf::new(&mut probe);
+                // ready with nothing read: the end; with a byte: unasked
+                tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut **s), &mut cx, &mut probe)
+                    .is_ready()
+            }
         }
     }
 
@@ -87,6 +93,11 @@ impl Conn {
                 Err(e) => return Err((done > 0, UpstreamError::Io(e))),
             }
         }
+        if let Io::Tls(s) = &mut self.io {
+            // rustls may hold records the socket had no room for: they go
+            // out now (a failure here counts as some of it having gone)
+            s.flush().await.map_err(|e| (true, UpstreamError::Io(e)))?;
+        }
         Ok(())
     }
 
@@ -100,17 +111,25 @@ impl Conn {
     /// of bytes read (0: the upstream closed the connection), or `Pending`
     /// once nothing is there and the task will be woken when there is.
     pub(super) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        loop {
-            make_room(&mut self.buf);
-            match self.io.try_read_buf(&mut self.buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    match self.io.poll_read_ready(cx) {
-                        Poll::Ready(Ok(())) => {}
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => return Poll::Pending,
+        make_room(&mut self.buf);
+        match &mut self.io {
+            Io::Plain(s) => loop {
+                match s.try_read_buf(&mut self.buf) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        match s.poll_read_ready(cx) {
+                            Poll::Ready(Ok(())) => {}
+                            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                            Poll::Pending => return Poll::Pending,
+                        }
                     }
+                    done => return Poll::Ready(done),
                 }
-                done => return Poll::Ready(done),
+            },
+            Io::Tls(s) => {
+                // a read future polled once: it holds nothing across
+                // polls, so a new one each time loses nothing
+                let read = std::pin::pin!(s.read_buf(&mut self.buf));
+                read.poll(cx)
             }
         }
     }
@@ -131,30 +150,53 @@ impl Conn {
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
-        let (mut rd, mut wr) = self.io.split();
-        let send = send_rest(&mut wr, body, framing, sent);
-        let read = read_head(&mut rd, &mut self.buf, method);
-        tokio::pin!(send, read);
-        let mut sending = true;
-        let mut whole = false;
-        loop {
-            tokio::select! {
-                biased;
-                head = &mut read => {
-                    let mut head = head?;
-                    head.keep_alive &= whole;
-                    return Ok(head);
-                }
-                done = &mut send, if sending => {
-                    sending = false;
-                    match done {
-                        Ok(()) => whole = true,
-                        // the client's fault: no answer is waited for
-                        Err(e @ UpstreamError::RequestBody(_)) => return Err(e),
-                        // the upstream stopped reading: its answer may
-                        // still come
-                        Err(_) => {}
-                    }
+        match &mut self.io {
+            Io::Plain(s) => {
+                let (mut rd, mut wr) = s.split();
+                let send = send_rest(&mut wr, body, framing, sent);
+                let read = read_head(&mut rd, &mut self.buf, method);
+                both(send, read).await
+            }
+            Io::Tls(s) => {
+                // one stream that both reads and writes: split behind a
+                // lock (an allocation per streamed body, under TLS only)
+                let (mut rd, mut wr) = tokio::io::split(&mut **s);
+                let send = send_rest(&mut wr, body, framing, sent);
+                let read = read_head(&mut rd, &mut self.buf, method);
+                both(send, read).await
+            }
+        }
+    }
+}
+
+/// Drives `send` (the rest of a request body) and `read` (the answer
+/// head) together until the head is there: see
+/// [`Conn::stream_and_read`].
+async fn both<S, R>(send: S, read: R) -> Result<Head, UpstreamError>
+where
+    S: Future<Output = Result<(), UpstreamError>>,
+    R: Future<Output = Result<Head, UpstreamError>>,
+{
+    tokio::pin!(send, read);
+    let mut sending = true;
+    let mut whole = false;
+    loop {
+        tokio::select! {
+            biased;
+            head = &mut read => {
+                let mut head = head?;
+                head.keep_alive &= whole;
+                return Ok(head);
+            }
+            done = &mut send, if sending => {
+                sending = false;
+                match done {
+                    Ok(()) => whole = true,
+                    // the client's fault: no answer is waited for
+                    Err(e @ UpstreamError::RequestBody(_)) => return Err(e),
+                    // the upstream stopped reading: its answer may
+                    // still come
+                    Err(_) => {}
                 }
             }
         }
@@ -194,13 +236,21 @@ where
         out.clear();
         put_data(&mut out, &data, chunked);
         wr.write_all(&out).await.map_err(UpstreamError::Io)?;
+        // what TLS holds back goes out before the next frame is waited
+        // for (a socket's flush does nothing)
+        wr.flush().await.map_err(UpstreamError::Io)?;
     }
     match framing {
         BodyFraming::Length(n) if sent != n => Err(UpstreamError::RequestBody(
             "body shorter than its length".into(),
         )),
         BodyFraming::Length(_) => Ok(()),
-        BodyFraming::Chunked => wr.write_all(b"0\r\n\r\n").await.map_err(UpstreamError::Io),
+        BodyFraming::Chunked => {
+            wr.write_all(b"0\r\n\r\n")
+                .await
+                .map_err(UpstreamError::Io)?;
+            wr.flush().await.map_err(UpstreamError::Io)
+        }
     }
 }
 
@@ -229,7 +279,11 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
             }
             Ok(0) => return Err(UpstreamError::Closed),
             Ok(_) => {}
-            Err(e) if !received && is_reset(&e) => return Err(UpstreamError::Closed),
+            // (under TLS an end without `close_notify` is an error, not
+            // an empty read: before any byte, it is the same close)
+            Err(e) if !received && (is_reset(&e) || e.kind() == io::ErrorKind::UnexpectedEof) => {
+                return Err(UpstreamError::Closed)
+            }
             Err(e) => return Err(UpstreamError::Io(e)),
         }
     }

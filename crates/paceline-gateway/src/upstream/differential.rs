@@ -3,15 +3,19 @@
 //! both [`Upstream`]s to a raw TCP upstream on loopback, comparing what the
 //! proxy would get of it: the status, the end-to-end fields, the body
 //! bytes and trailers, or the kind of failure. Where the two differ on
-//! purpose, the case says what each gives and why.
+//! purpose, the case says what each gives and why. The own client runs
+//! the corpus over TLS too, where it must give what it gives in
+//! cleartext. (The corpus is HTTP/1.1 bytes on the wire: the HTTP/2
+//! client is held against the others in `transports.rs` instead.)
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use super::hyper::HyperClient;
 use super::{strip_hop_by_hop, Answer, Client, Outgoing, Upstream, UpstreamError, Via};
@@ -409,17 +413,36 @@ fn corpus() -> Vec<Case> {
     ]
 }
 
-/// Accepts one connection, reads a request head and hands it to `seen`,
-/// writes `wire`, and closes or holds the connection as `close` says.
+/// Accepts one connection (under TLS if `tls` says so), reads a request
+/// head and hands it to `seen`, writes `wire`, and closes or holds the
+/// connection as `close` says.
 async fn scripted(
     l: TcpListener,
+    tls: Option<TlsAcceptor>,
     wire: Vec<u8>,
     close: bool,
     seen: tokio::sync::oneshot::Sender<Vec<u8>>,
 ) {
-    let Ok((mut conn, _)) = l.accept().await else {
+    let Ok((conn, _)) = l.accept().await else {
         return;
     };
+    match tls {
+        None => script(conn, wire, close, seen).await,
+        Some(tls) => {
+            if let Ok(conn) = tls.accept(conn).await {
+                script(conn, wire, close, seen).await
+            }
+        }
+    }
+}
+
+/// The upstream's side of one scripted exchange on `conn`.
+async fn script<S: AsyncRead + AsyncWrite + Unpin>(
+    mut conn: S,
+    wire: Vec<u8>,
+    close: bool,
+    seen: tokio::sync::oneshot::Sender<Vec<u8>>,
+) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -431,14 +454,19 @@ async fn scripted(
     let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0);
     buf.truncate(end + 4);
     let _ = seen.send(buf);
-    if conn.write_all(&wire).await.is_err() || close {
+    if conn.write_all(&wire).await.is_err() {
+        return;
+    }
+    if close {
+        // the end of the stream (under TLS, `close_notify` first)
+        let _ = conn.shutdown().await;
         return;
     }
     hold(conn).await;
 }
 
 /// Keeps a connection open until the other side goes.
-async fn hold(mut conn: TcpStream) {
+async fn hold<S: AsyncRead + Unpin>(mut conn: S) {
     let mut chunk = [0u8; 4096];
     while let Ok(n) = conn.read(&mut chunk).await {
         if n == 0 {
@@ -506,12 +534,25 @@ where
     U: Upstream<Full<Bytes>>,
     F: FnOnce(&Uri, &Timeouts) -> U,
 {
+    through_on(case, None, make).await
+}
+
+/// [`through`], the upstream `https://localhost` with `tls` when given.
+async fn through_on<U, F>(case: &Case, tls: Option<TlsAcceptor>, make: F) -> (Got, Vec<u8>)
+where
+    U: Upstream<Full<Bytes>>,
+    F: FnOnce(&Uri, &Timeouts) -> U,
+{
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri: Uri = format!("http://{}", l.local_addr().unwrap())
-        .parse()
-        .unwrap();
+    let port = l.local_addr().unwrap().port();
+    let uri: Uri = match tls {
+        None => format!("http://127.0.0.1:{port}"),
+        Some(_) => format!("https://localhost:{port}"),
+    }
+    .parse()
+    .unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let upstream = tokio::spawn(scripted(l, case.wire.clone(), case.close, tx));
+    let upstream = tokio::spawn(scripted(l, tls, case.wire.clone(), case.close, tx));
     let client = make(&uri, &Timeouts::default());
     let got = tokio::time::timeout(LIMIT, run(&client, &case.method, case.body))
         .await
@@ -523,7 +564,7 @@ where
 }
 
 fn own(uri: &Uri, t: &Timeouts) -> Client {
-    Client::new(
+    Client::plain(
         uri,
         t,
         std::sync::Arc::new(paceline_core::SystemClock::new()),
@@ -583,6 +624,50 @@ async fn an_upstream_that_is_not_there_is_unreachable_for_both() {
     let theirs = tokio::time::timeout(LIMIT, run(&hyper(&uri, &t), &Method::GET, b"")).await;
     assert_eq!(ours.unwrap(), Got::Failed(Class::Unreachable));
     assert_eq!(theirs.unwrap(), Got::Failed(Class::Unreachable));
+}
+
+/// The own client reads the same bytes the same way under TLS: every
+/// case over TLS (the upstream ending its stream with `close_notify`)
+/// gives what it gives in cleartext, from the same request head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_own_client_over_tls_gives_the_proxy_what_the_corpus_says() {
+    use crate::config::{UpstreamProtocol, UpstreamTlsSettings};
+    use crate::upstream::test_certs::{server_config, TestCa};
+    use crate::upstream::UpstreamClient;
+
+    let dir = std::env::temp_dir().join(format!("paceline-differential-{}", std::process::id()));
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server(&dir, "up", &["localhost"]);
+    let acceptor = TlsAcceptor::from(server_config(&leaf, &[b"http/1.1"]));
+    let trust = UpstreamTlsSettings {
+        ca_file: Some(ca.cert_file.clone()),
+        ..UpstreamTlsSettings::default()
+    };
+    let tls_client = |uri: &Uri, t: &Timeouts| {
+        let clock = std::sync::Arc::new(paceline_core::SystemClock::new());
+        UpstreamClient::<Full<Bytes>>::new(uri, &trust, UpstreamProtocol::Http1, t, clock).unwrap()
+    };
+    let mut wrong = Vec::new();
+    for case in corpus() {
+        let (_, plain_sent) = through(&case, own).await;
+        let (got, sent) = through_on(&case, Some(acceptor.clone()), tls_client).await;
+        if sent != plain_sent {
+            wrong.push(format!(
+                "{}: over TLS the head was {:?}, in cleartext {:?}",
+                case.name,
+                String::from_utf8_lossy(&sent),
+                String::from_utf8_lossy(&plain_sent)
+            ));
+        }
+        if got != case.own {
+            wrong.push(format!(
+                "{}: over TLS the own client gave {got:?}, expected {:?}",
+                case.name, case.own
+            ));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 /// Cases whose answers differ name why, and only they do.

@@ -8,8 +8,7 @@ use std::error::Error as _;
 use std::io;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
 use http::{Request, Uri};
 use http_body::Body;
 use hyper::body::Incoming;
@@ -17,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use paceline_core::{Clock, SystemClock};
 
-use super::codec::{write_head, BodyFraming, Target};
+use super::codec::{hyper_head, BodyFraming, Target, Version};
 use super::error::{BoxError, UpstreamError};
 use super::idle::{BodyIdle, IdleTimeout};
 use super::{Answer, Outgoing, Upstream};
@@ -64,31 +63,10 @@ where
 
     async fn send(&self, req: Outgoing<'_>, body: B) -> Result<Answer<Incoming>, UpstreamError> {
         let parts = req.parts;
-        // the head as the own client writes it, read back into fields:
-        // hyper writes them as they are, framing included
-        let mut head = BytesMut::with_capacity(512);
+        // the head as the own client writes it, as fields: hyper writes
+        // them as they are, framing included
         let framing = BodyFraming::of(&body);
-        write_head(&mut head, &self.target, parts, req.via, framing);
-        let mut fields = vec![httparse::EMPTY_HEADER; parts.headers.len() + 8];
-        let mut parsed = httparse::Request::new(&mut fields);
-        if !matches!(parsed.parse(&head), Ok(httparse::Status::Complete(_))) {
-            return Err(UpstreamError::Protocol("request head not written whole"));
-        }
-        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
-        for f in parsed.headers.iter() {
-            let name = HeaderName::from_bytes(f.name.as_bytes());
-            let value = HeaderValue::from_bytes(f.value);
-            if let (Ok(name), Ok(value)) = (name, value) {
-                headers.append(name, value);
-            }
-        }
-        // hyper takes the absolute form and writes the origin form
-        let mut uri = BytesMut::new();
-        uri.put_slice(b"http://");
-        uri.put_slice(self.target.authority().as_str().as_bytes());
-        self.target.put_target(&parts.uri, &mut uri);
-        let uri = Uri::from_maybe_shared(uri.freeze())
-            .map_err(|_| UpstreamError::Protocol("request target not in absolute form"))?;
+        let (uri, headers) = hyper_head(&self.target, parts, req.via, framing, Version::Http1)?;
         let mut request = Request::new(IdleTimeout::new(body, self.body_idle));
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = uri;

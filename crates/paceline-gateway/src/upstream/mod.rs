@@ -1,5 +1,6 @@
 //! The upstream side of the proxy: HTTP/1.1 over pooled keep-alive
-//! connections, driven inside the request's own task.
+//! connections, driven inside the request's own task, in cleartext or
+//! over TLS; or HTTP/2 on one multiplexed connection.
 //!
 //! A general client runs each connection as a task of its own and hands
 //! requests, responses and body chunks over channels; for a proxy that
@@ -15,17 +16,34 @@
 //! and `204`/`304` have no body. Anything malformed fails the exchange and
 //! the connection is dropped, never reused.
 //!
+//! An `https://` upstream gets the same client on TLS connections: the
+//! dialer opens TCP and then rustls (verification, SNI, ALPN, a client
+//! certificate) within the connect deadline, and a connection is an enum
+//! of the two, so the cleartext path costs a match and nothing more. A
+//! handshake that fails is a connect failure: a `502` whose charge is
+//! given back. `upstream_protocol = "http2"` (or `"auto"` when the
+//! upstream picks `h2` by ALPN) speaks HTTP/2 through hyper's connection
+//! instead, where framing and flow control need a task per connection
+//! anyway; the head it sends is the one the codec writes.
+//!
 //! The pieces: [`codec`] says what the bytes mean and writes the request
-//! head, without I/O; `conn` moves them over one connection, `pool` keeps
-//! the idle ones, `body` streams an answer's body, and `client` puts them
-//! together as the [`Upstream`] the proxy runs on. A second [`Upstream`]
-//! over hyper's client, for tests, checks the first against it.
+//! head, without I/O (and gives hyper that head as fields); `dial` opens
+//! connections, `conn` moves bytes over one of them, `pool` keeps the
+//! idle ones, `body` streams an answer's body, and `client` puts them
+//! together as the own HTTP/1.1 [`Upstream`]; `h2` is the HTTP/2 one, and
+//! `choice` the [`UpstreamClient`] the proxy runs on, one of them as the
+//! settings say. A second HTTP/1.1 [`Upstream`] over hyper's client, for
+//! tests, checks the own one against it (`differential`), and every
+//! transport is held against the others (`transports`).
 
 mod body;
+mod choice;
 mod client;
 mod codec;
 mod conn;
+mod dial;
 mod error;
+mod h2;
 mod idle;
 mod pool;
 
@@ -33,6 +51,10 @@ mod pool;
 mod differential;
 #[cfg(test)]
 mod hyper;
+#[cfg(test)]
+mod test_certs;
+#[cfg(test)]
+mod transports;
 
 use std::future::Future;
 use std::time::Duration;
@@ -41,6 +63,8 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body::Body;
 
+pub(crate) use choice::UpstreamClient;
+#[cfg(test)]
 pub(crate) use client::Client;
 pub(crate) use codec::strip_hop_by_hop;
 pub(crate) use codec::Via;
@@ -78,7 +102,19 @@ pub(crate) struct Answer<B> {
     pub(crate) waited: Duration,
 }
 
-/// An HTTP/1.1 client to one upstream: sends a request with a body of type
+impl<B> Answer<B> {
+    /// The same answer with its body turned into another type.
+    pub(crate) fn map<C>(self, f: impl FnOnce(B) -> C) -> Answer<C> {
+        Answer {
+            status: self.status,
+            headers: self.headers,
+            body: f(self.body),
+            waited: self.waited,
+        }
+    }
+}
+
+/// A client to one upstream: sends a request with a body of type
 /// `B` and gives back the answer's head and streaming body, or the kind of
 /// failure the proxy answers for (a `502` for [`UpstreamError::Connect`]
 /// and the upstream's faults, a `400`/`408` for

@@ -1,7 +1,8 @@
 //! The keep-alive pool: a stack of idle connections to one upstream, the
 //! most recently used on top, each checked for age and for a close seen
 //! while it sat idle before it is handed out again. Ages are read from the
-//! gateway's clock.
+//! gateway's clock. New connections come from its [`Dialer`] (TLS
+//! included, for an `https://` upstream).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use bytes::BytesMut;
 use paceline_core::{Clock, Nanos};
 
 use super::conn::{Conn, READ_CHUNK};
+use super::dial::{Dialer, Io};
 use super::error::UpstreamError;
 
 /// Idle connections kept per upstream at most.
@@ -18,27 +20,17 @@ const MAX_IDLE: usize = 1024;
 /// Keep-alive connections to one upstream, the most recently used on top.
 pub(crate) struct Pool {
     idle: parking_lot::Mutex<Vec<Conn>>,
-    host: String,
-    port: u16,
-    connect_timeout: Duration,
+    dialer: Dialer,
     idle_timeout: Nanos,
     clock: Arc<dyn Clock>,
 }
 
 impl Pool {
-    /// A pool for `host:port`, reading ages from `clock`.
-    pub(crate) fn new(
-        host: &str,
-        port: u16,
-        connect_timeout: Duration,
-        idle_timeout: Duration,
-        clock: Arc<dyn Clock>,
-    ) -> Pool {
+    /// A pool of connections `dialer` opens, reading ages from `clock`.
+    pub(crate) fn new(dialer: Dialer, idle_timeout: Duration, clock: Arc<dyn Clock>) -> Pool {
         Pool {
             idle: parking_lot::Mutex::new(Vec::new()),
-            host: host.to_string(),
-            port,
-            connect_timeout,
+            dialer,
             idle_timeout: Nanos::from_duration(idle_timeout),
             clock,
         }
@@ -54,7 +46,7 @@ impl Pool {
     pub(crate) fn take(&self, now: Nanos) -> Option<Conn> {
         loop {
             // the lock is held for the pop only, not for the check
-            let c = self.idle.lock().pop()?;
+            let mut c = self.idle.lock().pop()?;
             if now.saturating_sub(c.since) < self.idle_timeout && !c.is_stale() {
                 return Some(c);
             }
@@ -63,9 +55,16 @@ impl Pool {
 
     /// A new connection.
     pub(crate) async fn connect(&self) -> Result<Conn, UpstreamError> {
-        let mut conn = Conn::connect(&self.host, self.port, self.connect_timeout).await?;
+        let mut conn = Conn::new(self.dialer.dial().await?);
         conn.since = self.now();
         Ok(conn)
+    }
+
+    /// Takes a connection opened elsewhere (by the HTTP/2 client, when
+    /// the upstream chose HTTP/1.1) as an idle one.
+    pub(crate) fn adopt(&self, io: Io) {
+        let now = self.now();
+        self.put(Conn::new(io), now);
     }
 
     /// Puts a connection whose exchange ended at `now` back on the stack.

@@ -4,12 +4,14 @@
 //! reads and writes; this says what the bytes mean, so it can be tested
 //! on any split of them.
 
+mod fields;
 mod forwarded;
 mod framing;
 mod head;
 mod hop;
 mod request;
 
+pub(crate) use fields::{hyper_head, Version};
 pub(crate) use forwarded::Via;
 pub(crate) use framing::{Chunk, Framing, Step};
 pub(crate) use head::{parse_head, Head, MAX_HEAD};

@@ -13,22 +13,40 @@ use http_body::Body;
 use super::forwarded::{Chains, Via};
 use super::hop::{connection_named, is_hop_by_hop};
 
-/// Where requests go: the upstream's authority and base path.
+/// Where requests go: the upstream's scheme, authority and base path.
 #[derive(Debug)]
 pub(crate) struct Target {
+    /// The authority, without the scheme's default port (`Host` is
+    /// written from it when the client sent none).
     authority: Authority,
+    /// The port connected to.
+    port: u16,
+    /// `https://`.
+    https: bool,
     /// The upstream's base path without a trailing `/` (often empty).
     base: String,
 }
 
 impl Target {
-    /// The target of `upstream` (`http://host:port[/base]`).
+    /// The target of `upstream` (`http[s]://host[:port][/base]`; the port
+    /// by default 80, or 443 for `https`).
     pub(crate) fn new(upstream: &Uri) -> Target {
+        let https = upstream.scheme() == Some(&http::uri::Scheme::HTTPS);
+        let default = if https { 443 } else { 80 };
         let parts = upstream.clone().into_parts();
+        let authority = parts
+            .authority
+            .unwrap_or_else(|| Authority::from_static("127.0.0.1"));
+        let port = authority.port_u16().unwrap_or(default);
+        // `host:443` of an https upstream is written `host`
+        let authority = match authority.port_u16() == Some(default) {
+            true => Authority::try_from(authority.host()).unwrap_or(authority),
+            false => authority,
+        };
         Target {
-            authority: parts
-                .authority
-                .unwrap_or_else(|| Authority::from_static("127.0.0.1")),
+            authority,
+            port,
+            https,
             base: parts
                 .path_and_query
                 .map(|p| p.path().trim_end_matches('/').to_string())
@@ -36,9 +54,22 @@ impl Target {
         }
     }
 
-    /// The upstream's authority.
+    /// The upstream's authority (without the scheme's default port).
     pub(crate) fn authority(&self) -> &Authority {
         &self.authority
+    }
+
+    /// Whether the upstream is `https://`.
+    pub(crate) fn is_https(&self) -> bool {
+        self.https
+    }
+
+    /// The upstream's scheme, as an absolute URI or `:scheme` names it.
+    pub(crate) fn scheme(&self) -> &'static str {
+        match self.https {
+            true => "https",
+            false => "http",
+        }
     }
 
     /// The host to connect to (an IPv6 address without its brackets).
@@ -51,7 +82,7 @@ impl Target {
 
     /// The port to connect to.
     pub(crate) fn port(&self) -> u16 {
-        self.authority.port_u16().unwrap_or(80)
+        self.port
     }
 
     /// Writes the request target sent upstream, in origin form: the
@@ -281,6 +312,26 @@ mod tests {
             .contains("\r\nforwarded: for=\"[2001:db8::7]\"\r\n"));
         // no Forwarded field is made up for a request that sent none
         assert!(!sent_via(&[], Some("10.0.0.1"), false).contains("forwarded:"));
+    }
+
+    #[test]
+    fn https_targets_default_to_443_and_leave_it_out_of_host() {
+        let t = Target::new(&"https://api.example:443/v2".parse().unwrap());
+        assert_eq!(
+            (t.host(), t.port(), t.is_https()),
+            ("api.example", 443, true)
+        );
+        assert_eq!(t.authority().as_str(), "api.example");
+        assert_eq!(t.scheme(), "https");
+        let t = Target::new(&"https://api.example".parse().unwrap());
+        assert_eq!((t.port(), t.authority().as_str()), (443, "api.example"));
+        let t = Target::new(&"https://[::1]:8443".parse().unwrap());
+        assert_eq!((t.host(), t.port()), ("::1", 8443));
+        assert_eq!(t.authority().as_str(), "[::1]:8443");
+        let t = Target::new(&"http://up".parse().unwrap());
+        assert_eq!((t.port(), t.is_https(), t.scheme()), (80, false, "http"));
+        let t = Target::new(&"http://up:80".parse().unwrap());
+        assert_eq!((t.port(), t.authority().as_str()), (80, "up"));
     }
 
     #[test]
