@@ -68,6 +68,8 @@ pub(crate) struct Proxy {
     /// The client connection's peer, for requests that carry no
     /// [`PeerAddr`].
     peer: Option<IpAddr>,
+    /// Whether the client connection is TLS.
+    tls: bool,
 }
 
 struct ProxyInner {
@@ -112,6 +114,7 @@ impl Proxy {
                 limits,
             }),
             peer: None,
+            tls: false,
         })
     }
 
@@ -121,7 +124,15 @@ impl Proxy {
         Proxy {
             inner: self.inner.clone(),
             peer: Some(peer.ip()),
+            tls: self.tls,
         }
+    }
+
+    /// The same proxy for a client connection that is TLS (`tls`) or not:
+    /// what `X-Forwarded-Proto` says upstream.
+    pub(crate) fn with_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Forwards one request.
@@ -142,6 +153,7 @@ impl Proxy {
         let via = Via {
             peer,
             trusted: &trusted,
+            tls: self.tls,
         };
         let reached = AtomicBool::new(false);
         let out = Outgoing {

@@ -343,7 +343,7 @@ impl Gateway {
                     let watcher = graceful.watcher();
                     tokio::spawn(async move {
                         match front.accept(stream).await {
-                            Ok(a) => serving.serve(a.stream, peer, a.client, watcher),
+                            Ok(a) => serving.serve(a.stream, peer, Some(a.client), watcher),
                             Err(e) => tracing::debug!(%peer, reason = %e, "TLS handshake refused"),
                         }
                     });
@@ -378,9 +378,9 @@ struct Serving {
 
 impl Serving {
     /// Serves the connection `io` from `peer` (a TCP socket, or a TLS
-    /// stream whose handshake is done, with its client's certificate) in
-    /// a task of its own.
-    fn serve<T>(&self, io: T, peer: SocketAddr, client: Option<ClientCert>, watcher: Watcher)
+    /// stream whose handshake is done: `tls` then holds its client's
+    /// certificate, if any) in a task of its own.
+    fn serve<T>(&self, io: T, peer: SocketAddr, tls: Option<Option<ClientCert>>, watcher: Watcher)
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -390,7 +390,8 @@ impl Serving {
         let keyed = self
             .idempotency
             .for_peer(peer)
-            .layer(self.proxy.with_peer(peer));
+            .layer(self.proxy.with_peer(peer).with_tls(tls.is_some()));
+        let client = tls.flatten();
         let retry = h.inner.shedder.settings().retry_after_s;
         let admitted = Admitted::new(
             keyed,

@@ -90,6 +90,11 @@ pub(crate) async fn get(
     if let Some(k) = key {
         req = req.header("authorization", format!("Bearer {k}"));
     }
+    // the connection takes the next request once the last answer is done
+    tokio::time::timeout(LIMIT, send.ready())
+        .await
+        .expect("the connection ready in time")
+        .expect("the connection open");
     let res = tokio::time::timeout(LIMIT, send.send_request(req.body(Empty::new()).unwrap()))
         .await
         .expect("an answer in time")

@@ -22,6 +22,8 @@ pub(crate) struct Via<'a> {
     /// Whether an address is a trusted proxy (asked at most once, and only
     /// when the request carries a forwarding field).
     pub(crate) trusted: &'a (dyn Fn(IpAddr) -> bool + Sync),
+    /// Whether the client connection is TLS: `X-Forwarded-Proto: https`.
+    pub(crate) tls: bool,
 }
 
 impl Via<'_> {
@@ -30,6 +32,7 @@ impl Via<'_> {
     pub(crate) const UNKNOWN: Via<'static> = Via {
         peer: None,
         trusted: &|_| false,
+        tls: false,
     };
 
     /// Whether the peer is a trusted proxy, whose forwarding fields go on.

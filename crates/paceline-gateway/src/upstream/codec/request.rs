@@ -221,7 +221,10 @@ fn put_fields(
         out.put_slice(b"\r\n");
     }
     chains.write(&via, out);
-    out.put_slice(b"x-forwarded-proto: http\r\n");
+    out.put_slice(match via.tls {
+        true => b"x-forwarded-proto: https\r\n".as_slice(),
+        false => b"x-forwarded-proto: http\r\n".as_slice(),
+    });
     had_length
 }
 
@@ -251,6 +254,7 @@ mod tests {
         let via = Via {
             peer: peer.map(|p| p.parse().unwrap()),
             trusted: &trust,
+            tls: fields.iter().any(|(n, v)| *n == "test-tls" && *v == "1"),
         };
         let len = put_fields(&parts, &upstream, via, &mut out);
         let text = String::from_utf8(out.to_vec()).unwrap();
@@ -348,5 +352,14 @@ mod tests {
             target(&t, "http://example.com/v1/rates?x=1"),
             "/v1/rates?x=1"
         );
+    }
+
+    #[test]
+    fn a_tls_client_connection_is_forwarded_as_https_whatever_the_client_says() {
+        let text = sent(&[("test-tls", "1"), ("x-forwarded-proto", "http")], None);
+        assert!(text.contains("\r\nx-forwarded-proto: https\r\n"), "{text}");
+        assert!(!text.contains("x-forwarded-proto: http\r\n"), "{text}");
+        let text = sent(&[("x-forwarded-proto", "https")], None);
+        assert!(text.contains("\r\nx-forwarded-proto: http\r\n"), "{text}");
     }
 }
