@@ -11,15 +11,17 @@
 //!
 //! The pieces:
 //! - [`GatewayConfig`]: the file, with errors naming file, line and field.
-//! - [`Gateway`]: binds, serves (HTTP/1.1 and h2c), reloads, shuts down
-//!   gracefully; [`GatewayHandle`] controls it.
+//! - [`Gateway`]: binds, serves (HTTP/1.1 and HTTP/2, in cleartext or
+//!   over TLS), reloads, shuts down gracefully; [`GatewayHandle`]
+//!   controls it.
 //! - [`shed`]: load shedding by criticality, as a tower layer.
 //! - [`check`]: the forward-auth endpoint (`paceline check`): the same
 //!   decisions for nginx `auth_request`, Caddy `forward_auth` and Traefik
 //!   `ForwardAuth`, from the request they describe.
 //! - the forwarding service (`proxy.rs`, private), with its own HTTP/1.1
 //!   client to the upstream (pooled keep-alive connections driven in the
-//!   request's task).
+//!   request's task, in cleartext or over TLS) and hyper's HTTP/2 client
+//!   for `upstream_protocol = "http2"` or `"auto"`.
 //!
 //! ## The parts
 //!
@@ -28,6 +30,8 @@
 //!     │                                  paceline-server's model; located errors
 //!     ▼
 //!  server.rs   bind, accept, one stack per connection, reload, shutdown
+//!     │  tls/server.rs (the handshake: deadline, how many at once, memory;
+//!     │                 the certificate swapped at a reload)
 //!     │  idle.rs (a connection with nothing in flight too long is closed)
 //!     │  edge.rs (the socket: hyper's own refusals, unfinished heads counted)
 //!     ▼
@@ -48,11 +52,20 @@
 //!  idempotency.rs  paceline-server's idempotency layer on the routes that
 //!     │            take keys (replay, 409, never a second execution)
 //!     ▼
-//!  proxy.rs ─► upstream/ client.rs (pool.rs, conn.rs, body.rs, idle.rs)
-//!                        codec/ request.rs (the head going up), head.rs and
-//!                               framing.rs (the answer coming back), hop.rs
-//!                        hyper.rs (hyper's client, for the differential test)
-//!  metrics.rs  the gateway's own series       webhook.rs  soft-limit events
+//!  proxy.rs ─► upstream/ choice.rs (which client the settings ask for)
+//!                        client.rs (pool.rs, conn.rs, body.rs, idle.rs):
+//!                          the own HTTP/1.1 client
+//!                        h2.rs (hyper's HTTP/2 connection, shared, renewed)
+//!                        dial.rs (TCP, then TLS with tls/client.rs: SNI,
+//!                          ALPN, the client certificate)
+//!                        codec/ request.rs and fields.rs (the head going
+//!                               up), head.rs and framing.rs (the answer
+//!                               coming back), hop.rs
+//!                        hyper.rs, differential.rs, transports.rs (tests:
+//!                          every transport held against the others)
+//!  tls/mod.rs  PEM files, key pairs, validity dates, the ring provider
+//!  ops.rs      /metrics, /healthz, /readyz    metrics.rs  the gateway's series
+//!  webhook.rs  soft-limit events
 //!
 //!  check/      the forward-auth endpoint: rebuild.rs (the described
 //!              request) ─► front.rs ─► shed/ ─► the limit layer ─► an
