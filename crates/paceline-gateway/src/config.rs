@@ -1108,6 +1108,15 @@ fn tls_checks(src: &Source<'_>, s: &Settings) -> Result<Vec<String>, ConfigFileE
         crate::tls::certified_key(&t.cert_file, &t.key_file)
             .map_err(|m| err("gateway.tls.key_file", m))?;
         warnings.extend(crate::tls::validity_warnings(&t.cert_file, &certs, now));
+        let held = t.max_handshakes as usize * crate::tls::server::HANDSHAKE_BYTES;
+        if held > s.limits.max_buffered_bytes / 2 {
+            warnings.push(format!(
+                "gateway.tls.max_handshakes = {}: unfinished handshakes may hold {} KiB, more than half of gateway.limits.max_buffered_bytes ({} KiB), leaving little for request heads and bodies",
+                t.max_handshakes,
+                held / 1024,
+                s.limits.max_buffered_bytes / 1024
+            ));
+        }
         if let Some(ca) = &t.client_ca_file {
             let certs =
                 crate::tls::read_certs(ca).map_err(|m| err("gateway.tls.client_ca_file", m))?;

@@ -603,6 +603,16 @@ fn the_check_reads_every_tls_file_and_names_what_is_wrong() {
     assert_eq!(e.field(), "gateway.tls.max_handshakes", "{e}");
     let e = err("[gateway.tls]\ncert_file = \"gw.pem\"");
     assert!(e.message().contains("key_file"), "{e}");
+    // handshakes that could take most of the memory bound: a warning
+    let c = parse(
+        "[gateway.tls]\ncert_file = \"gw.pem\"\nkey_file = \"gw.key\"\nmax_handshakes = 4096",
+    )
+    .unwrap();
+    assert!(
+        c.warnings[0].contains("more than half of gateway.limits.max_buffered_bytes"),
+        "{:?}",
+        c.warnings
+    );
 
     // valid but dated: warnings with the date
     let old = ca.server_dated(&dir, "old", &["127.0.0.1"], (2020, 1, 1), (2021, 3, 4));
