@@ -29,6 +29,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -91,7 +92,11 @@ fn string_at(b: &[u8], i: usize) -> (String, usize) {
         out.push(b[j]);
         j += 1;
     }
-    assert!(j < b.len(), "an unterminated string in {:?}", String::from_utf8_lossy(b));
+    assert!(
+        j < b.len(),
+        "an unterminated string in {:?}",
+        String::from_utf8_lossy(b)
+    );
     (String::from_utf8(out).expect("UTF-8"), j + 1)
 }
 
@@ -263,7 +268,10 @@ fn dashboard_exprs(d: &Value) -> Vec<(String, String)> {
                 .as_str()
                 .or(v["query"].as_str())
                 .expect("a query variable's query");
-            out.push((format!("variable ${}", v["name"].as_str().unwrap()), q.into()));
+            out.push((
+                format!("variable ${}", v["name"].as_str().unwrap()),
+                q.into(),
+            ));
         }
     }
     out
@@ -307,7 +315,10 @@ fn is_duration(s: &str) -> bool {
 #[test]
 fn the_dashboard_is_a_grafana_dashboard_on_a_chosen_prometheus() {
     let d = dashboard();
-    assert!(d["title"].is_string() && d["uid"].is_string(), "title and uid");
+    assert!(
+        d["title"].is_string() && d["uid"].is_string(),
+        "title and uid"
+    );
     assert!(d["schemaVersion"].as_u64().is_some_and(|v| v >= 36));
     let vars = d["templating"]["list"].as_array().expect("templating.list");
     let ds = vars
@@ -323,7 +334,10 @@ fn the_dashboard_is_a_grafana_dashboard_on_a_chosen_prometheus() {
     while let Some(list) = stack.pop() {
         for p in list.as_array().into_iter().flatten() {
             let title = p["title"].as_str().expect("every panel has a title");
-            assert!(ids.insert(p["id"].as_u64().expect("an id")), "{title}: id reused");
+            assert!(
+                ids.insert(p["id"].as_u64().expect("an id")),
+                "{title}: id reused"
+            );
             for k in ["h", "w", "x", "y"] {
                 assert!(p["gridPos"][k].is_u64(), "{title}: gridPos.{k}");
             }
@@ -426,9 +440,9 @@ fn every_alert_rule_is_complete_and_documented() {
     for g in groups {
         assert!(g["name"].as_str().is_some(), "a group without a name");
         for r in g["rules"].as_vec().expect("rules: a list") {
-            let name = r["alert"]
-                .as_str()
-                .unwrap_or_else(|| panic!("a rule without alert (recording rules belong elsewhere): {r:?}"));
+            let name = r["alert"].as_str().unwrap_or_else(|| {
+                panic!("a rule without alert (recording rules belong elsewhere): {r:?}")
+            });
             assert!(names.insert(name.to_string()), "{name} twice");
             let expr = r["expr"].as_str().unwrap_or_else(|| panic!("{name}: expr"));
             assert!(!scan(expr).0.is_empty(), "{name}: reads no paceline series");
@@ -437,14 +451,20 @@ fn every_alert_rule_is_complete_and_documented() {
             let sev = r["labels"]["severity"]
                 .as_str()
                 .unwrap_or_else(|| panic!("{name}: labels.severity"));
-            assert!(["warning", "critical"].contains(&sev), "{name}: severity {sev}");
+            assert!(
+                ["warning", "critical"].contains(&sev),
+                "{name}: severity {sev}"
+            );
             for a in ["summary", "description"] {
                 assert!(
                     r["annotations"][a].as_str().is_some_and(|s| !s.is_empty()),
                     "{name}: annotations.{a}"
                 );
             }
-            assert!(readme.contains(name), "deploy/README.md does not explain {name}");
+            assert!(
+                readme.contains(name),
+                "deploy/README.md does not explain {name}"
+            );
         }
     }
     for want in [
@@ -486,7 +506,10 @@ fn dockerfile() -> Vec<(String, String)> {
             }
         }
     }
-    assert!(cur.is_empty(), "the Dockerfile ends inside a continued line");
+    assert!(
+        cur.is_empty(),
+        "the Dockerfile ends inside a continued line"
+    );
     out
 }
 
@@ -514,15 +537,19 @@ fn the_dockerfile_builds_in_one_stage_and_runs_unprivileged_in_another() {
     ];
     let ins = dockerfile();
     for (i, rest) in &ins {
-        assert!(KNOWN.contains(&i.as_str()), "unknown instruction {i} {rest}");
+        assert!(
+            KNOWN.contains(&i.as_str()),
+            "unknown instruction {i} {rest}"
+        );
         assert!(!rest.is_empty() || i == "CMD", "{i} with nothing after it");
         assert_ne!(i, "MAINTAINER", "deprecated: use LABEL");
         if i == "ADD" {
             assert!(!rest.contains("://"), "ADD of a URL: {rest}");
         }
     }
-    // stages: [(name, instructions)]
-    let mut stages: Vec<(Option<String>, Vec<(String, String)>)> = Vec::new();
+    // stages: (name, instructions)
+    type Stage = (Option<String>, Vec<(String, String)>);
+    let mut stages: Vec<Stage> = Vec::new();
     for (i, rest) in ins {
         if i == "FROM" {
             let words: Vec<&str> = rest.split_whitespace().collect();
@@ -541,21 +568,31 @@ fn the_dockerfile_builds_in_one_stage_and_runs_unprivileged_in_another() {
     }
     assert!(stages.len() >= 2, "multi-stage: {} stage(s)", stages.len());
     let builder = &stages[0];
-    let builder_name = builder.0.as_deref().expect("the build stage is named (AS builder)");
+    let builder_name = builder
+        .0
+        .as_deref()
+        .expect("the build stage is named (AS builder)");
     let build = builder
         .1
         .iter()
         .find(|(i, r)| i == "RUN" && r.contains("cargo build"))
         .expect("the build stage runs cargo build");
     for flag in ["--release", "--locked", "-p paceline"] {
-        assert!(build.1.contains(flag), "cargo build without {flag}: {}", build.1);
+        assert!(
+            build.1.contains(flag),
+            "cargo build without {flag}: {}",
+            build.1
+        );
     }
     // what the build stage copies in from the context exists there
     for (i, r) in &builder.1 {
         if i == "COPY" && !r.starts_with("--from") {
             let words: Vec<&str> = r.split_whitespace().collect();
             for src in &words[..words.len() - 1] {
-                assert!(repo().join(src).exists(), "COPY {src}: not in the repository");
+                assert!(
+                    repo().join(src).exists(),
+                    "COPY {src}: not in the repository"
+                );
             }
         }
     }
@@ -568,21 +605,34 @@ fn the_dockerfile_builds_in_one_stage_and_runs_unprivileged_in_another() {
     };
     let user = *text("USER").last().expect("the final stage sets USER");
     let who = user.split(':').next().unwrap();
-    assert!(who != "root" && who != "0", "the final stage runs as {user}");
     assert!(
-        text("COPY").iter().any(|r| r.starts_with(&format!("--from={builder_name} "))
-            && r.trim_end().ends_with("/usr/local/bin/paceline")),
+        who != "root" && who != "0",
+        "the final stage runs as {user}"
+    );
+    assert!(
+        text("COPY")
+            .iter()
+            .any(|r| r.starts_with(&format!("--from={builder_name} "))
+                && r.trim_end().ends_with("/usr/local/bin/paceline")),
         "the binary is copied from {builder_name} to /usr/local/bin/paceline: {:?}",
         text("COPY")
     );
     assert!(
-        text("COPY").iter().any(|r| r.ends_with("/etc/paceline/examples")),
+        text("COPY")
+            .iter()
+            .any(|r| r.ends_with("/etc/paceline/examples")),
         "the examples at /etc/paceline/examples"
     );
     for r in text("RUN") {
-        assert!(!r.contains("cargo") && !r.contains("rustc"), "a compiler in the final stage: {r}");
+        assert!(
+            !r.contains("cargo") && !r.contains("rustc"),
+            "a compiler in the final stage: {r}"
+        );
     }
-    let exposed: Vec<&str> = text("EXPOSE").iter().flat_map(|r| r.split_whitespace()).collect();
+    let exposed: Vec<&str> = text("EXPOSE")
+        .iter()
+        .flat_map(|r| r.split_whitespace())
+        .collect();
     for port in ["8080", "9464"] {
         assert!(exposed.contains(&port), "EXPOSE {port}");
     }
@@ -610,7 +660,11 @@ fn unit() -> BTreeMap<(String, String), Vec<String>> {
             section = s.to_string();
             continue;
         }
-        assert!(!t.ends_with('\\'), "line {}: keep directives on one line", n + 1);
+        assert!(
+            !t.ends_with('\\'),
+            "line {}: keep directives on one line",
+            n + 1
+        );
         let (k, v) = t
             .split_once('=')
             .unwrap_or_else(|| panic!("line {}: not KEY=VALUE: {t}", n + 1));
@@ -639,7 +693,9 @@ fn the_unit_runs_the_gateway_sandboxed_and_reloads_on_sighup() {
         "/usr/local/bin/paceline gateway --config /etc/paceline/gateway.toml"
     );
     assert!(
-        get("ExecReload").iter().any(|r| r == "/bin/kill -HUP $MAINPID"),
+        get("ExecReload")
+            .iter()
+            .any(|r| r == "/bin/kill -HUP $MAINPID"),
         "ExecReload sends SIGHUP: {:?}",
         get("ExecReload")
     );
@@ -799,7 +855,8 @@ impl Redis {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
                 let mut buf = [0u8; 16];
                 if s.write_all(b"PING\r\n").is_ok()
-                    && s.read(&mut buf).is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+                    && s.read(&mut buf)
+                        .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
                 {
                     return;
                 }
@@ -823,21 +880,46 @@ impl Drop for Redis {
     }
 }
 
-/// An upstream on loopback: `200 ok` (keep-alive), except `/slow` (after
-/// 0.8 s) and `/hang` (never: the connection closes after 3 s).
-fn upstream() -> SocketAddr {
+/// An upstream on loopback: `200 ok` (keep-alive), except `/hang` (never:
+/// the connection closes after 4 s) and `/slow`, which says it arrived and
+/// answers once released (or after 10 s).
+struct Upstream {
+    addr: SocketAddr,
+    slow_arrived: Receiver<()>,
+    release: std::sync::mpsc::Sender<()>,
+}
+
+/// What the upstream's connections share.
+#[derive(Clone)]
+struct Slow {
+    arrived: std::sync::mpsc::Sender<()>,
+    release: Arc<Mutex<Receiver<()>>>,
+}
+
+fn upstream() -> Upstream {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
+    let (arrived, slow_arrived) = channel();
+    let (release, released) = channel();
+    let slow = Slow {
+        arrived,
+        release: Arc::new(Mutex::new(released)),
+    };
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(s) = s else { continue };
-            std::thread::spawn(move || serve_upstream(s));
+            let slow = slow.clone();
+            std::thread::spawn(move || serve_upstream(s, &slow));
         }
     });
-    addr
+    Upstream {
+        addr,
+        slow_arrived,
+        release,
+    }
 }
 
-fn serve_upstream(mut s: TcpStream) {
+fn serve_upstream(mut s: TcpStream, slow: &Slow) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -865,14 +947,20 @@ fn serve_upstream(mut s: TcpStream) {
         buf.drain(..end + len);
         match path.as_str() {
             "/hang" => {
-                std::thread::sleep(Duration::from_secs(3));
+                std::thread::sleep(Duration::from_secs(4));
                 return;
             }
-            "/slow" => std::thread::sleep(Duration::from_millis(800)),
+            "/slow" => {
+                let _ = slow.arrived.send(());
+                let _ = slow
+                    .release
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(10));
+            }
             _ => {}
         }
-        if s
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
             .is_err()
         {
             return;
@@ -968,7 +1056,10 @@ fn status_of(buf: &[u8]) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
     (status, body)
 }
 
@@ -1024,12 +1115,12 @@ watch = false
 
 [gateway.redis]
 url = "redis://127.0.0.1:{redis_port}"
-deadline_ms = 200
-connect_timeout_ms = 200
+deadline_ms = 1000
+connect_timeout_ms = 500
 degraded_share = 0.5
 
 [gateway.timeouts]
-upstream_header_ms = 1000
+upstream_header_ms = 2000
 request_body_ms = 1500
 
 [gateway.limits]
@@ -1100,9 +1191,9 @@ sk_free = "free"
     )
 }
 
-/// The series of one `/metrics` text: (name, labels).
+/// The series of one `/metrics` text: (name, labels, value).
 struct Exposition {
-    series: Vec<(String, BTreeMap<String, String>)>,
+    series: Vec<(String, BTreeMap<String, String>, f64)>,
 }
 
 impl Exposition {
@@ -1134,7 +1225,13 @@ impl Exposition {
                     }
                 }
             }
-            series.push((name, labels));
+            let value = line[i..]
+                .trim_start_matches('}')
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no value in {line:?}"));
+            series.push((name, labels, value));
         }
         Exposition { series }
     }
@@ -1147,8 +1244,22 @@ impl Exposition {
     fn of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a BTreeMap<String, String>> + 'a {
         self.series
             .iter()
-            .filter(move |(n, _)| n == name)
-            .map(|(_, l)| l)
+            .filter(move |(n, _, _)| n == name)
+            .map(|(_, l, _)| l)
+    }
+
+    /// The sum of the series of `name` whose labels include `labels`.
+    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.series
+            .iter()
+            .filter(|(n, l, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.get(*k).is_some_and(|x| x == v))
+            })
+            .map(|(_, _, v)| v)
+            .sum()
     }
 
     fn has(&self, name: &str) -> bool {
@@ -1156,7 +1267,8 @@ impl Exposition {
     }
 
     fn has_value(&self, name: &str, label: &str, value: &str) -> bool {
-        self.of(name).any(|l| l.get(label).is_some_and(|v| v == value))
+        self.of(name)
+            .any(|l| l.get(label).is_some_and(|v| v == value))
     }
 
     /// What is wrong with `expr` against these series, one line each.
@@ -1178,13 +1290,19 @@ impl Exposition {
                 }
                 let seen = match op.as_str() {
                     "=" => self.has_value(&s.name, label, value),
-                    "=~" if value.bytes().all(|c| c.is_ascii_alphanumeric() || b"_.|".contains(&c)) => {
+                    "=~" if value
+                        .bytes()
+                        .all(|c| c.is_ascii_alphanumeric() || b"_.|".contains(&c)) =>
+                    {
                         value.split('|').any(|v| self.has_value(&s.name, label, v))
                     }
                     _ => true,
                 };
                 if !seen {
-                    out.push(format!("{source}: no {}{{{label}{op}{value:?}}} on /metrics", s.name));
+                    out.push(format!(
+                        "{source}: no {}{{{label}{op}{value:?}}} on /metrics",
+                        s.name
+                    ));
                 }
             }
             for g in &groups {
@@ -1195,7 +1313,10 @@ impl Exposition {
                     if !TARGET_LABELS.contains(&label.as_str())
                         && !self.of(&s.name).any(|l| l.contains_key(label))
                     {
-                        out.push(format!("{source}: by ({label}) but {} has no {label}", s.name));
+                        out.push(format!(
+                            "{source}: by ({label}) but {} has no {label}",
+                            s.name
+                        ));
                     }
                 }
             }
@@ -1209,13 +1330,16 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
     let up = upstream();
     let mut redis = Redis::start();
     let dir = TempDir::new("run");
-    let config = dir.file("gateway.toml", &redis_config(up, redis.port));
+    let config = dir.file("gateway.toml", &redis_config(up.addr, redis.port));
     let gw = Gateway::start(&config);
 
     // Redis answers (the first call loads the functions)
-    until(&gw, "a decision from Redis", || assert_eq!(get(&gw, "/ok", "sk_free"), 200), |m| {
-        m.has("paceline_redis_call_seconds_count")
-    });
+    until(
+        &gw,
+        "a decision from Redis",
+        || assert_eq!(get(&gw, "/ok", "sk_free"), 200),
+        |m| m.has("paceline_redis_call_seconds_count"),
+    );
     // admitted, and refused by the shadow policy alone
     for _ in 0..5 {
         assert_eq!(get(&gw, "/ok", "sk_free"), 200);
@@ -1227,31 +1351,37 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
     // a soft limit at 4 of 5, then 429 on the quota
     let quota: Vec<u16> = (0..7).map(|_| get(&gw, "/ok", "sk_quota")).collect();
     assert_eq!(quota[5], 429, "{quota:?}");
-    // a shed 503: one sheddable request holds the only sheddable place
-    let mut shed = false;
-    for _ in 0..5 {
-        let addr = gw.addr;
-        let slow = std::thread::spawn(move || {
-            exchange(
-                addr,
-                "GET /slow HTTP/1.1\r\nhost: api\r\nauthorization: Bearer sk_free\r\nconnection: close\r\n\r\n",
-            )
-            .0
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        shed = get(&gw, "/slow", "sk_free") == 503;
-        assert_eq!(slow.join().unwrap(), 200);
-        if shed {
-            break;
-        }
-    }
-    assert!(shed, "no sheddable request was shed");
+    // a shed 503: a sheddable request held at the upstream takes the only
+    // sheddable place
+    let addr = gw.addr;
+    let held = std::thread::spawn(move || {
+        exchange(
+            addr,
+            "GET /slow HTTP/1.1\r\nhost: api\r\nauthorization: Bearer sk_free\r\nconnection: close\r\n\r\n",
+        )
+        .0
+    });
+    up.slow_arrived
+        .recv_timeout(WAIT)
+        .expect("the sheddable request reached the upstream");
+    assert_eq!(get(&gw, "/slow", "sk_free"), 503);
+    up.release.send(()).unwrap();
+    assert_eq!(held.join().unwrap(), 200);
     // the upstream never answers: 504 past upstream_header_ms, refunded
     assert_eq!(get(&gw, "/hang", "sk_free"), 504);
-    // a body still arriving holds the only receiving place: the next one is
-    // refused at the intake, and the first is cut off at request_body_ms
+    // a body still arriving holds the only receiving place (it has one once
+    // the limiter has decided it): the next one is refused at the intake,
+    // and the first is cut off at request_body_ms
+    let decided = |m: &Exposition| m.sum("paceline_decisions_total", &[("plan", "free")]);
+    let before = decided(&Exposition::parse(&gw.scrape()));
     let first = unfinished_post(&gw);
-    std::thread::sleep(Duration::from_millis(200));
+    until(
+        &gw,
+        "the first body's decision",
+        || {},
+        |m| decided(m) > before,
+    );
+    std::thread::sleep(Duration::from_millis(100));
     assert_eq!(answer(unfinished_post(&gw)), 503);
     assert_eq!(answer(first), 408);
     // a reload applied
@@ -1260,15 +1390,25 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
     // Redis away: the fail-open plan is decided by the degraded limiter, the
     // fail-closed one answers 503
     redis.kill();
-    until(&gw, "degraded decisions", || {
-        assert_eq!(get(&gw, "/ok", "sk_free"), 200);
-        assert_eq!(get(&gw, "/ok", "sk_strict"), 503);
-    }, |m| m.has("paceline_redis_degraded") && m.has("paceline_redis_degraded_decisions_total"));
+    until(
+        &gw,
+        "degraded decisions",
+        || {
+            assert_eq!(get(&gw, "/ok", "sk_free"), 200);
+            assert_eq!(get(&gw, "/ok", "sk_strict"), 503);
+        },
+        |m| m.has("paceline_redis_degraded") && m.has("paceline_redis_degraded_decisions_total"),
+    );
     // Redis back: the degraded period ends and is counted
     redis.spawn();
-    until(&gw, "the end of the degraded period", || {
-        let _ = get(&gw, "/ok", "sk_free");
-    }, |m| m.has("paceline_redis_degraded_seconds_count"));
+    until(
+        &gw,
+        "the end of the degraded period",
+        || {
+            let _ = get(&gw, "/ok", "sk_free");
+        },
+        |m| m.has("paceline_redis_degraded_seconds_count"),
+    );
     // a reload refused: the file is broken now
     std::fs::write(&config, "[gateway]\nlisten = 1\n").unwrap();
     gw.hangup();
@@ -1278,7 +1418,14 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
     // TLS toward clients: bytes that are not TLS fail the handshake
     let certs = TempDir::new("tls");
     let made = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
         .args(["-nodes", "-days", "2", "-subj", "/CN=localhost"])
         .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
         .arg("-keyout")
@@ -1292,15 +1439,18 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
         made.is_ok_and(|s| s.success()),
         "openssl could not make a certificate: install openssl (scripts/test.sh does)"
     );
-    let tls = Gateway::start(&certs.file("gateway.toml", &tls_config(up)));
+    let tls = Gateway::start(&certs.file("gateway.toml", &tls_config(up.addr)));
     let mut s = TcpStream::connect(tls.addr).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nhost: api\r\n\r\n").unwrap();
     let mut sink = Vec::new();
     let _ = s.read_to_end(&mut sink);
-    until(&tls, "a failed handshake", || {}, |m| {
-        m.has("paceline_gateway_tls_handshakes_total")
-    });
+    until(
+        &tls,
+        "a failed handshake",
+        || {},
+        |m| m.has("paceline_gateway_tls_handshakes_total"),
+    );
     let served = Exposition::parse(&scraped).merge(Exposition::parse(&tls.scrape()));
 
     // every expression against what was served
