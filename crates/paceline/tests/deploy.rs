@@ -1327,12 +1327,17 @@ impl Exposition {
 
 #[test]
 fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run() {
+    // what each step started at: on a failure, or with --nocapture, the
+    // time a loaded machine took
+    let start = Instant::now();
+    let step = |what: &str| eprintln!("{:>8.3} s  {what}", start.elapsed().as_secs_f64());
     let up = upstream();
     let mut redis = Redis::start();
     let dir = TempDir::new("run");
     let config = dir.file("gateway.toml", &redis_config(up.addr, redis.port));
     let gw = Gateway::start(&config);
 
+    step("redis");
     // Redis answers (the first call loads the functions)
     until(
         &gw,
@@ -1340,10 +1345,12 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
         || assert_eq!(get(&gw, "/ok", "sk_free"), 200),
         |m| m.has("paceline_redis_call_seconds_count"),
     );
+    step("admitted");
     // admitted, and refused by the shadow policy alone
     for _ in 0..5 {
         assert_eq!(get(&gw, "/ok", "sk_free"), 200);
     }
+    step("429");
     // 429 on a burst, then strikes inside the wait: the deny cache answers,
     // escalation extends the wait
     let tiny: Vec<u16> = (0..8).map(|_| get(&gw, "/ok", "sk_tiny")).collect();
@@ -1351,6 +1358,7 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
     // a soft limit at 4 of 5, then 429 on the quota
     let quota: Vec<u16> = (0..7).map(|_| get(&gw, "/ok", "sk_quota")).collect();
     assert_eq!(quota[5], 429, "{quota:?}");
+    step("shed");
     // a shed 503: a sheddable request held at the upstream takes the only
     // sheddable place
     let addr = gw.addr;
@@ -1367,8 +1375,10 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
     assert_eq!(get(&gw, "/slow", "sk_free"), 503);
     up.release.send(()).unwrap();
     assert_eq!(held.join().unwrap(), 200);
+    step("upstream timeout");
     // the upstream never answers: 504 past upstream_header_ms, refunded
     assert_eq!(get(&gw, "/hang", "sk_free"), 504);
+    step("intake");
     // a body still arriving holds the only receiving place (it has one once
     // the limiter has decided it): the next one is refused at the intake,
     // and the first is cut off at request_body_ms
@@ -1384,9 +1394,11 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(answer(unfinished_post(&gw)), 503);
     assert_eq!(answer(first), 408);
+    step("reload");
     // a reload applied
     gw.hangup();
     wait_line(&gw.out, "configuration reloaded");
+    step("redis away");
     // Redis away: the fail-open plan is decided by the degraded limiter, the
     // fail-closed one answers 503
     redis.kill();
@@ -1399,6 +1411,7 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
         },
         |m| m.has("paceline_redis_degraded") && m.has("paceline_redis_degraded_decisions_total"),
     );
+    step("redis back");
     // Redis back: the degraded period ends and is counted
     redis.spawn();
     until(
@@ -1409,12 +1422,14 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
         },
         |m| m.has("paceline_redis_degraded_seconds_count"),
     );
+    step("reload refused");
     // a reload refused: the file is broken now
     std::fs::write(&config, "[gateway]\nlisten = 1\n").unwrap();
     gw.hangup();
     wait_line(&gw.err, "reload refused");
     let scraped = gw.scrape();
 
+    step("tls");
     // TLS toward clients: bytes that are not TLS fail the handshake
     let certs = TempDir::new("tls");
     let made = Command::new("openssl")
@@ -1453,6 +1468,7 @@ fn every_series_of_the_dashboard_and_the_alerts_is_on_metrics_after_a_short_run(
     );
     let served = Exposition::parse(&scraped).merge(Exposition::parse(&tls.scrape()));
 
+    step("checks");
     // every expression against what was served
     let mut faults = Vec::new();
     let mut names = BTreeSet::new();
