@@ -4,12 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_pkg() { # need_pkg COMMAND PACKAGE
+need_pkg() { # need_pkg COMMAND PACKAGE [APT-OPTION...]
     if ! command -v "$1" >/dev/null 2>&1; then
         echo "installing $2 (for $1)"
         if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
         $SUDO apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$2" >/dev/null
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${@:3}" "$2" >/dev/null
     fi
 }
 
@@ -22,6 +22,10 @@ need_pkg caddy caddy
 # the TLS tests of crates/paceline-gateway/tests/tls.rs
 need_pkg curl curl
 need_pkg openssl openssl
+# the checks of deploy/ (deploy/check.sh, crates/paceline/tests/deploy.rs)
+need_pkg systemd-analyze systemd
+# (only for its promtool: none of the exporters it recommends)
+need_pkg promtool prometheus --no-install-recommends
 need_pkg node nodejs
 need_pkg chromium chromium
 need_pkg redis-server redis-server
@@ -62,6 +66,8 @@ cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-outp
 # tower adapter) against `paceline demo --no-race` on a free loopback port. It
 # shares the workspace's target directory, so only the crates whose
 # features differ build again (13 s on a quiet 2-core machine).
+echo "== deploy/ (systemd-analyze verify, promtool check/test rules)"
+deploy/check.sh
 echo "== the client README's example, from a crate outside the workspace"
 sdk_user() {
     local dir="${CARGO_TARGET_DIR:-target}"
