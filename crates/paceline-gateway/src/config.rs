@@ -490,6 +490,9 @@ pub struct GatewayConfig {
     pub settings: Settings,
     /// The validated limits.
     pub limits: Limits,
+    /// The configuration file, when it was read from one
+    /// ([`GatewayConfig::load`]): what a reload reads again.
+    pub file: Option<PathBuf>,
     /// The files it came from (the config, then the keys file and the TLS
     /// files if any): a change to any of them reloads.
     pub sources: Vec<PathBuf>,
@@ -765,6 +768,7 @@ impl GatewayConfig {
             std::fs::read_to_string(path).map_err(|e| ConfigFileError::unreadable(&name, &e))?;
         let mut cfg = GatewayConfig::parse(&text, &name, path.parent())?;
         cfg.sources.insert(0, path.to_path_buf());
+        cfg.file = Some(path.to_path_buf());
         Ok(cfg)
     }
 
@@ -880,6 +884,7 @@ impl GatewayConfig {
         Ok(GatewayConfig {
             settings,
             limits,
+            file: None,
             sources,
             warnings,
         })

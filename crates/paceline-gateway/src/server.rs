@@ -130,6 +130,8 @@ struct HandleInner {
     intake: Intake,
     settings: RwLock<Settings>,
     sources: RwLock<Vec<PathBuf>>,
+    /// The configuration file a reload reads, if there is one.
+    file: Option<PathBuf>,
     /// The client-facing TLS, with `[gateway.tls]`.
     tls: RwLock<Option<Arc<TlsFront>>>,
     stop: watch::Sender<bool>,
@@ -205,12 +207,13 @@ impl Gateway {
                 intake,
                 settings: RwLock::new(s),
                 sources: RwLock::new(config.sources.clone()),
+                file: config.file.clone(),
                 tls: RwLock::new(tls),
                 stop,
             }),
         };
         #[cfg(unix)]
-        let hangup = match handle.inner.sources.read().is_empty() {
+        let hangup = match handle.inner.file.is_none() {
             true => None,
             false => Some(tokio::signal::unix::signal(
                 tokio::signal::unix::SignalKind::hangup(),
@@ -538,7 +541,7 @@ impl GatewayHandle {
 
     /// Reads the configuration file again and applies it, or refuses it.
     pub fn reload(&self) -> ReloadEvent {
-        let Some(path) = self.inner.sources.read().first().cloned() else {
+        let Some(path) = self.inner.file.clone() else {
             return ReloadEvent::Applied {
                 notes: vec!["no configuration file to reload".to_string()],
             };
@@ -734,7 +737,9 @@ async fn watch_config(
             _ = hup => true,
             _ = tick.tick() => {
                 let now = h.stamps();
-                let changed = h.inner.settings.read().watch && now != stamps;
+                let changed = h.inner.file.is_some()
+                    && h.inner.settings.read().watch
+                    && now != stamps;
                 stamps = now;
                 changed
             }

@@ -15,13 +15,9 @@
 //! nginx comes from Debian: `scripts/test.sh` installs it. Without it a
 //! run in CI fails; elsewhere the tests say what is missing and skip.
 
-#[allow(dead_code)]
-#[path = "common/certs.rs"]
-mod certs;
 mod common;
-#[allow(dead_code)]
-#[path = "common/nginx.rs"]
-mod nginx;
+
+use common::{certs, nginx};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod certs;
+pub(crate) mod nginx;
 pub(crate) mod tls;
 
 use std::net::SocketAddr;
