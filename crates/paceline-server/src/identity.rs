@@ -64,6 +64,139 @@ pub enum KeySource {
     /// server terminating TLS puts it in the request's extensions
     /// ([`ClientCert`]). A request without one has no key.
     ClientCert,
+    /// A claim (`sub` by default) of the JWT sent as `Authorization:
+    /// Bearer <token>`, once its signature and times are verified
+    /// ([`Jwt`](crate::Jwt)); the plan from another claim. A token that
+    /// fails verification is refused with 401.
+    Jwt,
+    /// The caller (and its plan) as the authentication layer in front
+    /// names them in request headers ([`ConsumerHeaders`]): believed only
+    /// when the socket peer is a trusted proxy. From anyone else the
+    /// headers are ignored (the request counts as sending no key) and
+    /// removed before the service behind sees them.
+    ConsumerHeader,
+}
+
+/// The headers an authentication layer in front of the limiter sets once
+/// it has authenticated a caller, for [`KeySource::ConsumerHeader`] (the
+/// `[consumer_header]` table of a configuration file). They are believed
+/// only from a [trusted proxy](TrustedProxies): a request from any other
+/// peer is read as sending no key, and the limit layer removes both
+/// headers before its inner service sees the request, so no service
+/// behind reads a forged one.
+///
+/// ```
+/// use paceline_server::ConsumerHeaders;
+/// let h = ConsumerHeaders::default();
+/// assert_eq!(h.key, "x-consumer-id");
+/// assert_eq!(h.plan.as_ref().map(|p| p.as_str()), Some("x-plan"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerHeaders {
+    /// The header naming the caller (`X-Consumer-Id` by default): its
+    /// value is the key, one visible-ASCII token.
+    pub key: HeaderName,
+    /// The header naming its plan (`X-Plan` by default); `None`: no plan
+    /// is read, the key's plan is its entry under `keys`, else the default
+    /// plan.
+    pub plan: Option<HeaderName>,
+    /// Plan header values to plan names; empty: the value is the plan's
+    /// own name.
+    pub plans: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for ConsumerHeaders {
+    fn default() -> Self {
+        ConsumerHeaders {
+            key: HeaderName::from_static("x-consumer-id"),
+            plan: Some(HeaderName::from_static("x-plan")),
+            plans: Default::default(),
+        }
+    }
+}
+
+/// What a lookup the limiter cannot make itself found for a request's key
+/// (the gateway's Redis key map, `[gateway.keys_redis]`): made before the
+/// limit layer and put into the request's extensions, the way a TLS
+/// acceptor puts a [`ClientCert`]. The limiter honours it for a key
+/// neither `keys` nor a hashed entry lists, and only when it names the
+/// very key the request sends.
+///
+/// ```
+/// use std::sync::Arc;
+/// use paceline_server::{KeyLookup, LookedUp};
+/// let mut req = http::Request::get("/").header("authorization", "Bearer sk_new").body(()).unwrap();
+/// req.extensions_mut().insert(KeyLookup { key: Arc::from("sk_new"), found: LookedUp::Plan(Arc::from("free")) });
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyLookup {
+    /// The key, as the request sends it.
+    pub key: std::sync::Arc<str>,
+    /// What the lookup found.
+    pub found: LookedUp,
+}
+
+/// The outcome of a [`KeyLookup`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LookedUp {
+    /// The key is on the plan so named (a name the limits do not define
+    /// is read as an unknown key).
+    Plan(std::sync::Arc<str>),
+    /// The key is not known there: an unknown key (the default plan, or
+    /// the `unknown_key` treatment).
+    NotFound,
+    /// The lookup could not be made and nothing cached tells: answered
+    /// 503 with a problem body and `Retry-After`.
+    Unavailable,
+}
+
+/// The `keys` entry of a key stored hashed: `sha256:` and the lowercase
+/// hex of the SHA-256 of the key. A configuration listing it admits the
+/// key exactly as the key itself (same plan, same counters) while the
+/// file holds no secret.
+///
+/// ```
+/// assert_eq!(
+///     paceline_server::hashed_key_entry("abc"),
+///     "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+/// );
+/// ```
+pub fn hashed_key_entry(key: &str) -> String {
+    let digest = sha256(key.as_bytes());
+    let mut s = String::with_capacity(HASHED_PREFIX.len() + 64);
+    s.push_str(HASHED_PREFIX);
+    for b in digest {
+        use std::fmt::Write;
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// What a hashed `keys` entry starts with.
+pub(crate) const HASHED_PREFIX: &str = "sha256:";
+
+/// The SHA-256 of `bytes`.
+pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// Reads a hashed `keys` entry (`sha256:` and 64 hex digits, either case).
+pub(crate) fn parse_hashed(entry: &str) -> Option<Result<[u8; 32], String>> {
+    let hex = entry.strip_prefix(HASHED_PREFIX)?;
+    let bad = || format!("{entry:?}: a hashed key is sha256: and the 64 hex digits of its SHA-256 (paceline keys hash KEY prints it)");
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Some(Err(bad()));
+    }
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        let digit = |b: u8| (b as char).to_digit(16).unwrap_or(0) as u8;
+        *o = digit(pair[0]) << 4 | digit(pair[1]);
+    }
+    Some(Ok(out))
 }
 
 /// The verified TLS client certificate of a request's connection, for
@@ -104,6 +237,12 @@ pub(crate) enum Stranger {
     /// It sends a credential field the limiter cannot read as one key:
     /// refused whatever the treatments say.
     Unreadable,
+    /// It sends a bearer token that does not verify: refused with 401
+    /// whatever the treatments say.
+    BadToken(crate::jwt::TokenError),
+    /// Its key could not be looked up (the gateway's Redis key map did
+    /// not answer, and nothing cached tells): 503.
+    Unavailable,
 }
 
 /// One network: an address and a prefix length.

@@ -36,7 +36,10 @@
 //!                                   ▼
 //!  limiter.rs (prepare, stage, decide, conclude)
 //!     ├─► route.rs     the route: cost, criticality, anonymity (once)
-//!     ├─► identity.rs  who: API key, header or client IP
+//!     ├─► identity.rs  who: API key (clear or hashed), header, client IP,
+//!     │                consumer headers from a trusted proxy, a lookup
+//!     │                made before (KeyLookup)
+//!     ├─► jwt/         who: a verified bearer JWT (jsonwebtoken on ring)
 //!     ├─► escalation.rs holds for keys that keep retrying   ─┐ state.rs
 //!     ├─► soft.rs      warnings past a share of a quota     ─┘ (bounded maps)
 //!     ├─► paceline-core  the decision (any Store, any Clock)
@@ -98,6 +101,7 @@ mod escalation;
 mod head;
 pub mod idempotency;
 mod identity;
+mod jwt;
 mod layer;
 mod limiter;
 pub mod path;
@@ -108,17 +112,19 @@ mod state;
 pub mod telemetry;
 
 pub use config::{
-    ConfigError, ConfigErrorKind, IdempotencyConfig, Limits, LimitsBuilder, LimitsConfig,
-    PlanConfig, PolicyConfig, RouteConfig, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT,
-    DEFAULT_USAGE_PATH,
+    ConfigError, ConfigErrorKind, ConsumerHeaderConfig, IdempotencyConfig, JwtConfig, Limits,
+    LimitsBuilder, LimitsConfig, PlanConfig, PolicyConfig, RouteConfig, DEFAULT_PROBLEM_BASE,
+    DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH,
 };
 pub use escalation::{EscalationConfig, Level};
 pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyMode, IdempotencySettings};
 pub use identity::{
-    bearer_token, client_ip, peer_ip, read_authorization, BasicAuth, ClientCert, Credential, IpNet,
-    IpPrefixes, KeyHash, KeyHasher, KeySource, KeyTreatment, PeerAddr, SecretOrigin, ShortSecret,
-    TrustedProxies, MIN_KEY_HASH_SECRET_BYTES,
+    bearer_token, client_ip, hashed_key_entry, peer_ip, read_authorization, BasicAuth, ClientCert,
+    ConsumerHeaders, Credential, IpNet, IpPrefixes, KeyHash, KeyHasher, KeyLookup, KeySource,
+    KeyTreatment, LookedUp, PeerAddr, SecretOrigin, ShortSecret, TrustedProxies,
+    MIN_KEY_HASH_SECRET_BYTES,
 };
+pub use jwt::{Jwt, TokenError, DEFAULT_LEEWAY_S, MAX_JWT_KEY_BYTES, MIN_JWT_SECRET_BYTES};
 pub use layer::{
     RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture, UpstreamFailed,
 };

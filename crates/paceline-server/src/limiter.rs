@@ -19,8 +19,8 @@ use crate::config::{key_prefix, Limits, LimitsInner};
 use crate::escalation::{Escalator, Level};
 use crate::head::{HeadCheck, Refusal};
 use crate::identity::{
-    client_ip, peer_ip, read_authorization, read_key_field, Credential, IpPrefixes, KeyHash,
-    KeySource, KeyTreatment, Stranger,
+    client_ip, peer_ip, read_authorization, read_key_field, BasicAuth, Credential, IpPrefixes,
+    KeyHash, KeyLookup, KeySource, KeyTreatment, LookedUp, Stranger,
 };
 use crate::layer::ReleaseGuard;
 use crate::respond;
@@ -145,6 +145,26 @@ pub(crate) struct Prepared {
     unknown_len: bool,
     /// A head refused whoever sent it (see [`crate::head`]).
     refused: Option<Refusal>,
+    /// The consumer headers come from a peer that is not trusted: they
+    /// are removed before the request goes on.
+    strip: bool,
+}
+
+impl Prepared {
+    /// Removes the consumer headers of a request from an untrusted peer
+    /// (see [`KeySource::ConsumerHeader`]), so that no service behind the
+    /// layer reads a forged one.
+    pub(crate) fn strip_untrusted(&self, headers: &mut HeaderMap) {
+        if !self.strip {
+            return;
+        }
+        if let Some(c) = &self.limits.inner.consumer {
+            headers.remove(&c.headers.key);
+            if let Some(p) = &c.headers.plan {
+                headers.remove(p);
+            }
+        }
+    }
 }
 
 /// What to do with a request.
@@ -323,6 +343,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             &fields,
             route,
             false,
+            || self.shared.clock.now(),
         );
         who.map(|w| w.key(&limits.inner).to_string())
     }
@@ -367,7 +388,13 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             &fields,
             route,
             usage,
+            || self.shared.clock.now(),
         );
+        // consumer headers are believed from trusted proxies alone
+        let strip = lim.consumer.is_some()
+            && !peer_ip(req.extensions())
+                .or(peer)
+                .is_some_and(|p| lim.trusted.contains(p));
         let cost = route.cost;
         let refused = fields.check.refusal(req.headers(), &lim.key_source);
         let close = req.version() <= Version::HTTP_11
@@ -376,6 +403,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         let unknown_len = fields.transfer_encoding && fields.content_length.is_none();
         Prepared {
             refused,
+            strip,
             bytes,
             unknown_len,
             limits,
@@ -493,12 +521,13 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         if let Some(r) = p.refused {
             return Stage::Done(Verdict::Reject(r.answer(&lim.problem_base)));
         }
-        let unauthorized = |s: Option<Stranger>| {
-            respond::unauthorized(
+        let unauthorized = |s: Option<Stranger>| match s {
+            Some(Stranger::Unavailable) => respond::keys_unavailable(&lim.problem_base),
+            s => respond::unauthorized(
                 &lim.problem_base,
                 s.unwrap_or(Stranger::Missing),
                 &lim.key_source,
-            )
+            ),
         };
         if p.usage && (p.stranger.is_some() || !p.who.as_ref().is_some_and(|w| w.publish)) {
             // the usage of a key it does not have: say which is wrong
@@ -869,7 +898,9 @@ impl<'a> HeadFields<'a> {
 
 /// Who a request is counted as, and why it has no known key when it has
 /// none. No one (and no stranger) is a request of an unlimited route; no
-/// one with a stranger is a request to refuse with 401.
+/// one with a stranger is a request to refuse with 401 (503 for a key
+/// whose lookup failed). `now` is read only to verify a token.
+#[allow(clippy::too_many_arguments)]
 fn who(
     limits: &Limits,
     headers: &HeaderMap,
@@ -878,6 +909,7 @@ fn who(
     fields: &HeadFields<'_>,
     route: &RouteInfo,
     usage: bool,
+    now: impl Fn() -> Nanos,
 ) -> (Option<Who>, Option<Stranger>) {
     let lim = &*limits.inner;
     // the usage endpoint reports on the key, whatever its route says
@@ -907,8 +939,12 @@ fn who(
         let treatment = match s {
             Stranger::Missing => lim.missing_key,
             Stranger::Unknown => lim.unknown_key,
-            // the service behind may read it as somebody's key
-            Stranger::Unreadable => KeyTreatment::Reject,
+            // the service behind may read it as somebody's key; a token
+            // that does not verify names no one; a key that could not be
+            // looked up may be anyone's
+            Stranger::Unreadable | Stranger::BadToken(_) | Stranger::Unavailable => {
+                KeyTreatment::Reject
+            }
         };
         let who = match treatment {
             KeyTreatment::Anonymous => lim.anonymous_plan.map(anonymous),
@@ -916,6 +952,9 @@ fn who(
         };
         (who, Some(s))
     };
+    // the plan the identity itself names (a token's claim, the consumer
+    // header): `Some(None)` when it names a plan the limits do not have
+    let mut claimed: Option<Option<usize>> = None;
     let read = match &lim.key_source {
         KeySource::ApiKey => fields
             .authorization
@@ -948,6 +987,54 @@ fn who(
         KeySource::ClientCert => extensions
             .get::<crate::identity::ClientCert>()
             .map(|c| Credential::Key((&*c.subject).into())),
+        KeySource::Jwt => {
+            let Some(j) = &lim.jwt else {
+                return stranger(Stranger::Unknown);
+            };
+            match fields
+                .authorization
+                .map(|v| read_authorization(v, BasicAuth::Refuse))
+            {
+                Some(Credential::Key(token)) => {
+                    match j.jwt.verify(&token, now().as_secs_floor()) {
+                        Ok((key, plan)) => {
+                            claimed = plan.map(|p| j.plans.plan(&p, &lim.plan_index));
+                            Some(Credential::Key(key.into()))
+                        }
+                        Err(e) => return stranger(Stranger::BadToken(e)),
+                    }
+                }
+                other => other,
+            }
+        }
+        KeySource::ConsumerHeader => {
+            let Some(c) = &lim.consumer else {
+                return stranger(Stranger::Unknown);
+            };
+            // from anyone but a trusted proxy, the headers say nothing
+            if !peer_ip(extensions)
+                .or(peer)
+                .is_some_and(|p| lim.trusted.contains(p))
+            {
+                return stranger(Stranger::Missing);
+            }
+            match one_field(headers, &c.headers.key) {
+                Err(()) => Some(Credential::Unreadable),
+                Ok(None) => None,
+                Ok(Some(v)) => {
+                    if let Some(name) = &c.headers.plan {
+                        match one_field(headers, name).map(|v| v.map(read_key_field)) {
+                            Ok(None) => {}
+                            Ok(Some(Credential::Key(p))) => {
+                                claimed = Some(c.plans.plan(&p, &lim.plan_index));
+                            }
+                            _ => return stranger(Stranger::Unreadable),
+                        }
+                    }
+                    Some(read_key_field(v))
+                }
+            }
+        }
     };
     let l = match read {
         None => return stranger(Stranger::Missing),
@@ -958,15 +1045,50 @@ fn who(
     if let Some(&i) = lim.keys.get(&*l) {
         return (Some(Who::configured(lim, i)), None);
     }
-    match lim.default_plan {
-        Some(plan) => {
-            let prefix = key_prefix(&lim.key_source);
-            let mut k = String::with_capacity(prefix.len() + l.len());
-            k.push_str(prefix);
-            k.push_str(&l);
-            (Some(Who::owned(k, plan, true, &lim.hasher)), None)
+    let owned = |plan: usize| {
+        let prefix = key_prefix(&lim.key_source);
+        let mut k = String::with_capacity(prefix.len() + l.len());
+        k.push_str(prefix);
+        k.push_str(&l);
+        (Some(Who::owned(k, plan, true, &lim.hasher)), None)
+    };
+    // a key configured hashed counts as the key itself (hashed only when
+    // some are configured)
+    if let Some(plan) = lim.hashed_plan(&l) {
+        return owned(plan);
+    }
+    if let Some(Some(plan)) = claimed {
+        return owned(plan);
+    }
+    // a lookup made before this layer (the gateway's Redis key map), for
+    // the very key the request sends
+    if matches!(lim.key_source, KeySource::ApiKey | KeySource::Header(_)) {
+        if let Some(found) = extensions.get::<KeyLookup>().filter(|f| *f.key == *l) {
+            match &found.found {
+                LookedUp::Plan(name) => {
+                    if let Some(&plan) = lim.plan_index.get(&**name) {
+                        return owned(plan);
+                    }
+                }
+                LookedUp::Unavailable => return stranger(Stranger::Unavailable),
+                _ => {}
+            }
         }
+    }
+    match lim.default_plan {
+        Some(plan) => owned(plan),
         None => stranger(Stranger::Unknown),
+    }
+}
+
+/// The one value of `name` in `headers`: `Err` when it is sent twice
+/// (which of the two counts is not guessed).
+fn one_field<'h>(headers: &'h HeaderMap, name: &http::header::HeaderName) -> Result<Option<&'h HeaderValue>, ()> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) => Ok(Some(v)),
+        (Some(_), Some(_)) => Err(()),
     }
 }
 

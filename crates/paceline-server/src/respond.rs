@@ -30,39 +30,69 @@ pub(crate) fn unavailable(base: &str) -> Response<Bytes> {
     problem::answer(&p)
 }
 
+/// 503 for a request whose key could not be looked up (the gateway's
+/// Redis key map did not answer in time, and nothing cached tells).
+pub(crate) fn keys_unavailable(base: &str) -> Response<Bytes> {
+    let mut p = Problem::new(
+        ProblemKind::Overloaded,
+        base,
+        "The key of this request cannot be looked up now; retry shortly.",
+    );
+    p.retry_after_s = Some(1);
+    problem::answer(&p)
+}
+
 /// 401 for a request without a known key, where the configuration gives
 /// it no plan (and from the usage endpoint for any such request): `no key`
 /// and `unknown key` are told apart by type and detail, and the detail
-/// says where the key goes.
+/// says where the key goes. A bearer token that does not verify is told
+/// why (the same reason in `WWW-Authenticate`'s `error_description`).
 pub(crate) fn unauthorized(base: &str, why: Stranger, source: &KeySource) -> Response<Bytes> {
     let send = match source {
         KeySource::Header(name) => format!("in the {name} header"),
         KeySource::ClientIp => "from a configured client address".to_string(),
         KeySource::Route => "on a configured route".to_string(),
         KeySource::ClientCert => "as the subject of a TLS client certificate".to_string(),
+        KeySource::Jwt => "as Authorization: Bearer <JWT>".to_string(),
+        KeySource::ConsumerHeader => {
+            "through the authentication layer in front of this service".to_string()
+        }
         _ => "as Authorization: Bearer <key>".to_string(),
+    };
+    let (what, one) = match source {
+        KeySource::Jwt => ("bearer token", "token"),
+        KeySource::ConsumerHeader => ("authenticated caller", "caller"),
+        _ => ("API key", "key"),
     };
     let (kind, detail, challenge) = match why {
         Stranger::Missing => (
             ProblemKind::Unauthorized,
-            format!("This request sends no API key; send yours {send}."),
-            "Bearer",
+            format!("This request sends no {what}; send yours {send}."),
+            HeaderValue::from_static("Bearer"),
         ),
         Stranger::Unknown => (
             ProblemKind::UnknownKey,
-            format!("The API key this request sends is not known here; send a valid key {send}."),
-            "Bearer error=\"invalid_token\"",
+            format!("The {what} this request sends is not known here; send a valid {one} {send}."),
+            HeaderValue::from_static("Bearer error=\"invalid_token\""),
         ),
         Stranger::Unreadable => (
             ProblemKind::UnknownKey,
-            format!("The credential this request sends cannot be read as one API key; send your key {send}."),
-            "Bearer error=\"invalid_request\"",
+            format!("The credential this request sends cannot be read as one {what}; send your {one} {send}."),
+            HeaderValue::from_static("Bearer error=\"invalid_request\""),
         ),
+        Stranger::BadToken(e) => (
+            ProblemKind::UnknownKey,
+            format!("The bearer token this request sends is not accepted: {e}; send a valid {one} {send}."),
+            HeaderValue::from_str(&format!(
+                "Bearer error=\"invalid_token\", error_description=\"{e}\""
+            ))
+            .unwrap_or(HeaderValue::from_static("Bearer error=\"invalid_token\"")),
+        ),
+        Stranger::Unavailable => return keys_unavailable(base),
     };
     let mut r = problem::answer(&Problem::new(kind, base, detail));
-    if matches!(source, KeySource::ApiKey) {
-        r.headers_mut()
-            .insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    if matches!(source, KeySource::ApiKey | KeySource::Jwt) {
+        r.headers_mut().insert(WWW_AUTHENTICATE, challenge);
     }
     r
 }

@@ -15,11 +15,14 @@ use paceline_wire::emit::Dialects;
 
 use super::error::{ConfigError, ConfigErrorKind as Kind};
 use super::{
-    key_prefix, KeyEntry, Limits, LimitsInner, DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT,
-    DEFAULT_USAGE_PATH,
+    key_prefix, ClaimedPlans, Consumer, KeyEntry, Limits, LimitsInner, VerifiedJwt,
+    DEFAULT_PROBLEM_BASE, DEFAULT_SOFT_LIMIT, DEFAULT_USAGE_PATH,
 };
 use crate::escalation::EscalationConfig;
-use crate::identity::{BasicAuth, IpPrefixes, KeySource, KeyTreatment, TrustedProxies};
+use crate::identity::{
+    parse_hashed, BasicAuth, ConsumerHeaders, IpPrefixes, KeySource, KeyTreatment,
+    TrustedProxies,
+};
 use crate::route::Route;
 
 /// A plan with everything the responses and the telemetry need of it,
@@ -91,6 +94,8 @@ pub struct LimitsBuilder {
     refunded_sent: Vec<String>,
     hasher: crate::KeyHasher,
     idempotency: crate::IdempotencySettings,
+    jwt: Option<crate::Jwt>,
+    consumer: Option<ConsumerHeaders>,
 }
 
 impl Default for LimitsBuilder {
@@ -116,6 +121,8 @@ impl Default for LimitsBuilder {
             refunded_sent: Vec::new(),
             hasher: crate::KeyHasher::per_process().clone(),
             idempotency: crate::IdempotencySettings::default(),
+            jwt: None,
+            consumer: None,
         }
     }
 }
@@ -174,7 +181,10 @@ impl LimitsBuilder {
         self
     }
     /// Puts `key` (an API key, or a header value or IP address with other
-    /// key sources) on the plan named `plan`.
+    /// key sources) on the plan named `plan`. A key given as
+    /// `sha256:<hex>` ([`hashed_key_entry`](crate::hashed_key_entry)) is
+    /// the key whose SHA-256 that is: admitted exactly as the key itself
+    /// (same plan, same counters), with no secret in the configuration.
     pub fn key(mut self, key: &str, plan: &str) -> Self {
         self.keys.push((key.to_string(), plan.to_string()));
         self
@@ -187,6 +197,21 @@ impl LimitsBuilder {
     /// Where the key comes from (default: the bearer token).
     pub fn key_source(mut self, source: KeySource) -> Self {
         self.key_source = source;
+        self
+    }
+    /// How JWTs are verified and read, for [`KeySource::Jwt`] (required
+    /// with it, refused without it).
+    pub fn jwt(mut self, jwt: crate::Jwt) -> Self {
+        self.jwt = Some(jwt);
+        self
+    }
+    /// The headers an authentication layer in front sets, for
+    /// [`KeySource::ConsumerHeader`] (which uses
+    /// [`ConsumerHeaders::default`] without it). Believed only from
+    /// [trusted proxies](Self::trusted_proxies), of which there must be
+    /// one at least.
+    pub fn consumer_headers(mut self, headers: ConsumerHeaders) -> Self {
+        self.consumer = Some(headers);
         self
     }
     /// The plan for keys not listed, counted per key with their counters
@@ -267,6 +292,7 @@ impl LimitsBuilder {
         };
         let mut keys = HashMap::with_capacity_and_hasher(self.keys.len(), Default::default());
         let mut key_entries = Vec::with_capacity(self.keys.len());
+        let mut hashed = HashMap::default();
         let prefix = key_prefix(&self.key_source);
         for (k, p) in &self.keys {
             if k.is_empty() {
@@ -276,7 +302,15 @@ impl LimitsBuilder {
                     "a key may not be empty",
                 ));
             }
-            let entry = KeyEntry::new(prefix, k, find(&format!("keys.{k}"), p)?, &self.hasher);
+            let field = format!("keys.{k}");
+            if let Some(digest) = parse_hashed(k) {
+                let digest =
+                    digest.map_err(|m| ConfigError::new(Kind::InvalidValue, &field, m))?;
+                // a key given twice: the later plan wins
+                hashed.insert(digest, find(&field, p)?);
+                continue;
+            }
+            let entry = KeyEntry::new(prefix, k, find(&field, p)?, &self.hasher);
             match keys.get(k.as_str()) {
                 // a key given twice: the later plan wins
                 Some(&i) => key_entries[i] = entry,
@@ -315,6 +349,65 @@ impl LimitsBuilder {
                 ));
             }
         }
+        let claimed = |field: &str, plans: &std::collections::BTreeMap<String, String>| {
+            let mut mapped = HashMap::new();
+            for (value, plan) in plans {
+                mapped.insert(value.clone(), find(&format!("{field}.{value}"), plan)?);
+            }
+            Ok::<_, ConfigError>(ClaimedPlans {
+                mapped: (!plans.is_empty()).then_some(mapped),
+            })
+        };
+        let jwt = match (&self.key_source, self.jwt.take()) {
+            (KeySource::Jwt, Some(j)) => {
+                let plans = claimed("jwt.plans", j.plan_map())?;
+                Some(Box::new(VerifiedJwt { jwt: j, plans }))
+            }
+            (KeySource::Jwt, None) => {
+                return Err(ConfigError::new(
+                    Kind::Missing,
+                    "jwt",
+                    "key = \"jwt\" needs a [jwt] table: secret_file or jwks_file, the keys tokens are signed with",
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(ConfigError::new(
+                    Kind::InvalidValue,
+                    "jwt",
+                    "[jwt] is read only with key = \"jwt\"",
+                ))
+            }
+            (_, None) => None,
+        };
+        let consumer = match (&self.key_source, self.consumer.take()) {
+            (KeySource::ConsumerHeader, c) => {
+                let c = c.unwrap_or_default();
+                if self.trusted.is_empty() {
+                    return Err(ConfigError::new(
+                        Kind::Missing,
+                        "trusted_proxies",
+                        "key = \"consumer_header\" believes the headers only from trusted proxies: list the authentication layer's addresses under trusted_proxies",
+                    ));
+                }
+                if c.plan.as_ref() == Some(&c.key) {
+                    return Err(ConfigError::new(
+                        Kind::InvalidValue,
+                        "consumer_header.plan_header",
+                        "the plan header must not be the key header",
+                    ));
+                }
+                let plans = claimed("consumer_header.plans", &c.plans)?;
+                Some(Box::new(Consumer { headers: c, plans }))
+            }
+            (_, Some(_)) => {
+                return Err(ConfigError::new(
+                    Kind::InvalidValue,
+                    "consumer_header",
+                    "[consumer_header] is read only with key = \"consumer_header\"",
+                ))
+            }
+            (_, None) => None,
+        };
         let mut routes = Vec::with_capacity(self.routes.len());
         for (i, r) in self.routes.into_iter().enumerate() {
             let anon = match (r.is_anonymous(), r.plan()) {
@@ -388,6 +481,10 @@ impl LimitsBuilder {
                 plans,
                 keys,
                 key_entries,
+                hashed,
+                jwt,
+                consumer,
+                plan_index: index,
                 routes,
                 key_source: self.key_source,
                 default_plan,

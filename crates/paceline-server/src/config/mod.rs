@@ -59,7 +59,10 @@ use crate::route::{Route, RouteInfo};
 pub(crate) use compile::CompiledPlan;
 pub use compile::LimitsBuilder;
 pub use error::{ConfigError, ConfigErrorKind};
-pub use model::{IdempotencyConfig, LimitsConfig, PlanConfig, PolicyConfig, RouteConfig};
+pub use model::{
+    ConsumerHeaderConfig, IdempotencyConfig, JwtConfig, LimitsConfig, PlanConfig, PolicyConfig,
+    RouteConfig,
+};
 
 /// The default path of the usage endpoint.
 pub const DEFAULT_USAGE_PATH: &str = "/v1/usage";
@@ -82,6 +85,15 @@ pub(crate) struct LimitsInner {
     pub(crate) keys: HashMap<String, usize, ahash::RandomState>,
     /// Per configured key: its plan, and the key as the store sees it.
     pub(crate) key_entries: Vec<KeyEntry>,
+    /// Keys configured hashed (`sha256:<hex>`): their SHA-256 to their
+    /// plan. Empty unless some are: no key is hashed per request then.
+    pub(crate) hashed: HashMap<[u8; 32], usize>,
+    /// With `key = "jwt"`: how tokens are verified.
+    pub(crate) jwt: Option<Box<VerifiedJwt>>,
+    /// With `key = "consumer_header"`: the headers believed.
+    pub(crate) consumer: Option<Box<Consumer>>,
+    /// The plans by name.
+    pub(crate) plan_index: HashMap<String, usize>,
     pub(crate) routes: Vec<(Route, Option<usize>)>,
     pub(crate) key_source: KeySource,
     pub(crate) default_plan: Option<usize>,
@@ -145,6 +157,37 @@ impl KeyEntry {
     }
 }
 
+/// The plans the values of a claim or header name: through the configured
+/// mapping, or (with none) by the plans' own names.
+#[derive(Debug)]
+pub(crate) struct ClaimedPlans {
+    pub(crate) mapped: Option<HashMap<String, usize>>,
+}
+
+impl ClaimedPlans {
+    /// The plan `value` names, if any.
+    pub(crate) fn plan(&self, value: &str, by_name: &HashMap<String, usize>) -> Option<usize> {
+        match &self.mapped {
+            Some(m) => m.get(value).copied(),
+            None => by_name.get(value).copied(),
+        }
+    }
+}
+
+/// `key = "jwt"`: the verification and the plans its claim names.
+#[derive(Debug)]
+pub(crate) struct VerifiedJwt {
+    pub(crate) jwt: crate::Jwt,
+    pub(crate) plans: ClaimedPlans,
+}
+
+/// `key = "consumer_header"`: the headers and the plans they name.
+#[derive(Debug)]
+pub(crate) struct Consumer {
+    pub(crate) headers: crate::ConsumerHeaders,
+    pub(crate) plans: ClaimedPlans,
+}
+
 /// What the store key of a request starts with, by where the key came from.
 pub(crate) fn key_prefix(source: &KeySource) -> &'static str {
     match source {
@@ -153,6 +196,8 @@ pub(crate) fn key_prefix(source: &KeySource) -> &'static str {
         KeySource::Route => "r:",
         KeySource::Header(_) => "h:",
         KeySource::ClientCert => "c:",
+        KeySource::Jwt => "j:",
+        KeySource::ConsumerHeader => "u:",
     }
 }
 
@@ -257,6 +302,65 @@ impl Limits {
     /// The proxies whose forwarding fields are believed.
     pub fn trusted_proxies(&self) -> &TrustedProxies {
         &self.inner.trusted
+    }
+    /// Where keys come from.
+    pub fn key_source(&self) -> &KeySource {
+        &self.inner.key_source
+    }
+    /// The hash logs, soft-limit events and the store show for `key` (as
+    /// the request sends it, under these limits' key source and key-hash
+    /// secret): what to search the logs for to find a key's requests.
+    ///
+    /// ```
+    /// use paceline_server::{KeyHasher, Limits};
+    /// let hasher = KeyHasher::from_secret(b"a deployment's own secret", "test").unwrap();
+    /// let plan = paceline_core::Plan::new("free", vec![paceline_core::Policy::token_bucket("b", 5, 1).unwrap()]).unwrap();
+    /// let limits = Limits::builder().plan(plan).key_hasher(hasher.clone()).build().unwrap();
+    /// assert_eq!(limits.log_hash("sk_1"), hasher.hash("k:sk_1"));
+    /// ```
+    pub fn log_hash(&self, key: &str) -> KeyHash {
+        let prefix = key_prefix(&self.inner.key_source);
+        let mut stored = String::with_capacity(prefix.len() + key.len());
+        stored.push_str(prefix);
+        stored.push_str(key);
+        self.inner.hasher.hash(&stored)
+    }
+    /// The key a request sends when these limits do not list it (neither
+    /// under `keys` nor hashed there): the key to look up elsewhere (the
+    /// gateway's Redis key map) before the limit layer, and hand over as
+    /// a [`KeyLookup`](crate::KeyLookup). `None` when the key source is
+    /// not an API key or a key header, when the request sends no key or
+    /// one that cannot be read, and when the key is listed.
+    pub fn unlisted_key(&self, headers: &http::HeaderMap) -> Option<String> {
+        let lim = &*self.inner;
+        let read = match &lim.key_source {
+            KeySource::ApiKey => headers
+                .get(http::header::AUTHORIZATION)
+                .map(|v| crate::identity::read_authorization(v, lim.basic_auth))?,
+            KeySource::Header(name) => crate::identity::read_key_field(headers.get(name)?),
+            _ => return None,
+        };
+        let crate::Credential::Key(k) = read else {
+            return None;
+        };
+        if lim.keys.contains_key(&*k) || lim.hashed_plan(&k).is_some() {
+            return None;
+        }
+        Some(k.into_owned())
+    }
+}
+
+impl LimitsInner {
+    /// The plan of a key configured hashed, if `key` is one (no hash is
+    /// made when none is configured).
+    #[inline]
+    pub(crate) fn hashed_plan(&self, key: &str) -> Option<usize> {
+        if self.hashed.is_empty() {
+            return None;
+        }
+        self.hashed
+            .get(&crate::identity::sha256(key.as_bytes()))
+            .copied()
     }
 }
 

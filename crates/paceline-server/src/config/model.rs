@@ -8,6 +8,7 @@
 //! rest of its file to this model unchanged.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use http::header::HeaderName;
 use paceline_core::{Algorithm, FailMode, Plan, PlanError, Policy, PolicyError, PolicyKind, Unit};
@@ -30,13 +31,19 @@ use crate::route::{Criticality, Route};
 pub struct LimitsConfig {
     /// Plans by name.
     pub plans: BTreeMap<String, PlanConfig>,
-    /// Keys to plan names.
+    /// Keys to plan names. A key may be given hashed, as `sha256:` and the
+    /// 64 hex digits of its SHA-256 (`paceline keys hash KEY` prints the
+    /// entry): it is admitted exactly as the key itself, and the file
+    /// holds no secret.
     pub keys: BTreeMap<String, String>,
     /// Routes, first match wins.
     pub routes: Vec<RouteConfig>,
     /// Where the key comes from: `api_key` (default), `ip`, `route`,
-    /// `client_cert` (the subject of a verified TLS client certificate)
-    /// or `header:<name>`.
+    /// `client_cert` (the subject of a verified TLS client certificate),
+    /// `header:<name>`, `jwt` (a claim of a verified bearer JWT, with the
+    /// `[jwt]` table) or `consumer_header` (the headers an authentication
+    /// layer in front sets, believed from `trusted_proxies` only; the
+    /// `[consumer_header]` table).
     pub key: String,
     /// The plan for keys not listed under `keys`, counted per key with
     /// their counters published. Without it, an unknown key gets
@@ -77,6 +84,98 @@ pub struct LimitsConfig {
     /// The idempotency layer's settings, for the routes that take keys
     /// (`idempotency = "required"` or `"optional"`).
     pub idempotency: IdempotencyConfig,
+    /// With `key = "jwt"`: how bearer tokens are verified and read.
+    pub jwt: Option<JwtConfig>,
+    /// With `key = "consumer_header"`: the headers believed.
+    pub consumer_header: Option<ConsumerHeaderConfig>,
+}
+
+/// The `[jwt]` table, for `key = "jwt"`: requests send `Authorization:
+/// Bearer <JWT>`; the signature is verified, `exp` and `nbf` checked on
+/// the limiter's clock, and one claim is the caller's key, another its
+/// plan. A token that fails is refused with 401 and a problem body.
+///
+/// ```toml
+/// key = "jwt"
+/// [jwt]
+/// jwks_file = "jwks.json"          # or secret_file = "jwt.secret" (HS256)
+/// algorithms = ["RS256", "ES256"]  # the default with jwks_file
+/// issuer = "https://id.example"    # optional: iss must be this
+/// audience = "shiplane-api"        # optional: aud must name this
+/// key_claim = "sub"                # the default
+/// plan_claim = "tier"              # optional: the claim naming the plan
+/// plans = { pro = "gold", hobby = "free" }  # optional: its values to plans
+/// leeway_s = 30                    # clock skew allowed on exp and nbf
+/// require_exp = true               # a token without exp is refused
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// A file holding the HMAC secret tokens are signed with (at least
+    /// 32 bytes; a final line ending is not part of it), relative to the
+    /// configuration's directory. `HS256` is accepted by default.
+    pub secret_file: Option<String>,
+    /// A JSON Web Key Set file (`{"keys": [...]}`, as an identity
+    /// provider publishes it), relative to the configuration's directory,
+    /// read again at every reload. `RS256` and `ES256` are accepted by
+    /// default; a token names its key by `kid` (it may name none when the
+    /// set holds one key).
+    pub jwks_file: Option<String>,
+    /// The algorithms accepted (`HS256`, `HS384`, `HS512`, `RS256`,
+    /// `RS384`, `RS512`, `PS256`, `PS384`, `PS512`, `ES256`, `ES384`,
+    /// `EdDSA`), each of a kind of key the file holds. `none` never is.
+    pub algorithms: Option<Vec<String>>,
+    /// When given, a token's `iss` must be this.
+    pub issuer: Option<String>,
+    /// When given, a token's `aud` must be (or list) this.
+    pub audience: Option<String>,
+    /// The claim whose value is the caller's key (`sub` by default): a
+    /// string of 1 to 256 bytes.
+    pub key_claim: Option<String>,
+    /// The claim whose value names the caller's plan. Without it (or in a
+    /// token without the claim), the plan is the key's under `keys`, else
+    /// `default_plan`, else `unknown_key`'s treatment.
+    pub plan_claim: Option<String>,
+    /// The plan claim's values to plan names; empty: the value is the
+    /// plan's own name. A value that names no plan counts as an unknown
+    /// key.
+    #[serde(default)]
+    pub plans: BTreeMap<String, String>,
+    /// Seconds of clock skew allowed on `exp` and `nbf` (30).
+    pub leeway_s: Option<u64>,
+    /// Whether a token without `exp` is refused (true).
+    pub require_exp: Option<bool>,
+}
+
+/// The `[consumer_header]` table, for `key = "consumer_header"`: the
+/// authentication layer in front (an API gateway, an auth proxy) names
+/// the caller it authenticated in one header and its plan in another.
+/// Believed only when the socket peer is listed under `trusted_proxies`;
+/// from anyone else both headers are ignored (the request counts as
+/// sending no key: `missing_key`'s treatment) and removed before the
+/// service behind sees them.
+///
+/// ```toml
+/// key = "consumer_header"
+/// trusted_proxies = ["10.0.0.0/8"]
+/// [consumer_header]
+/// key_header = "X-Consumer-Id"   # the default
+/// plan_header = "X-Plan"         # the default; "" reads no plan
+/// plans = { enterprise = "gold" } # optional: its values to plans
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerHeaderConfig {
+    /// The header naming the caller (`X-Consumer-Id`).
+    pub key_header: Option<String>,
+    /// The header naming its plan (`X-Plan`); empty: none is read, and the
+    /// plan is the key's under `keys`, else `default_plan`.
+    pub plan_header: Option<String>,
+    /// The plan header's values to plan names; empty: the value is the
+    /// plan's own name. A value that names no plan counts as an unknown
+    /// key.
+    #[serde(default)]
+    pub plans: BTreeMap<String, String>,
 }
 
 /// The `[idempotency]` table: the idempotency layer's bounds and
@@ -151,6 +250,8 @@ impl Default for LimitsConfig {
             problem_base: DEFAULT_PROBLEM_BASE.into(),
             escalation: EscalationConfig::default(),
             idempotency: IdempotencyConfig::default(),
+            jwt: None,
+            consumer_header: None,
         }
     }
 }
@@ -276,9 +377,41 @@ impl LimitsConfig {
     }
 
     /// Validates into [`Limits`] whose keys are hashed by `hasher` (a
-    /// deployment's secret).
+    /// deployment's secret); files it names are read relative to the
+    /// working directory.
     pub fn build_with_hasher(self, hasher: crate::KeyHasher) -> Result<Limits, ConfigError> {
+        self.build_with_files(hasher, None)
+    }
+
+    /// The files the configuration names (the `[jwt]` key files), relative
+    /// to `dir` (the configuration's directory; the working directory
+    /// without one): a program that watches its configuration watches
+    /// these too, since they are read again at every build.
+    pub fn files(&self, dir: Option<&Path>) -> Vec<PathBuf> {
+        let Some(j) = &self.jwt else {
+            return Vec::new();
+        };
+        [&j.secret_file, &j.jwks_file]
+            .into_iter()
+            .flatten()
+            .map(|f| dir.unwrap_or(Path::new("")).join(f))
+            .collect()
+    }
+
+    /// [`build_with_hasher`](Self::build_with_hasher), reading the files
+    /// it names ([`files`](Self::files)) relative to `dir`.
+    pub fn build_with_files(
+        self,
+        hasher: crate::KeyHasher,
+        dir: Option<&Path>,
+    ) -> Result<Limits, ConfigError> {
         let mut b = Limits::builder().key_hasher(hasher);
+        if let Some(j) = &self.jwt {
+            b = b.jwt(j.build(dir)?);
+        }
+        if let Some(c) = &self.consumer_header {
+            b = b.consumer_headers(c.build()?);
+        }
         for (name, plan) in &self.plans {
             b = b
                 .plan(build_plan(name, plan)?)
@@ -398,18 +531,154 @@ impl IdempotencyConfig {
     }
 }
 
+impl JwtConfig {
+    /// The verification it describes, its files read relative to `dir`;
+    /// each error names its field (`jwt.jwks_file`, `jwt.algorithms`, ...).
+    pub fn build(&self, dir: Option<&Path>) -> Result<crate::Jwt, ConfigError> {
+        let err = |f: &str, kind: Kind, m: String| ConfigError::new(kind, format!("jwt.{f}"), m);
+        let read = |f: &str, name: &str| {
+            let path = dir.unwrap_or(Path::new("")).join(name);
+            std::fs::read(&path).map_err(|e| {
+                err(
+                    f,
+                    Kind::Unreadable,
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })
+        };
+        let mut jwt = match (&self.secret_file, &self.jwks_file) {
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "jwks_file",
+                    Kind::InvalidValue,
+                    "give secret_file or jwks_file, not both".into(),
+                ))
+            }
+            (None, None) => {
+                return Err(ConfigError::new(
+                    Kind::Missing,
+                    "jwt",
+                    "needs the keys tokens are signed with: secret_file (an HMAC secret) or jwks_file (a JSON Web Key Set)",
+                ))
+            }
+            (Some(f), None) => {
+                let bytes = read("secret_file", f)?;
+                // a line ending is not part of the secret
+                let end = bytes
+                    .iter()
+                    .rposition(|b| !matches!(b, b'\n' | b'\r'))
+                    .map_or(0, |i| i + 1);
+                crate::Jwt::hmac(&bytes[..end])
+                    .map_err(|m| err("secret_file", Kind::OutOfRange, format!("{f}: {m}")))?
+            }
+            (None, Some(f)) => {
+                let bytes = read("jwks_file", f)?;
+                let text = String::from_utf8_lossy(&bytes);
+                crate::Jwt::jwks(&text)
+                    .map_err(|m| err("jwks_file", Kind::InvalidValue, format!("{f}: {m}")))?
+            }
+        };
+        if let Some(algs) = &self.algorithms {
+            jwt = jwt
+                .algorithms(algs)
+                .map_err(|m| err("algorithms", Kind::InvalidValue, m))?;
+        }
+        if let Some(i) = &self.issuer {
+            jwt = jwt.issuer(i);
+        }
+        if let Some(a) = &self.audience {
+            jwt = jwt.audience(a);
+        }
+        if let Some(c) = &self.key_claim {
+            if c.is_empty() {
+                return Err(err("key_claim", Kind::InvalidValue, "must not be empty".into()));
+            }
+            jwt = jwt.key_claim(c);
+        }
+        if let Some(c) = &self.plan_claim {
+            if c.is_empty() {
+                return Err(err("plan_claim", Kind::InvalidValue, "must not be empty".into()));
+            }
+            jwt = jwt.plan_claim(c);
+        }
+        if !self.plans.is_empty() && self.plan_claim.is_none() {
+            return Err(err(
+                "plans",
+                Kind::Missing,
+                "maps the values of plan_claim: set plan_claim too".into(),
+            ));
+        }
+        for (value, plan) in &self.plans {
+            jwt = jwt.plan(value, plan);
+        }
+        if let Some(s) = self.leeway_s {
+            if s > 3600 {
+                return Err(err(
+                    "leeway_s",
+                    Kind::OutOfRange,
+                    format!("{s} s of clock skew is over an hour; a few seconds to a minute is usual"),
+                ));
+            }
+            jwt = jwt.leeway_s(s);
+        }
+        if let Some(r) = self.require_exp {
+            jwt = jwt.require_exp(r);
+        }
+        Ok(jwt)
+    }
+}
+
+impl ConsumerHeaderConfig {
+    /// The headers it describes; each error names its field.
+    pub fn build(&self) -> Result<crate::ConsumerHeaders, ConfigError> {
+        let d = crate::ConsumerHeaders::default();
+        let header = |f: &str, v: &str| {
+            HeaderName::from_bytes(v.trim().as_bytes()).map_err(|_| {
+                ConfigError::new(
+                    Kind::InvalidValue,
+                    format!("consumer_header.{f}"),
+                    format!("{v:?} is not a header name"),
+                )
+            })
+        };
+        let key = match &self.key_header {
+            Some(k) => header("key_header", k)?,
+            None => d.key,
+        };
+        let plan = match self.plan_header.as_deref() {
+            None => d.plan,
+            Some("") => None,
+            Some(p) => Some(header("plan_header", p)?),
+        };
+        if !self.plans.is_empty() && plan.is_none() {
+            return Err(ConfigError::new(
+                Kind::Missing,
+                "consumer_header.plans",
+                "maps the values of plan_header, which is empty",
+            ));
+        }
+        Ok(crate::ConsumerHeaders {
+            key,
+            plan,
+            plans: self.plans.clone(),
+        })
+    }
+}
+
 fn parse_key_source(s: &str) -> Result<KeySource, ConfigError> {
     match s {
         "api_key" => Ok(KeySource::ApiKey),
         "ip" => Ok(KeySource::ClientIp),
         "route" => Ok(KeySource::Route),
         "client_cert" => Ok(KeySource::ClientCert),
+        "jwt" => Ok(KeySource::Jwt),
+        "consumer_header" => Ok(KeySource::ConsumerHeader),
         other => {
             let name = other.strip_prefix("header:").ok_or_else(|| {
                 ConfigError::new(
                     Kind::InvalidValue,
                     "key",
-                    format!("{other:?}: use api_key, ip, route, client_cert or header:<name>"),
+                    format!("{other:?}: use api_key, ip, route, client_cert, jwt, consumer_header or header:<name>"),
                 )
             })?;
             HeaderName::from_bytes(name.trim().as_bytes())

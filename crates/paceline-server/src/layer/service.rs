@@ -258,6 +258,7 @@ where
 {
     {
         let prepared = limiter.prepare(&req, peer, given);
+        prepared.strip_untrusted(req.headers_mut());
         let now = limiter.decide_now(&prepared);
         match now {
             // answered without the inner service; the request and its
