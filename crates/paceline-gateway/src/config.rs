@@ -414,7 +414,74 @@ pub struct Settings {
     pub upstream_tls: UpstreamTlsSettings,
     /// The HTTP version spoken to the upstream (`gateway.upstream_protocol`).
     pub upstream_protocol: UpstreamProtocol,
+    /// API keys looked up in Redis (`[gateway.keys_redis]`).
+    pub keys_redis: Option<KeysRedisSettings>,
 }
+
+/// The `[gateway.keys_redis]` table: API keys not listed in the file (nor
+/// its keys file) are looked up in a Redis hash, field the key and value
+/// its plan's name (`HSET paceline:keys sk_live_1 gold`), on the
+/// connections of the gateway's Redis store (`store = "redis"`). Keys are
+/// then created and revoked in Redis, without touching the file.
+///
+/// Each answer, found or not, is cached for [`ttl`](Self::ttl): a key
+/// added is admitted, and one removed refused, within that time. A Redis
+/// that does not answer within the store's deadline leaves the cached
+/// answer in force for [`stale`](Self::stale) more; with nothing cached,
+/// the request gets [`unavailable`](Self::unavailable)'s treatment.
+///
+/// ```toml
+/// [gateway.keys_redis]
+/// hash = "paceline:keys"   # the Redis hash: key (or its SHA-256) -> plan name
+/// field = "key"            # or "sha256": fields are the keys' SHA-256 in hex
+/// ttl_s = 30               # an answer is used this long (revocation takes at most this)
+/// stale_s = 300            # and this much longer while Redis does not answer
+/// cache_size = 100000      # keys cached, found and not found apiece
+/// unavailable = "reject"   # 503 when Redis does not answer and nothing is cached;
+///                          # or "unknown": read as a key not listed (default_plan, or unknown_key)
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeysRedisSettings {
+    /// The Redis hash (`hash`).
+    pub hash: String,
+    /// Whether the hash's fields are the keys' SHA-256 in lowercase hex
+    /// (`field = "sha256"`), so Redis holds no key, rather than the keys
+    /// themselves (`field = "key"`, the default).
+    pub hashed_fields: bool,
+    /// How long an answer from Redis is used before Redis is asked again
+    /// (`ttl_s`, 30 s by default).
+    pub ttl: Duration,
+    /// How long past its `ttl` a cached answer is still used while Redis
+    /// does not answer (`stale_s`, 300 s by default).
+    pub stale: Duration,
+    /// The most keys cached (`cache_size`, 100,000 by default): keys found
+    /// and keys not found are cached apart, each up to this many, so a
+    /// flood of made-up keys cannot push out the real ones.
+    pub cache_size: usize,
+    /// What a key gets when Redis does not answer and nothing is cached
+    /// for it (`unavailable`).
+    pub unavailable: KeysUnavailable,
+}
+
+/// What a key gets when Redis does not answer and nothing is cached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeysUnavailable {
+    /// `503` with a problem body and `Retry-After: 1` (`"reject"`, the
+    /// default): fail closed.
+    #[default]
+    Reject,
+    /// Read as a key not listed (`"unknown"`): `default_plan` if set,
+    /// else `unknown_key`'s treatment.
+    Unknown,
+}
+
+/// The defaults of `[gateway.keys_redis]`.
+pub const DEFAULT_KEYS_REDIS_TTL: Duration = Duration::from_secs(30);
+/// The default of `gateway.keys_redis.stale_s`.
+pub const DEFAULT_KEYS_REDIS_STALE: Duration = Duration::from_secs(300);
+/// The default of `gateway.keys_redis.cache_size`.
+pub const DEFAULT_KEYS_REDIS_CACHE: usize = 100_000;
 
 /// TLS toward clients: the `[gateway.tls]` table.
 ///
@@ -558,6 +625,19 @@ struct GatewayModel {
     upstream_tls: Option<UpstreamTlsModel>,
     #[serde(default)]
     upstream_protocol: Option<String>,
+    #[serde(default)]
+    keys_redis: Option<KeysRedisModel>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeysRedisModel {
+    hash: String,
+    field: Option<String>,
+    ttl_s: Option<u64>,
+    stale_s: Option<u64>,
+    cache_size: Option<u64>,
+    unavailable: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -847,7 +927,10 @@ impl GatewayConfig {
                 ),
             ));
         }
-        let limits = model.build_with_hasher(hasher).map_err(|e| {
+        // the key files of [jwt] are read with the configuration, and
+        // watched with it
+        let limit_files = model.files(dir);
+        let limits = model.build_with_files(hasher, dir).map_err(|e| {
             let field = e.field();
             // a key that came from the keys file is reported there
             if let (Some(ks), Some(k)) = (&keys_src, field.strip_prefix("keys.")) {
@@ -871,6 +954,19 @@ impl GatewayConfig {
                 })?;
             }
         }
+        if settings.keys_redis.is_some()
+            && !matches!(
+                limits.key_source(),
+                paceline_server::KeySource::ApiKey | paceline_server::KeySource::Header(_)
+            )
+        {
+            return Err(src.at_field(
+                Kind::InvalidValue,
+                "gateway.keys_redis",
+                "Redis looks up API keys: it needs key = \"api_key\" (the default) or key = \"header:<name>\"",
+            ));
+        }
+        sources.extend(limit_files);
         sources.extend(settings.tls.iter().flat_map(|t| {
             [
                 Some(&t.cert_file),
@@ -1021,6 +1117,11 @@ fn settings(
         paths: paths(src, &g.paths)?,
         tls: g.tls.as_ref().map(|t| tls(src, t, dir)).transpose()?,
         upstream_tls: upstream_tls(src, g.upstream_tls.as_ref(), dir)?,
+        keys_redis: g
+            .keys_redis
+            .as_ref()
+            .map(|k| keys_redis(src, k, store))
+            .transpose()?,
         upstream_protocol: match g.upstream_protocol.as_deref() {
             None | Some("http1") => UpstreamProtocol::Http1,
             Some("http2") => UpstreamProtocol::Http2,
@@ -1033,6 +1134,92 @@ fn settings(
                 ))
             }
         },
+    })
+}
+
+/// The `[gateway.keys_redis]` table, each error at its field.
+fn keys_redis(
+    src: &Source<'_>,
+    k: &KeysRedisModel,
+    store: StoreKind,
+) -> Result<KeysRedisSettings, ConfigFileError> {
+    let field = |f: &str| format!("gateway.keys_redis.{f}");
+    if store != StoreKind::Redis {
+        return Err(src.at_field(
+            Kind::InvalidValue,
+            "gateway.keys_redis",
+            "[gateway.keys_redis] looks keys up on the Redis store's connections: it needs store = \"redis\" and [gateway.redis]",
+        ));
+    }
+    if k.hash.is_empty() {
+        return Err(src.at_field(
+            Kind::InvalidValue,
+            &field("hash"),
+            "name the Redis hash holding key = plan (HSET paceline:keys sk_live_1 gold)",
+        ));
+    }
+    let hashed_fields = match k.field.as_deref() {
+        None | Some("key") => false,
+        Some("sha256") => true,
+        Some(other) => {
+            return Err(src.at_field(
+                Kind::InvalidValue,
+                &field("field"),
+                format!("{other:?}: expected \"key\" (the hash's fields are the keys) or \"sha256\" (their SHA-256 in hex)"),
+            ))
+        }
+    };
+    let ttl = match k.ttl_s {
+        None => DEFAULT_KEYS_REDIS_TTL,
+        Some(s @ 1..=86_400) => Duration::from_secs(s),
+        Some(s) => {
+            return Err(src.at_field(
+                Kind::OutOfRange,
+                &field("ttl_s"),
+                format!("{s} is outside 1..=86400 seconds; revocation takes effect within it (default 30)"),
+            ))
+        }
+    };
+    let stale = match k.stale_s {
+        None => DEFAULT_KEYS_REDIS_STALE,
+        Some(s @ 0..=604_800) => Duration::from_secs(s),
+        Some(s) => {
+            return Err(src.at_field(
+                Kind::OutOfRange,
+                &field("stale_s"),
+                format!("{s} is over a week (604800 s); default 300"),
+            ))
+        }
+    };
+    let cache_size = match k.cache_size {
+        None => DEFAULT_KEYS_REDIS_CACHE,
+        Some(n @ 1..=10_000_000) => n as usize,
+        Some(n) => {
+            return Err(src.at_field(
+                Kind::OutOfRange,
+                &field("cache_size"),
+                format!("{n} is outside 1..=10000000 keys (default {DEFAULT_KEYS_REDIS_CACHE})"),
+            ))
+        }
+    };
+    let unavailable = match k.unavailable.as_deref() {
+        None | Some("reject") => KeysUnavailable::Reject,
+        Some("unknown") => KeysUnavailable::Unknown,
+        Some(other) => {
+            return Err(src.at_field(
+                Kind::InvalidValue,
+                &field("unavailable"),
+                format!("{other:?}: expected \"reject\" (503 while Redis does not answer) or \"unknown\" (read as a key not listed)"),
+            ))
+        }
+    };
+    Ok(KeysRedisSettings {
+        hash: k.hash.clone(),
+        hashed_fields,
+        ttl,
+        stale,
+        cache_size,
+        unavailable,
     })
 }
 

@@ -108,6 +108,7 @@ mod front;
 mod idempotency;
 mod idle;
 mod intake;
+mod keys;
 mod locate;
 pub mod metrics;
 mod ops;
@@ -121,14 +122,16 @@ mod upstream;
 mod webhook;
 
 pub use config::{
-    ConfigFileError, GatewayConfig, GatewayLimits, PathSettings, RedisSettings, Settings,
-    SheddingSettings, StoreKind, Timeouts, TlsSettings, UpstreamProtocol, UpstreamTlsSettings,
-    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HEAD_BYTES,
-    DEFAULT_TLS_HANDSHAKE, KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES, MIN_MAX_BUFFERED_BYTES,
-    MIN_MAX_HEAD_BYTES,
+    ConfigFileError, GatewayConfig, GatewayLimits, KeysRedisSettings, KeysUnavailable,
+    PathSettings, RedisSettings, Settings, SheddingSettings, StoreKind, Timeouts, TlsSettings,
+    UpstreamProtocol, UpstreamTlsSettings, DEFAULT_KEYS_REDIS_CACHE, DEFAULT_KEYS_REDIS_STALE,
+    DEFAULT_KEYS_REDIS_TTL, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HANDSHAKES,
+    DEFAULT_MAX_HEAD_BYTES, DEFAULT_TLS_HANDSHAKE, KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES,
+    MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
 };
 pub use server::{
     serve_metrics, shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback,
     ReloadEvent,
 };
+pub use keys::MAX_LOOKUP_KEY;
 pub use store::GatewayStore;

@@ -10,6 +10,7 @@
 //! | `paceline_gateway_request_body_deadlines_total` | counter | `deadline` (`total`, `rate`) |
 //! | `paceline_gateway_intake_refused_total` | counter | `reason` (`receiving`, `memory`, `idle`) |
 //! | `paceline_gateway_tls_handshakes_total` | counter | `outcome` (`ok`, `failed`, `deadline`, `displaced`, `memory`) |
+//! | `paceline_gateway_key_lookups_total` | counter | `outcome` (`found`, `not_found`, `stale`, `unavailable`) |
 //!
 //! plus every series of [`paceline_server::telemetry`].
 
@@ -30,6 +31,9 @@ pub const RELOADS: &str = "paceline_gateway_reloads_total";
 pub const BODY_DEADLINES: &str = "paceline_gateway_request_body_deadlines_total";
 /// Requests refused by the body intake, by reason.
 pub const INTAKE_REFUSED: &str = "paceline_gateway_intake_refused_total";
+
+/// Keys looked up in Redis (`[gateway.keys_redis]`), by outcome.
+pub const KEY_LOOKUPS: &str = "paceline_gateway_key_lookups_total";
 
 /// TLS handshakes with clients, by outcome.
 pub const TLS_HANDSHAKES: &str = "paceline_gateway_tls_handshakes_total";

@@ -134,6 +134,9 @@ struct HandleInner {
     file: Option<PathBuf>,
     /// The client-facing TLS, with `[gateway.tls]`.
     tls: RwLock<Option<Arc<TlsFront>>>,
+    /// Keys looked up in Redis before the limiter, with
+    /// `[gateway.keys_redis]`.
+    keys: crate::keys::Keys,
     stop: watch::Sender<bool>,
 }
 
@@ -185,6 +188,7 @@ impl Gateway {
         let intake = Intake::new(s.limits, s.timeouts, s.paths, clock.clone());
         let store = open_store(&s, config.limits.key_hasher()).await?;
         let limiter = RateLimiter::new(config.limits.clone(), store, clock);
+        let keys = crate::keys::Keys::new(s.keys_redis.as_ref(), limiter.store(), &limiter);
         if let Some(uri) = &s.soft_limit_webhook {
             limiter.set_soft_limit_hook(crate::webhook::webhook(uri.clone()));
         }
@@ -209,6 +213,7 @@ impl Gateway {
                 sources: RwLock::new(config.sources.clone()),
                 file: config.file.clone(),
                 tls: RwLock::new(tls),
+                keys,
                 stop,
             }),
         };
@@ -405,7 +410,7 @@ impl Serving {
             retry,
         );
         let limited = RateLimit::new(admitted, h.inner.limiter.clone());
-        let stack = self.shed.layer(limited.with_peer(peer));
+        let stack = self.shed.layer(h.inner.keys.layer(limited.with_peer(peer)));
         let activity = Activity::new();
         let watched = activity.clone();
         let head = HeadBytes::new(h.inner.intake.buffered.clone(), self.max_head);
@@ -480,6 +485,11 @@ impl GatewayHandle {
     /// The path settings in force (`[gateway.paths]`).
     pub(crate) fn paths(&self) -> crate::config::PathSettings {
         self.inner.settings.read().paths
+    }
+
+    /// The key lookup before the limiter (`[gateway.keys_redis]`).
+    pub(crate) fn keys(&self) -> &crate::keys::Keys {
+        &self.inner.keys
     }
 
     /// Told when [`GatewayHandle::shutdown`] is called.
@@ -673,6 +683,7 @@ fn restart_notes(
         tls,
         upstream_tls,
         upstream_protocol,
+        keys_redis,
     } = new;
     let mut notes = Vec::new();
     let mut note = |name: &str, changed: bool| {
@@ -702,6 +713,7 @@ fn restart_notes(
         "gateway.upstream_protocol",
         old.upstream_protocol != *upstream_protocol,
     );
+    note("gateway.keys_redis", old.keys_redis != *keys_redis);
     // the limiter keeps these from its construction
     note("escalation", old_limits.escalation() != limits.escalation());
     // the idempotency layer and its store are built once (each route's

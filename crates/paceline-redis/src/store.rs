@@ -249,6 +249,27 @@ impl RedisStore {
         }
     }
 
+    /// `HGET key field`, within the store's deadline: the field's value,
+    /// `None` when the hash or the field is not there. For a lookup made
+    /// before a decision (the gateway's Redis key map), on the store's own
+    /// connections.
+    pub async fn hget(&self, key: &str, field: &str) -> Result<Option<String>, StoreError> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(key).arg(field);
+        let deadline = self.inner.deadline;
+        match tokio::time::timeout(deadline, self.inner.link.command(&cmd)).await {
+            Ok(Ok(redis::Value::Nil)) => Ok(None),
+            Ok(Ok(v)) => redis::from_redis_value::<String>(v)
+                .map(Some)
+                .map_err(|e| StoreError::Protocol(format!("HGET {key}: {e}"))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer to HGET within {} ms",
+                deadline.as_millis()
+            ))),
+        }
+    }
+
     /// Sends one plain command to a server (tests and diagnostics), within
     /// the deadline.
     pub async fn command(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {

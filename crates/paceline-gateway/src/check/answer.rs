@@ -26,10 +26,11 @@ use crate::server::GatewayHandle;
 /// The statuses [`DENY_STATUS`] may ask for.
 const DENY_STATUSES: [u16; 2] = [401, 403];
 
-/// The layers a described request goes through: the gateway's shed and
-/// limit layers, then [`Allow`].
-pub(super) type Stack =
-    crate::shed::LoadShed<RateLimit<Allow, crate::GatewayStore, Arc<dyn Clock>>>;
+/// The layers a described request goes through: the gateway's shed
+/// layer, its key lookup (`keys.rs`) and limit layer, then [`Allow`].
+pub(super) type Stack = crate::shed::LoadShed<
+    crate::keys::Resolve<RateLimit<Allow, crate::GatewayStore, Arc<dyn Clock>>>,
+>;
 
 /// The body of the stack's answers.
 type StackBody = crate::shed::ShedBody<paceline_server::RateLimitBody<Empty<Bytes>>>;

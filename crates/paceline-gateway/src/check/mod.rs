@@ -222,7 +222,7 @@ impl Check {
             let _ = stream.set_nodelay(true);
             // one stack per connection, knowing its peer (the proxy)
             let limited = RateLimit::new(Allow, h.limiter().clone()).with_peer(peer);
-            let stack = shed.layer(limited);
+            let stack = shed.layer(h.keys().layer(limited));
             let shared = shared.clone();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 shared.clone().answer(req, stack.clone())
