@@ -465,12 +465,11 @@ mod imp {
 
     use crate::server::GatewayLimiter;
 
-    /// What the cache tells of a request's key.
+    /// What the cache tells of a request's key (never made here).
+    #[allow(dead_code)]
     pub(crate) enum Cached {
         Nothing,
-        #[allow(dead_code)]
         Fresh(KeyLookup),
-        #[allow(dead_code)]
         Ask(String),
     }
 

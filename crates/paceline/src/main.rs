@@ -6,7 +6,8 @@
 //! ```text
 //!  cmd/gateway.rs ─► paceline-gateway       cmd/inspect.rs ─► paceline-wire (raw, parse)
 //!  cmd/demo.rs    ─► paceline-demo          cmd/bulk.rs    ─► paceline-client (reqwest)
-//!  cmd/sim.rs     ─► paceline-sim
+//!  cmd/sim.rs     ─► paceline-sim           cmd/keys.rs    ─► paceline-server (hashed entries,
+//!                                                             log hashes)
 //! ```
 //!
 //! A 429 the gateway sends never crosses this crate: `cmd/gateway.rs`
@@ -47,6 +48,8 @@ enum Command {
     Bulk(cmd::bulk::Args),
     /// Serve Envoy's rate-limit service on envoyproxy/ratelimit's YAML.
     Rls(cmd::rls::Args),
+    /// Tools for the keys a configuration lists (`keys hash KEY`).
+    Keys(cmd::keys::Args),
 }
 
 fn main() {
@@ -66,6 +69,7 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Bulk(a) => cmd::bulk::run(a),
         Command::Rls(a) => cmd::rls::run(a),
+        Command::Keys(a) => cmd::keys::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

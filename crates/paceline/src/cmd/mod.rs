@@ -6,5 +6,6 @@ pub(crate) mod check;
 pub(crate) mod demo;
 pub(crate) mod gateway;
 pub(crate) mod inspect;
+pub(crate) mod keys;
 pub(crate) mod rls;
 pub(crate) mod sim;
