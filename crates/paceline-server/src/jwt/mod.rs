@@ -171,6 +171,15 @@ impl Jwt {
         }
     }
 
+    /// Installs paceline's `ring` provider as `jsonwebtoken`'s process-wide
+    /// cryptography (building any [`Jwt`] does it too): call it first to
+    /// sign tokens with `jsonwebtoken::encode` in a process that has built
+    /// none (a test, a tool that issues tokens). A provider installed
+    /// before stays: the first install wins.
+    pub fn install_provider() {
+        crypto::install();
+    }
+
     /// Tokens signed with an HMAC `secret` (at least
     /// [`MIN_JWT_SECRET_BYTES`]), `HS256` accepted.
     pub fn hmac(secret: &[u8]) -> Result<Jwt, String> {
