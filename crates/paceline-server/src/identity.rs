@@ -1023,6 +1023,30 @@ mod tests {
         }
 
         #[test]
+        fn a_hashed_entry_reads_back_as_the_sha256_of_its_key(key in "\\PC{0,40}") {
+            let entry = hashed_key_entry(&key);
+            prop_assert_eq!(parse_hashed(&entry), Some(Ok(sha256(key.as_bytes()))));
+            prop_assert_eq!(parse_hashed(&entry.to_ascii_uppercase().replacen("SHA256:", "sha256:", 1)), Some(Ok(sha256(key.as_bytes()))));
+            // a key that is not an entry is not read as one
+            prop_assert_eq!(parse_hashed(&key).is_some(), key.starts_with(HASHED_PREFIX));
+        }
+
+        #[test]
+        fn any_sha256_entry_is_read_or_refused_never_misread(hex in "[0-9a-fA-Fg ]{0,70}") {
+            let entry = format!("{HASHED_PREFIX}{hex}");
+            let good = hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+            match parse_hashed(&entry) {
+                Some(Ok(d)) => {
+                    prop_assert!(good);
+                    let back: String = d.iter().map(|b| format!("{b:02x}")).collect();
+                    prop_assert_eq!(back, hex.to_ascii_lowercase());
+                }
+                Some(Err(_)) => prop_assert!(!good),
+                None => prop_assert!(false, "a sha256: entry is always read"),
+            }
+        }
+
+        #[test]
         fn untrusted_peer_is_always_the_client(a in any::<u32>(), b in any::<u32>(), spoof in "[0-9., a-f:]{0,40}") {
             let trusted = TrustedProxies::parse(["10.0.0.0/8"]).unwrap();
             let peer = IpAddr::V4(std::net::Ipv4Addr::from_bits(a));

@@ -505,3 +505,30 @@ fn the_redis_example_passes_check() {
         assert!(err.contains("gateway.store"), "{err}");
     }
 }
+
+#[test]
+fn the_jwt_example_passes_check() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["gateway", "--check"])
+        .arg(examples.join("shiplane-jwt.toml"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    // its key set is read: a copy of the example without it fails at the
+    // field that names it
+    let dir = std::env::temp_dir().join(format!("paceline-jwt-example-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(examples.join("shiplane-jwt.toml"), dir.join("g.toml")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["gateway", "--check"])
+        .arg(dir.join("g.toml"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("jwt.jwks_file"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -214,13 +214,15 @@ impl Limits {
     pub fn plan(&self, name: &str) -> Option<&Plan> {
         self.plans().find(|p| p.name() == name)
     }
-    /// The plan a key is on (its own, or the default plan).
+    /// The plan a key is on (its own, listed clear or hashed, or the
+    /// default plan).
     pub fn plan_for_key(&self, key: &str) -> Option<&Plan> {
         let i = self
             .inner
             .keys
             .get(key)
             .map(|&i| self.inner.key_entries[i].plan)
+            .or_else(|| self.inner.hashed_plan(key))
             .or(self.inner.default_plan)?;
         Some(&self.inner.plans[i].plan)
     }
