@@ -1,10 +1,15 @@
 //! Feeds arbitrary request heads to key extraction: the rate-limit layer of
-//! `paceline-server` (identity, the head checks) under four deployments
+//! `paceline-server` (identity, the head checks) under six deployments
 //! (bearer keys, a key header, client addresses behind trusted proxies,
-//! keyless callers limited per address), from trusted and untrusted peers.
+//! keyless callers limited per address, JWTs signed with an HMAC secret,
+//! consumer headers from an authentication layer), from trusted and
+//! untrusted peers.
 //!
 //! The bytes are a selector (deployment, peer) and a request head, parsed
-//! as the gateway's HTTP/1 server parses it. Nothing may panic, and:
+//! as the gateway's HTTP/1 server parses it. A selector below 0x80 picks
+//! one of the first four deployments (its low two bits) and a peer (the
+//! next bits); from 0x80, the low bit picks the JWT or the consumer-header
+//! deployment. Nothing may panic, and:
 //! - a request with two credentials is refused with 400 and never passed on;
 //! - what is passed on carries at most one credential, one `Host`, only the
 //!   chunked coding (once) and agreeing decimal lengths;
@@ -16,7 +21,11 @@
 //!   no key);
 //! - a 200 that is not passed on is the layer's usage document;
 //! - the client address is the socket peer unless the peer is a trusted
-//!   proxy, and is always known.
+//!   proxy, and is always known;
+//! - with JWTs, what is passed on carries a token whose signature verifies
+//!   under the secret (checked apart, by `jsonwebtoken` itself), counted;
+//! - with consumer headers, a request from a peer that is not trusted is
+//!   passed on without them, and is never counted as a consumer.
 
 #![no_main]
 
@@ -28,8 +37,8 @@ use http::{HeaderMap, Request, Response};
 use libfuzzer_sys::fuzz_target;
 use paceline_core::{ManualClock, MemoryStore};
 use paceline_server::{
-    bearer_token, client_ip, read_authorization, BasicAuth, Credential, Limits, LimitsConfig,
-    RateLimiter,
+    bearer_token, client_ip, read_authorization, BasicAuth, Credential, KeyHasher, Limits,
+    LimitsConfig, RateLimiter,
 };
 use tower::{Service, ServiceExt};
 
@@ -46,9 +55,13 @@ sk_a = "free"
 sk_b = "free"
 "#;
 
+/// The HMAC secret of the JWT deployment (the seeds' tokens are signed
+/// with it).
+const JWT_SECRET: &str = "paceline fuzz secret, 32 bytes+!";
+
 /// The deployments: (extra top-level fields, whether a configured key is
 /// required to pass).
-const DEPLOYMENTS: [(&str, bool); 4] = [
+const DEPLOYMENTS: [(&str, bool); 6] = [
     ("", true),
     ("key = \"header:x-api-key\"\n", true),
     ("key = \"ip\"\ndefault_plan = \"free\"\n", false),
@@ -56,7 +69,20 @@ const DEPLOYMENTS: [(&str, bool); 4] = [
         "anonymous_plan = \"anonymous\"\nmissing_key = \"anonymous\"\n",
         false,
     ),
+    // a verified token is required (its subject on the default plan)
+    (
+        "key = \"jwt\"\ndefault_plan = \"free\"\n[jwt]\nsecret_file = \"jwt.secret\"\nplan_claim = \"plan\"\n",
+        false,
+    ),
+    // consumers named by the layer in front; anyone else per address
+    (
+        "key = \"consumer_header\"\nanonymous_plan = \"anonymous\"\nmissing_key = \"anonymous\"\ndefault_plan = \"free\"\n[consumer_header]\n",
+        false,
+    ),
 ];
+
+const JWT: usize = 4;
+const CONSUMER: usize = 5;
 
 const PEERS: [&str; 6] = [
     "10.0.0.7:5000",
@@ -70,17 +96,37 @@ const PEERS: [&str; 6] = [
 fn limits() -> &'static [Limits] {
     static L: OnceLock<Vec<Limits>> = OnceLock::new();
     L.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("paceline-fuzz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        std::fs::write(dir.join("jwt.secret"), JWT_SECRET).expect("the secret file");
         DEPLOYMENTS
             .iter()
             .map(|(extra, _)| {
-                let text = format!("{extra}{PLANS}");
+                // top-level fields first, tables after
+                let (top, table) = match extra.find('[') {
+                    Some(i) => extra.split_at(i),
+                    None => (*extra, ""),
+                };
+                let text = format!("{top}{PLANS}{table}");
                 toml::from_str::<LimitsConfig>(&text)
                     .expect("model")
-                    .build()
+                    .build_with_files(KeyHasher::per_process().clone(), Some(&dir))
                     .expect("limits")
             })
             .collect()
     })
+}
+
+/// Whether `token`'s signature verifies under the fuzz secret, by
+/// `jsonwebtoken` alone (times are the limiter's business).
+fn genuine(token: &str) -> bool {
+    let mut v = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
+    v.required_spec_claims.clear();
+    v.validate_exp = false;
+    v.validate_nbf = false;
+    v.validate_aud = false;
+    let key = jsonwebtoken::DecodingKey::from_secret(JWT_SECRET.as_bytes());
+    jsonwebtoken::decode::<serde_json::Value>(token, &key, &v).is_ok()
 }
 
 fn runtime() -> &'static tokio::runtime::Runtime {
@@ -161,8 +207,13 @@ fuzz_target!(|data: &[u8]| {
     let [sel, rest @ ..] = data else {
         return;
     };
-    let deployment = usize::from(sel & 0x3);
-    let peer: SocketAddr = PEERS[usize::from(sel >> 2) % PEERS.len()].parse().unwrap();
+    let deployment = match sel & 0x80 {
+        0 => usize::from(sel & 0x3),
+        _ => JWT + usize::from(sel & 0x1),
+    };
+    let peer: SocketAddr = PEERS[usize::from((sel & 0x7f) >> 2) % PEERS.len()]
+        .parse()
+        .unwrap();
     // the bytes as a whole head, or as the fields after a fixed request line
     let mut framed = b"GET /v1/rates HTTP/1.1\r\n".to_vec();
     framed.extend_from_slice(rest);
@@ -200,6 +251,7 @@ fuzz_target!(|data: &[u8]| {
     let usage = req.method() == http::Method::GET && req.uri().path() == "/v1/usage";
     let two_credentials = count(req.headers(), "authorization") > 1
         || (deployment == 1 && count(req.headers(), "x-api-key") > 1);
+    let sent_consumer = req.headers().contains_key("x-consumer-id");
     let res = runtime()
         .block_on(async { svc.ready().await.unwrap().call(req).await })
         .unwrap();
@@ -228,6 +280,20 @@ fuzz_target!(|data: &[u8]| {
                 let words: Vec<&str> = text.split_whitespace().collect();
                 assert_eq!(words.get(1).copied(), Some(&*k), "{h:?}");
                 assert_eq!(words.len(), 2, "{h:?}");
+            }
+            if deployment == JWT {
+                let token = bearer_token(&h).expect("a token passed on");
+                assert!(genuine(token), "a token that does not verify passed: {h:?}");
+                assert!(res.headers().contains_key("ratelimit"), "counted");
+            }
+            if deployment == CONSUMER && !trusted.contains(peer.ip()) {
+                assert!(!h.contains_key("x-consumer-id"), "{h:?}");
+                assert!(!h.contains_key("x-plan"), "{h:?}");
+                // per address, anonymously: no counters published
+                assert!(!res.headers().contains_key("ratelimit"), "{h:?}");
+            }
+            if deployment == CONSUMER && trusted.contains(peer.ip()) && sent_consumer {
+                assert!(h.contains_key("x-consumer-id"), "{h:?}");
             }
             if keys_required {
                 let key = match deployment {

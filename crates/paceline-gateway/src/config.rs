@@ -14,7 +14,11 @@
 //! `dialects`, ...): this module reads the `[gateway]` table and hands the
 //! rest of the file to [`LimitsConfig`] as it is, so the limits' fields and
 //! defaults are defined there alone. Keys may also come from a separate
-//! file (`gateway.keys_file`, a TOML table of `key = "plan"`).
+//! file (`gateway.keys_file`, a TOML table of `key = "plan"`; an entry may
+//! be `sha256:<hex>`, the key hashed), and from a Redis hash
+//! (`[gateway.keys_redis]`, looked up before the limiter: see `keys.rs`).
+//! The files the limits name (`[jwt]`'s key set or secret) are read
+//! relative to the configuration's directory, and watched with it.
 //!
 //! Every error carries a [`ConfigErrorKind`], so a caller can tell a
 //! missing plan from a malformed file without reading the message.
@@ -1172,13 +1176,13 @@ fn keys_redis(
     let ttl = match k.ttl_s {
         None => DEFAULT_KEYS_REDIS_TTL,
         Some(s @ 1..=86_400) => Duration::from_secs(s),
-        Some(s) => {
-            return Err(src.at_field(
-                Kind::OutOfRange,
-                &field("ttl_s"),
-                format!("{s} is outside 1..=86400 seconds; revocation takes effect within it (default 30)"),
-            ))
-        }
+        Some(s) => return Err(src.at_field(
+            Kind::OutOfRange,
+            &field("ttl_s"),
+            format!(
+                "{s} is outside 1..=86400 seconds; revocation takes effect within it (default 30)"
+            ),
+        )),
     };
     let stale = match k.stale_s {
         None => DEFAULT_KEYS_REDIS_STALE,

@@ -42,6 +42,9 @@
 //!     │              hold the unit admitted.rs takes, time the upstream)
 //!     │  mod.rs     (Shedder: in-flight units by criticality, latency rule)
 //!     ▼
+//!  keys.rs     with [gateway.keys_redis]: an API key the file does not list
+//!     │        looked up (bounded cache, then HGET) and handed on as a KeyLookup
+//!     ▼
 //!  paceline-server RateLimit  (decide from the head; 429 without going on)
 //!     │
 //!     ▼
@@ -129,9 +132,9 @@ pub use config::{
     DEFAULT_MAX_HEAD_BYTES, DEFAULT_TLS_HANDSHAKE, KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES,
     MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
 };
+pub use keys::MAX_LOOKUP_KEY;
 pub use server::{
     serve_metrics, shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback,
     ReloadEvent,
 };
-pub use keys::MAX_LOOKUP_KEY;
 pub use store::GatewayStore;

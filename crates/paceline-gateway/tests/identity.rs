@@ -33,19 +33,20 @@ async fn echo_upstream() -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
-                    let seen = |name: &str| {
-                        req.headers()
-                            .get(name)
-                            .map_or("-".to_string(), |v| v.to_str().unwrap_or("?").to_string())
-                    };
-                    let res = Response::builder()
-                        .header("seen-consumer", seen("x-consumer-id"))
-                        .header("seen-plan", seen("x-plan"))
-                        .body(Full::new(Bytes::from_static(b"{}")))
-                        .unwrap();
-                    Ok::<_, Infallible>(res)
-                });
+                let svc =
+                    hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                        let seen = |name: &str| {
+                            req.headers()
+                                .get(name)
+                                .map_or("-".to_string(), |v| v.to_str().unwrap_or("?").to_string())
+                        };
+                        let res = Response::builder()
+                            .header("seen-consumer", seen("x-consumer-id"))
+                            .header("seen-plan", seen("x-plan"))
+                            .body(Full::new(Bytes::from_static(b"{}")))
+                            .unwrap();
+                        Ok::<_, Infallible>(res)
+                    });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(s), svc)
                     .await;
@@ -184,7 +185,11 @@ async fn jwts_are_verified_against_the_jwks_and_count_on_their_plan() {
     let (k1, jwk1) = es256("k1");
     let (impostor, _) = es256("k1");
     let (k2, jwk2) = es256("k2");
-    std::fs::write(d.join("jwks.json"), serde_json::json!({"keys": [jwk1]}).to_string()).unwrap();
+    std::fs::write(
+        d.join("jwks.json"),
+        serde_json::json!({"keys": [jwk1]}).to_string(),
+    )
+    .unwrap();
     let text = format!(
         "key = \"jwt\"\n{}\n[jwt]\njwks_file = \"jwks.json\"\nissuer = \"https://id.example\"\nplan_claim = \"tier\"\nplans = {{ pro = \"gold\", hobby = \"free\" }}\n{PLANS}",
         gateway_table(upstream)
@@ -199,7 +204,9 @@ async fn jwts_are_verified_against_the_jwks_and_count_on_their_plan() {
     assert_eq!(g.status, 200, "{}", g.body);
     assert!(g.field("ratelimit-policy").contains("q=50"), "gold");
     assert!(g.field("ratelimit").contains("r=49"));
-    let hobby = rig.bearer(&sign(&k1, "k1", claims("user-2", "hobby", T0 + 600))).await;
+    let hobby = rig
+        .bearer(&sign(&k1, "k1", claims("user-2", "hobby", T0 + 600)))
+        .await;
     assert!(hobby.field("ratelimit-policy").contains("q=5;"), "free");
 
     let refused = |g: Got, reason: &str| {
@@ -213,7 +220,8 @@ async fn jwts_are_verified_against_the_jwks_and_count_on_their_plan() {
     };
     // signed by another key under k1's name
     refused(
-        rig.bearer(&sign(&impostor, "k1", claims("user-1", "pro", T0 + 600))).await,
+        rig.bearer(&sign(&impostor, "k1", claims("user-1", "pro", T0 + 600)))
+            .await,
         "signature does not verify",
     );
     // alg none
@@ -228,7 +236,8 @@ async fn jwts_are_verified_against_the_jwks_and_count_on_their_plan() {
     refused(rig.bearer(&none).await, "algorithm is not accepted");
     // expired on the gateway's clock
     refused(
-        rig.bearer(&sign(&k1, "k1", claims("user-1", "pro", T0 - 120))).await,
+        rig.bearer(&sign(&k1, "k1", claims("user-1", "pro", T0 - 120)))
+            .await,
         "expired",
     );
     // a key the set does not hold (yet)
@@ -283,7 +292,11 @@ async fn consumer_headers_count_from_a_trusted_proxy_and_are_stripped_from_other
         .await;
     assert_eq!(g.status, 200);
     assert!(g.field("ratelimit-policy").contains("q=50"), "gold");
-    assert_eq!(g.field("seen-consumer"), "acme", "passed on from a trusted proxy");
+    assert_eq!(
+        g.field("seen-consumer"),
+        "acme",
+        "passed on from a trusted proxy"
+    );
     assert_eq!(g.field("seen-plan"), "enterprise");
 
     // the same request from a peer that is not trusted
@@ -296,7 +309,11 @@ async fn consumer_headers_count_from_a_trusted_proxy_and_are_stripped_from_other
             .await;
         assert_eq!(g.status, 200, "limited per address, as anonymous");
         assert_eq!(g.field("ratelimit-policy"), "", "no counters: anonymous");
-        assert_eq!(g.field("seen-consumer"), "-", "stripped before the upstream");
+        assert_eq!(
+            g.field("seen-consumer"),
+            "-",
+            "stripped before the upstream"
+        );
         assert_eq!(g.field("seen-plan"), "-");
     }
     let g = rig

@@ -127,7 +127,11 @@ async fn a_key_added_then_removed_is_admitted_then_refused_within_the_ttl() {
     assert!(redis
         .cli(&format!("HSET {HASH} sk_new gold"))
         .starts_with(':'));
-    assert_eq!(rig.status("sk_new").await, 401, "a miss is cached for ttl_s");
+    assert_eq!(
+        rig.status("sk_new").await,
+        401,
+        "a miss is cached for ttl_s"
+    );
     rig.advance(11);
     let (status, headers, _) = rig.get("sk_new").await;
     assert_eq!(status, 200);
@@ -185,7 +189,10 @@ async fn a_redis_that_does_not_answer_leaves_the_cache_then_503() {
     assert_eq!(status, 503);
     assert_eq!(headers["retry-after"], "1");
     assert_eq!(headers["content-type"], "application/problem+json");
-    assert!(body["detail"].as_str().unwrap().contains("looked up"), "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("looked up"),
+        "{body}"
+    );
     // past ttl + stale: nothing usable is cached any more
     rig.advance(60);
     assert_eq!(rig.status("sk_known").await, 503);

@@ -187,7 +187,9 @@ pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
 /// Reads a hashed `keys` entry (`sha256:` and 64 hex digits, either case).
 pub(crate) fn parse_hashed(entry: &str) -> Option<Result<[u8; 32], String>> {
     let hex = entry.strip_prefix(HASHED_PREFIX)?;
-    let bad = || format!("{entry:?}: a hashed key is sha256: and the 64 hex digits of its SHA-256 (paceline keys hash KEY prints it)");
+    let bad = || {
+        format!("{entry:?}: a hashed key is sha256: and the 64 hex digits of its SHA-256 (paceline keys hash KEY prints it)")
+    };
     if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Some(Err(bad()));
     }

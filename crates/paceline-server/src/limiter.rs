@@ -995,15 +995,13 @@ fn who(
                 .authorization
                 .map(|v| read_authorization(v, BasicAuth::Refuse))
             {
-                Some(Credential::Key(token)) => {
-                    match j.jwt.verify(&token, now().as_secs_floor()) {
-                        Ok((key, plan)) => {
-                            claimed = plan.map(|p| j.plans.plan(&p, &lim.plan_index));
-                            Some(Credential::Key(key.into()))
-                        }
-                        Err(e) => return stranger(Stranger::BadToken(e)),
+                Some(Credential::Key(token)) => match j.jwt.verify(&token, now().as_secs_floor()) {
+                    Ok((key, plan)) => {
+                        claimed = plan.map(|p| j.plans.plan(&p, &lim.plan_index));
+                        Some(Credential::Key(key.into()))
                     }
-                }
+                    Err(e) => return stranger(Stranger::BadToken(e)),
+                },
                 other => other,
             }
         }
@@ -1083,7 +1081,10 @@ fn who(
 
 /// The one value of `name` in `headers`: `Err` when it is sent twice
 /// (which of the two counts is not guessed).
-fn one_field<'h>(headers: &'h HeaderMap, name: &http::header::HeaderName) -> Result<Option<&'h HeaderValue>, ()> {
+fn one_field<'h>(
+    headers: &'h HeaderMap,
+    name: &http::header::HeaderName,
+) -> Result<Option<&'h HeaderValue>, ()> {
     let mut values = headers.get_all(name).iter();
     match (values.next(), values.next()) {
         (None, _) => Ok(None),

@@ -235,7 +235,10 @@ fn a_consumer_header_counts_from_a_trusted_proxy_only() {
     let g = b.send(consumer_req(Some("acme"), None), "10.1.2.3:5000");
     assert_eq!((g.status, g.code()), (401, "unknown_key"));
     // a plan the configuration does not have: an unknown caller
-    let g = b.send(consumer_req(Some("acme"), Some("platinum")), "10.1.2.3:5000");
+    let g = b.send(
+        consumer_req(Some("acme"), Some("platinum")),
+        "10.1.2.3:5000",
+    );
     assert_eq!((g.status, g.code()), (401, "unknown_key"));
 
     // from anyone else the headers are ignored: a keyless caller (here
@@ -244,7 +247,10 @@ fn a_consumer_header_counts_from_a_trusted_proxy_only() {
     for _ in 0..2 {
         let g = b.send(consumer_req(Some("acme"), Some("gold")), "203.0.113.5:5000");
         assert_eq!(g.status, 200);
-        assert!(g.field("ratelimit-policy").is_empty(), "anonymous: no fields");
+        assert!(
+            g.field("ratelimit-policy").is_empty(),
+            "anonymous: no fields"
+        );
         let passed = g.passed.unwrap();
         assert!(!passed.contains_key("x-consumer-id"), "{passed:?}");
         assert!(!passed.contains_key("x-plan"), "{passed:?}");
@@ -357,9 +363,7 @@ fn a_good_jwt_gets_its_plan_and_a_bad_one_401_with_a_problem_body() {
     let (other, _) = es256("k1");
     let (unlisted, _) = es256("k9");
     let b = jwt_bench(&serde_json::json!({ "keys": [jwk] }));
-    let claims = |sub: &str, tier: &str, exp: u64| {
-        serde_json::json!({"sub": sub, "tier": tier, "exp": exp, "iat": T0})
-    };
+    let claims = |sub: &str, tier: &str, exp: u64| serde_json::json!({"sub": sub, "tier": tier, "exp": exp, "iat": T0});
 
     // good: counted under its subject, on the plan its tier maps to
     let good = sign(&key, "k1", &claims("user-1", "pro", T0 + 300));
@@ -371,7 +375,10 @@ fn a_good_jwt_gets_its_plan_and_a_bad_one_401_with_a_problem_body() {
     assert!(hobby.field("ratelimit-policy").contains("q=5"), "{hobby:?}");
     // a subject listed under keys has the plan listed, whatever the token
     let listed = b.bearer(&sign(&key, "k1", &claims("svc-batch", "hobby", T0 + 300)));
-    assert!(listed.field("ratelimit-policy").contains("q=50"), "{listed:?}");
+    assert!(
+        listed.field("ratelimit-policy").contains("q=50"),
+        "{listed:?}"
+    );
     // two tokens of one subject share one budget
     let again = b.bearer(&sign(&key, "k1", &claims("user-1", "pro", T0 + 600)));
     assert!(again.field("ratelimit").contains("r=48"), "{again:?}");
@@ -434,7 +441,10 @@ fn a_good_jwt_gets_its_plan_and_a_bad_one_401_with_a_problem_body() {
     refused(&b.bearer(&good), "expired");
 
     // no token at all: a request without a key
-    let none = b.send(Request::get("/v1/rates").body(()).unwrap(), "198.51.100.7:1");
+    let none = b.send(
+        Request::get("/v1/rates").body(()).unwrap(),
+        "198.51.100.7:1",
+    );
     assert_eq!((none.status, none.code()), (401, "unauthorized"));
     // unlimited routes stay unlimited, token or not
     let h = b.send(
@@ -469,8 +479,14 @@ fn a_jwt_plan_claim_naming_no_plan_falls_to_the_default_plan() {
         )
     };
     // the claim's value is the plan's name
-    assert!(b.bearer(&t("gold")).field("ratelimit-policy").contains("q=50"));
-    assert!(b.bearer(&t("platinum")).field("ratelimit-policy").contains("q=5"));
+    assert!(b
+        .bearer(&t("gold"))
+        .field("ratelimit-policy")
+        .contains("q=50"));
+    assert!(b
+        .bearer(&t("platinum"))
+        .field("ratelimit-policy")
+        .contains("q=5"));
 }
 
 #[test]
@@ -478,7 +494,11 @@ fn the_jwt_table_is_checked_by_field() {
     let dir = std::env::temp_dir().join(format!("paceline-jwt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("short.secret"), "too short\n").unwrap();
-    std::fs::write(dir.join("good.secret"), "0123456789abcdef0123456789abcdef\n").unwrap();
+    std::fs::write(
+        dir.join("good.secret"),
+        "0123456789abcdef0123456789abcdef\n",
+    )
+    .unwrap();
     std::fs::write(dir.join("jwks.json"), "{\"keys\": 3}").unwrap();
     let build = |jwt: &str| {
         let text = format!(

@@ -100,7 +100,10 @@ policies = [{{ name = "b", algorithm = "token_bucket", q = 5, w = 1 }}]
     assert!(log.contains("key_hash_secret_file"), "{log}");
     // the configuration with the entry puts the clear key on its plan
     let cfg = paceline_gateway::GatewayConfig::load(&path).unwrap();
-    assert_eq!(cfg.limits.plan_for_key("sk_from_file").unwrap().name(), "free");
+    assert_eq!(
+        cfg.limits.plan_for_key("sk_from_file").unwrap().name(),
+        "free"
+    );
     assert!(cfg.limits.plan_for_key("sk_other").is_none());
     assert_eq!(
         cfg.limits.log_hash("sk_from_file").to_string(),

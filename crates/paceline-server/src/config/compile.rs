@@ -20,8 +20,7 @@ use super::{
 };
 use crate::escalation::EscalationConfig;
 use crate::identity::{
-    parse_hashed, BasicAuth, ConsumerHeaders, IpPrefixes, KeySource, KeyTreatment,
-    TrustedProxies,
+    parse_hashed, BasicAuth, ConsumerHeaders, IpPrefixes, KeySource, KeyTreatment, TrustedProxies,
 };
 use crate::route::Route;
 
@@ -304,8 +303,7 @@ impl LimitsBuilder {
             }
             let field = format!("keys.{k}");
             if let Some(digest) = parse_hashed(k) {
-                let digest =
-                    digest.map_err(|m| ConfigError::new(Kind::InvalidValue, &field, m))?;
+                let digest = digest.map_err(|m| ConfigError::new(Kind::InvalidValue, &field, m))?;
                 // a key given twice: the later plan wins
                 hashed.insert(digest, find(&field, p)?);
                 continue;

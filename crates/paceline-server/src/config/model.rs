@@ -591,13 +591,21 @@ impl JwtConfig {
         }
         if let Some(c) = &self.key_claim {
             if c.is_empty() {
-                return Err(err("key_claim", Kind::InvalidValue, "must not be empty".into()));
+                return Err(err(
+                    "key_claim",
+                    Kind::InvalidValue,
+                    "must not be empty".into(),
+                ));
             }
             jwt = jwt.key_claim(c);
         }
         if let Some(c) = &self.plan_claim {
             if c.is_empty() {
-                return Err(err("plan_claim", Kind::InvalidValue, "must not be empty".into()));
+                return Err(err(
+                    "plan_claim",
+                    Kind::InvalidValue,
+                    "must not be empty".into(),
+                ));
             }
             jwt = jwt.plan_claim(c);
         }
@@ -616,7 +624,9 @@ impl JwtConfig {
                 return Err(err(
                     "leeway_s",
                     Kind::OutOfRange,
-                    format!("{s} s of clock skew is over an hour; a few seconds to a minute is usual"),
+                    format!(
+                        "{s} s of clock skew is over an hour; a few seconds to a minute is usual"
+                    ),
                 ));
             }
             jwt = jwt.leeway_s(s);

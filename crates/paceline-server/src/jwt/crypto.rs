@@ -96,9 +96,9 @@ impl Verifier<Vec<u8>> for Verify {
     fn verify(&self, msg: &[u8], sig: &Vec<u8>) -> Result<(), signature::Error> {
         let ok = match self {
             Verify::Hmac(_, key) => ring::hmac::verify(key, msg, sig).is_ok(),
-            Verify::Public(_, alg, der) => {
-                rs::UnparsedPublicKey::new(*alg, der).verify(msg, sig).is_ok()
-            }
+            Verify::Public(_, alg, der) => rs::UnparsedPublicKey::new(*alg, der)
+                .verify(msg, sig)
+                .is_ok(),
             Verify::RsaParts(_, params, n, e) => rs::RsaPublicKeyComponents { n, e }
                 .verify(params, msg, sig)
                 .is_ok(),

@@ -231,7 +231,10 @@ impl Jwt {
         if keys.is_empty() {
             return Err("the key set holds no signature key".into());
         }
-        Ok(Jwt::with_keys(keys, vec![Algorithm::RS256, Algorithm::ES256]))
+        Ok(Jwt::with_keys(
+            keys,
+            vec![Algorithm::RS256, Algorithm::ES256],
+        ))
     }
 
     /// The algorithms accepted, by name (`HS256`, `RS256`, `ES256`, ...):
@@ -329,13 +332,14 @@ impl Jwt {
         v.validate_nbf = false;
         v.validate_aud = false;
         v.leeway = 0;
-        let data = jsonwebtoken::decode::<Map<String, Value>>(token, &key.key, &v).map_err(|e| {
-            match e.kind() {
+        let data =
+            jsonwebtoken::decode::<Map<String, Value>>(token, &key.key, &v).map_err(|e| match e
+                .kind()
+            {
                 jsonwebtoken::errors::ErrorKind::InvalidSignature => TokenError::Signature,
                 jsonwebtoken::errors::ErrorKind::InvalidAlgorithm => TokenError::Algorithm,
                 _ => TokenError::Malformed,
-            }
-        })?;
+            })?;
         self.check_claims(&data.claims, now_s)
     }
 
@@ -417,7 +421,8 @@ fn header_error(token: &str) -> TokenError {
     let Some(head) = token.split('.').next() else {
         return TokenError::Malformed;
     };
-    let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(head.trim_end_matches('='));
+    let decoded =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(head.trim_end_matches('='));
     let alg = decoded
         .ok()
         .and_then(|b| serde_json::from_slice::<Map<String, Value>>(&b).ok())
@@ -468,7 +473,8 @@ mod tests {
     #[test]
     fn every_flaw_has_its_reason() {
         let jwt = Jwt::hmac(SECRET).unwrap().issuer("idp").audience("api");
-        let good = serde_json::json!({"sub": "u", "exp": NOW + 60, "iss": "idp", "aud": ["x", "api"]});
+        let good =
+            serde_json::json!({"sub": "u", "exp": NOW + 60, "iss": "idp", "aud": ["x", "api"]});
         assert!(jwt.verify(&hs(&good), NOW).is_ok());
         let with = |k: &str, v: Value| {
             let mut c = good.clone();
@@ -477,7 +483,10 @@ mod tests {
         };
         assert_eq!(with("exp", (NOW - 100).into()), Err(TokenError::Expired));
         assert_eq!(with("exp", "never".into()), Err(TokenError::BadTime));
-        assert_eq!(with("nbf", (NOW + 100).into()), Err(TokenError::NotYetValid));
+        assert_eq!(
+            with("nbf", (NOW + 100).into()),
+            Err(TokenError::NotYetValid)
+        );
         assert_eq!(with("nbf", "99999999999".into()), Err(TokenError::BadTime));
         assert_eq!(with("iss", "other".into()), Err(TokenError::Issuer));
         assert_eq!(with("aud", "web".into()), Err(TokenError::Audience));
@@ -516,7 +525,11 @@ mod tests {
         .unwrap();
         assert_eq!(jwt.verify(&hs384, NOW), Err(TokenError::Algorithm));
         for junk in ["", "a.b", "a.b.c", "....", "eyJ.eyJ.x"] {
-            assert_eq!(jwt.verify(junk, NOW), Err(TokenError::Malformed), "{junk:?}");
+            assert_eq!(
+                jwt.verify(junk, NOW),
+                Err(TokenError::Malformed),
+                "{junk:?}"
+            );
         }
     }
 
@@ -524,7 +537,9 @@ mod tests {
     fn a_short_secret_and_an_empty_set_are_refused() {
         assert!(Jwt::hmac(b"short").unwrap_err().contains("32"));
         assert!(Jwt::jwks(r#"{"keys": []}"#).is_err());
-        assert!(Jwt::jwks("not json").unwrap_err().contains("JSON Web Key Set"));
+        assert!(Jwt::jwks("not json")
+            .unwrap_err()
+            .contains("JSON Web Key Set"));
         let jwt = Jwt::hmac(SECRET).unwrap();
         assert!(jwt.clone().algorithms(&["RS256"]).is_err());
         assert!(jwt.clone().algorithms(&["none"]).is_err());
@@ -578,7 +593,10 @@ mod tests {
         let jwt = Jwt::jwks(jwks).unwrap().key_claim("iss");
         let at = 1_300_819_000;
         assert_eq!(jwt.verify(token, at), Ok(("joe".to_string(), None)));
-        assert_eq!(jwt.verify(token, 1_300_819_380 + 30), Err(TokenError::Expired));
+        assert_eq!(
+            jwt.verify(token, 1_300_819_380 + 30),
+            Err(TokenError::Expired)
+        );
         // one byte of the signature changed
         let mut forged = token.as_bytes().to_vec();
         let i = forged.len() - 20;

@@ -71,14 +71,14 @@ fn hash(key: &str, config: Option<&std::path::Path>) -> anyhow::Result<i32> {
         None => match std::env::var(KEY_HASH_SECRET_ENV) {
             Ok(secret) => {
                 let origin = format!("the environment ({KEY_HASH_SECRET_ENV})");
-                let hasher = match paceline_server::KeyHasher::from_secret(secret.as_bytes(), &origin)
-                {
-                    Ok(h) => h,
-                    Err(e) => {
-                        eprintln!("paceline keys hash: {KEY_HASH_SECRET_ENV}: {e}");
-                        return Ok(1);
-                    }
-                };
+                let hasher =
+                    match paceline_server::KeyHasher::from_secret(secret.as_bytes(), &origin) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            eprintln!("paceline keys hash: {KEY_HASH_SECRET_ENV}: {e}");
+                            return Ok(1);
+                        }
+                    };
                 // a plan is all limits need to be built
                 let plan = paceline_core::Plan::new(
                     "any",
