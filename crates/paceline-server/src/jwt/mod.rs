@@ -428,8 +428,9 @@ fn header_error(token: &str) -> TokenError {
         .and_then(|b| serde_json::from_slice::<Map<String, Value>>(&b).ok())
         .and_then(|h| h.get("alg").and_then(Value::as_str).map(str::to_string));
     match alg {
-        Some(_) => TokenError::Algorithm,
-        None => TokenError::Malformed,
+        // `none`, or a name no signature has
+        Some(a) if Algorithm::from_str(&a).is_err() => TokenError::Algorithm,
+        _ => TokenError::Malformed,
     }
 }
 
