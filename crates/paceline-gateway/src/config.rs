@@ -1176,13 +1176,15 @@ fn keys_redis(
     let ttl = match k.ttl_s {
         None => DEFAULT_KEYS_REDIS_TTL,
         Some(s @ 1..=86_400) => Duration::from_secs(s),
-        Some(s) => return Err(src.at_field(
-            Kind::OutOfRange,
-            &field("ttl_s"),
-            format!(
+        Some(s) => {
+            return Err(src.at_field(
+                Kind::OutOfRange,
+                &field("ttl_s"),
+                format!(
                 "{s} is outside 1..=86400 seconds; revocation takes effect within it (default 30)"
             ),
-        )),
+            ))
+        }
     };
     let stale = match k.stale_s {
         None => DEFAULT_KEYS_REDIS_STALE,

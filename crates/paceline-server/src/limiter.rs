@@ -154,6 +154,7 @@ impl Prepared {
     /// Removes the consumer headers of a request from an untrusted peer
     /// (see [`KeySource::ConsumerHeader`]), so that no service behind the
     /// layer reads a forged one.
+    #[inline]
     pub(crate) fn strip_untrusted(&self, headers: &mut HeaderMap) {
         if !self.strip {
             return;
