@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -28,6 +28,7 @@ use paceline_core::{Clock, ManualClock};
 use paceline_gateway::check::Check;
 use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle};
 
+use common::nginx::{free_port, missing};
 use common::{counting_upstream, LIMIT};
 
 /// The instant both clocks stand at.
@@ -37,25 +38,8 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Says why a proxy is missing: a failure in CI, a printed skip elsewhere.
-fn missing(what: &str) {
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    if ci {
-        panic!("{what} is missing: run scripts/test.sh, which installs it");
-    }
-    eprintln!("SKIPPED: {what} is missing (scripts/test.sh installs it)");
-}
-
 fn binary(candidates: &[&'static str]) -> Option<&'static str> {
     candidates.iter().copied().find(|p| Path::new(p).exists())
-}
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A proxy process, stopped (and its directory removed) when dropped.

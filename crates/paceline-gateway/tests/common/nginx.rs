@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 /// How long nginx may take to listen.
 const START: Duration = Duration::from_secs(10);
 
-/// Says why nginx is missing: a failure in CI, a printed skip elsewhere.
+/// Says why a peer (nginx, Caddy, curl, ...) is missing: a failure in CI,
+/// a printed skip elsewhere.
 pub(crate) fn missing(what: &str) {
     let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
     if ci {

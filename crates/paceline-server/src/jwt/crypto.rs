@@ -53,13 +53,10 @@ fn compute_digest(data: &[u8], hash: ThumbprintHash) -> Vec<u8> {
 
 /// The public-key verification algorithm of `alg` (none for HMAC).
 fn public_alg(alg: Algorithm) -> Option<&'static dyn rs::VerificationAlgorithm> {
+    if let Some(rsa) = rsa_params(alg) {
+        return Some(rsa);
+    }
     Some(match alg {
-        Algorithm::RS256 => &rs::RSA_PKCS1_2048_8192_SHA256,
-        Algorithm::RS384 => &rs::RSA_PKCS1_2048_8192_SHA384,
-        Algorithm::RS512 => &rs::RSA_PKCS1_2048_8192_SHA512,
-        Algorithm::PS256 => &rs::RSA_PSS_2048_8192_SHA256,
-        Algorithm::PS384 => &rs::RSA_PSS_2048_8192_SHA384,
-        Algorithm::PS512 => &rs::RSA_PSS_2048_8192_SHA512,
         Algorithm::ES256 => &rs::ECDSA_P256_SHA256_FIXED,
         Algorithm::ES384 => &rs::ECDSA_P384_SHA384_FIXED,
         Algorithm::EdDSA => &rs::ED25519,
