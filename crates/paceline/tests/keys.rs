@@ -44,12 +44,12 @@ fn expected_log_hash(key: &str) -> String {
 fn the_entry_and_the_log_hash_of_a_key() {
     let (code, out, err) = hash(&["sk_live_1"], Some(SECRET), None);
     assert_eq!(code, 0, "{err}");
-    let mut lines = out.lines();
+    // the entry alone on standard output, the log hash on standard error
     assert_eq!(
-        lines.next(),
-        Some(paceline_server::hashed_key_entry("sk_live_1").as_str())
+        out,
+        format!("{}\n", paceline_server::hashed_key_entry("sk_live_1"))
     );
-    let log = lines.next().unwrap();
+    let log = err.lines().next().unwrap();
     assert!(
         log.starts_with(&format!("log hash: {}", expected_log_hash("sk_live_1"))),
         "{log}"
@@ -59,9 +59,9 @@ fn the_entry_and_the_log_hash_of_a_key() {
     let (_, from_stdin, _) = hash(&["-"], Some(SECRET), Some("sk_live_1\n"));
     assert_eq!(from_stdin, out);
     // without a secret the log hash cannot be told
-    let (code, out, _) = hash(&["sk_live_1"], None, None);
+    let (code, _, err) = hash(&["sk_live_1"], None, None);
     assert_eq!(code, 0);
-    assert!(out.lines().nth(1).unwrap().contains("unknown"), "{out}");
+    assert!(err.lines().next().unwrap().contains("unknown"), "{err}");
 }
 
 #[test]
@@ -92,7 +92,8 @@ policies = [{{ name = "b", algorithm = "token_bucket", q = 5, w = 1 }}]
         None,
     );
     assert_eq!(code, 0, "{err}");
-    let log = out.lines().nth(1).unwrap();
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let log = err.lines().next().unwrap();
     assert!(
         log.starts_with(&format!("log hash: {}", expected_log_hash("sk_from_file"))),
         "{log}"

@@ -2,8 +2,9 @@
 //!
 //! `paceline keys hash KEY` prints the `keys` entry that admits KEY
 //! without the file holding it (`sha256:` and the hex of its SHA-256),
-//! and the hash logs and soft-limit events show for KEY, to find its
-//! requests in the logs. That hash is keyed by the deployment's key-hash
+//! alone on standard output (so `$(paceline keys hash -)` is the entry),
+//! and on standard error the hash logs and soft-limit events show for
+//! KEY, to find its requests in the logs. That hash is keyed by the deployment's key-hash
 //! secret: the one of `--config FILE` (its `gateway.key_hash_secret_file`,
 //! else `PACELINE_KEY_HASH_SECRET`), or without a file the environment
 //! variable alone; with neither, the log hash cannot be told. KEY `-`
@@ -98,15 +99,15 @@ fn hash(key: &str, config: Option<&std::path::Path>) -> anyhow::Result<i32> {
     };
     match limits {
         Some(l) => match l.key_hasher().origin() {
-            paceline_server::SecretOrigin::Configured(from) => println!(
+            paceline_server::SecretOrigin::Configured(from) => eprintln!(
                 "log hash: {} (key-hash secret from {from})",
                 l.log_hash(&key)
             ),
-            _ => println!(
+            _ => eprintln!(
                 "log hash: unknown: the configuration gives no key-hash secret (gateway.key_hash_secret_file or {KEY_HASH_SECRET_ENV}), so logs hash under a random one per process"
             ),
         },
-        None => println!(
+        None => eprintln!(
             "log hash: unknown without the deployment's key-hash secret: give --config FILE or set {KEY_HASH_SECRET_ENV}"
         ),
     }
