@@ -344,14 +344,14 @@ impl Gateway {
             };
             let _ = stream.set_nodelay(true);
             match &tls {
-                None => serving.serve(stream, peer, None, graceful.watcher()),
+                None => serving.serve(stream, peer, Link::Cleartext, graceful.watcher()),
                 Some(front) => {
                     // the handshake in a task of its own, within its bounds
                     let (front, serving) = (front.clone(), serving.clone());
                     let watcher = graceful.watcher();
                     tokio::spawn(async move {
                         match front.accept(stream).await {
-                            Ok(a) => serving.serve(a.stream, peer, Some(a.client), watcher),
+                            Ok(a) => serving.serve(a.stream, peer, Link::Tls(a.client), watcher),
                             Err(e) => tracing::debug!(%peer, reason = %e, "TLS handshake refused"),
                         }
                     });
@@ -384,22 +384,35 @@ struct Serving {
     bound: Duration,
 }
 
+/// How a client connection came in.
+enum Link {
+    /// Plain TCP.
+    Cleartext,
+    /// TLS, its handshake done, with the client's verified certificate
+    /// under mutual TLS.
+    Tls(Option<ClientCert>),
+}
+
 impl Serving {
     /// Serves the connection `io` from `peer` (a TCP socket, or a TLS
-    /// stream whose handshake is done: `tls` then holds its client's
-    /// certificate, if any) in a task of its own.
-    fn serve<T>(&self, io: T, peer: SocketAddr, tls: Option<Option<ClientCert>>, watcher: Watcher)
+    /// stream whose handshake is done, as `link` says) in a task of its
+    /// own.
+    fn serve<T>(&self, io: T, peer: SocketAddr, link: Link, watcher: Watcher)
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let h = &self.h;
         // a stack per connection, knowing its peer: no address to put
         // into every request
-        let keyed = self
-            .idempotency
-            .for_peer(peer)
-            .layer(self.proxy.with_peer(peer).with_tls(tls.is_some()));
-        let client = tls.flatten();
+        let keyed = self.idempotency.for_peer(peer).layer(
+            self.proxy
+                .with_peer(peer)
+                .with_tls(matches!(link, Link::Tls(_))),
+        );
+        let client = match link {
+            Link::Tls(client) => client,
+            Link::Cleartext => None,
+        };
         let retry = h.inner.shedder.settings().retry_after_s;
         let admitted = Admitted::new(
             keyed,

@@ -7,17 +7,16 @@
 
 mod common;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use base64::Engine;
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use paceline_core::{Clock, ManualClock, Nanos};
 use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle, ReloadEvent};
@@ -25,35 +24,9 @@ use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle, ReloadEvent};
 /// 2033, on the gateway's manual clock: far from the system's time.
 const T0: u64 = 2_000_000_000;
 
-/// An upstream that answers 200 and says, in `seen-consumer` and
-/// `seen-plan`, which consumer headers reached it.
+/// An upstream saying which consumer fields reached it.
 async fn echo_upstream() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let svc =
-                    hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
-                        let seen = |name: &str| {
-                            req.headers()
-                                .get(name)
-                                .map_or("-".to_string(), |v| v.to_str().unwrap_or("?").to_string())
-                        };
-                        let res = Response::builder()
-                            .header("seen-consumer", seen("x-consumer-id"))
-                            .header("seen-plan", seen("x-plan"))
-                            .body(Full::new(Bytes::from_static(b"{}")))
-                            .unwrap();
-                        Ok::<_, Infallible>(res)
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
-            });
-        }
-    });
-    addr
+    common::echo_upstream(&["x-consumer-id", "x-plan"]).await
 }
 
 fn dir(name: &str) -> PathBuf {
@@ -216,7 +189,11 @@ async fn jwts_are_verified_against_the_jwks_and_count_on_their_plan() {
         let detail = g.body["detail"].as_str().unwrap_or("");
         assert!(detail.contains(reason), "{reason}: {detail}");
         assert!(g.field("www-authenticate").contains("invalid_token"));
-        assert_eq!(g.field("seen-consumer"), "", "never reached the upstream");
+        assert_eq!(
+            g.field("seen-x-consumer-id"),
+            "",
+            "never reached the upstream"
+        );
     };
     // signed by another key under k1's name
     refused(
@@ -293,11 +270,11 @@ async fn consumer_headers_count_from_a_trusted_proxy_and_are_stripped_from_other
     assert_eq!(g.status, 200);
     assert!(g.field("ratelimit-policy").contains("q=50"), "gold");
     assert_eq!(
-        g.field("seen-consumer"),
+        g.field("seen-x-consumer-id"),
         "acme",
         "passed on from a trusted proxy"
     );
-    assert_eq!(g.field("seen-plan"), "enterprise");
+    assert_eq!(g.field("seen-x-plan"), "enterprise");
 
     // the same request from a peer that is not trusted
     let wary = d.join("wary.toml");
@@ -310,11 +287,11 @@ async fn consumer_headers_count_from_a_trusted_proxy_and_are_stripped_from_other
         assert_eq!(g.status, 200, "limited per address, as anonymous");
         assert_eq!(g.field("ratelimit-policy"), "", "no counters: anonymous");
         assert_eq!(
-            g.field("seen-consumer"),
+            g.field("seen-x-consumer-id"),
             "-",
             "stripped before the upstream"
         );
-        assert_eq!(g.field("seen-plan"), "-");
+        assert_eq!(g.field("seen-x-plan"), "-");
     }
     let g = rig
         .send(&[("x-consumer-id", "acme"), ("x-plan", "enterprise")])

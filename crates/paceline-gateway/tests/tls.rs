@@ -610,12 +610,15 @@ fn the_check_reads_every_tls_file_and_names_what_is_wrong() {
     );
 
     // valid but dated: warnings with the date
+    let with_leaf = |l: &Leaf| {
+        let tls = format!(
+            "[gateway.tls]\ncert_file = {:?}\nkey_file = {:?}",
+            l.cert_file, l.key_file
+        );
+        parse(&tls).unwrap()
+    };
     let old = ca.server_dated(&dir, "old", &["127.0.0.1"], (2020, 1, 1), (2021, 3, 4));
-    let c = parse(&format!(
-        "[gateway.tls]\ncert_file = {:?}\nkey_file = {:?}",
-        old.cert_file, old.key_file
-    ))
-    .unwrap();
+    let c = with_leaf(&old);
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
     assert!(
         c.warnings[0].contains("expired on Thu, 04 Mar 2021"),
@@ -623,11 +626,7 @@ fn the_check_reads_every_tls_file_and_names_what_is_wrong() {
         c.warnings
     );
     let early = ca.server_dated(&dir, "early", &["127.0.0.1"], (2090, 5, 6), (2091, 1, 1));
-    let c = parse(&format!(
-        "[gateway.tls]\ncert_file = {:?}\nkey_file = {:?}",
-        early.cert_file, early.key_file
-    ))
-    .unwrap();
+    let c = with_leaf(&early);
     assert!(
         c.warnings[0].contains("not valid before Sat, 06 May 2090"),
         "{:?}",
@@ -667,5 +666,31 @@ fn the_check_reads_every_tls_file_and_names_what_is_wrong() {
         c.settings.upstream_protocol,
         paceline_gateway::UpstreamProtocol::Http2
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_tls_reaches_the_upstream_as_https() {
+    let dir = scratch("proto");
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server(&dir, "gw", &["127.0.0.1"]);
+    let api = common::echo_upstream(&["x-forwarded-proto"]).await;
+    let rig = Rig::start(&shiplane(api, &leaf, "", "")).await;
+    let c = connector(&ca.cert_file, &[b"http/1.1"], None);
+    let (mut send, _) = h1(&c, rig.addr).await;
+    let req = http::Request::get("/v1/rates")
+        .header("host", "127.0.0.1")
+        .header("authorization", "Bearer sk_demo_alice")
+        // what a client says of itself is not passed on
+        .header("x-forwarded-proto", "http")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let res = tokio::time::timeout(LIMIT, send.send_request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["seen-x-forwarded-proto"], "https");
+    rig.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

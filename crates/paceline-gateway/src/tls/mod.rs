@@ -157,3 +157,58 @@ pub(crate) fn subject(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     Some(cert.subject().to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A self-signed certificate valid from 2020-01-01 to 2030-01-01.
+    fn dated() -> CertificateDer<'static> {
+        let mut p = rcgen::CertificateParams::new(vec!["x.test".to_string()]).unwrap();
+        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2030, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        p.self_signed(&key).unwrap().der().clone()
+    }
+
+    fn at(y_m_d_unix: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(y_m_d_unix)
+    }
+
+    #[test]
+    fn every_validity_date_is_told_with_its_date_and_a_valid_one_is_not() {
+        let c = [dated()];
+        let f = Path::new("c.pem");
+        // 2025-06-01: well within
+        assert!(validity_warnings(f, &c, at(1_748_736_000)).is_empty());
+        // 2019-06-01: not yet
+        let w = validity_warnings(f, &c, at(1_559_347_200));
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("not valid before Wed, 01 Jan 2020"), "{w:?}");
+        // 2029-12-20: within 30 days of the end
+        let w = validity_warnings(f, &c, at(1_892_419_200));
+        assert!(w[0].contains("expires on Tue, 01 Jan 2030"), "{w:?}");
+        // 2031-01-01: over
+        let w = validity_warnings(f, &c, at(1_924_992_000));
+        assert!(w[0].contains("expired on Tue, 01 Jan 2030"), "{w:?}");
+        // not X.509 at all
+        let junk = [CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x00])];
+        let w = validity_warnings(f, &junk, at(1_748_736_000));
+        assert!(w[0].contains("could not be read as X.509"), "{w:?}");
+    }
+
+    #[test]
+    fn a_subject_reads_as_rfc_4514_writes_it() {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "billing");
+        p.distinguished_name
+            .push(rcgen::DnType::OrganizationName, "Example");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let der = p.self_signed(&key).unwrap().der().clone();
+        let s = subject(&der).unwrap();
+        assert!(s.contains("CN=billing") && s.contains("O=Example"), "{s}");
+        assert_eq!(subject(&[1, 2, 3]), None);
+    }
+}

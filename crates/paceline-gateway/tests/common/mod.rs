@@ -138,3 +138,35 @@ sk_a = "free"
         let _ = tokio::time::timeout(LIMIT, self.served).await;
     }
 }
+
+/// An HTTP/1.1 upstream that answers every request `200 {}` and says, in
+/// `seen-<name>`, the value of each of the request fields `names` that
+/// reached it (`-` when none did).
+pub(crate) async fn echo_upstream(names: &'static [&'static str]) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |req: Request<hyper::body::Incoming>| async move {
+                        let mut res = Response::builder();
+                        for name in names {
+                            let seen = req
+                                .headers()
+                                .get(*name)
+                                .map_or("-".to_string(), |v| v.to_str().unwrap_or("?").to_string());
+                            res = res.header(format!("seen-{name}"), seen);
+                        }
+                        let res = res.body(Full::new(Bytes::from_static(b"{}"))).unwrap();
+                        Ok::<_, std::convert::Infallible>(res)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
