@@ -217,6 +217,15 @@ mod tests {
             status: None,
         };
         assert_eq!(net.to_string(), "gave up after 3 attempts (no response)");
+        let long = ClientError::WaitTooLong {
+            until: at(1_796_256_000),
+            policy: Some("burst".into()),
+        };
+        assert_eq!(
+            long.to_string(),
+            "the server asked to wait until 2026-12-03T00:00:00Z for \"burst\", past the configured ceiling"
+        );
+        assert_eq!(long.retry_at(), Some(at(1_796_256_000)));
         assert_eq!(Utc(at(951_782_400)).to_string(), "2000-02-29T00:00:00Z");
         assert_eq!(
             Utc(at(0) + Duration::from_millis(1)).to_string(),
