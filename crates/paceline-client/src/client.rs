@@ -328,8 +328,12 @@ impl Client {
                             reset_at: until.as_system_time(),
                         }
                     }
-                    _ => ClientError::WaitTooLong {
+                    h => ClientError::WaitTooLong {
                         until: until.as_system_time(),
+                        policy: match h {
+                            Some(Hold::Pause) => scope.pause_policy.clone(),
+                            h => scope.held(h, &call.info.path).map(|m| m.name.clone()),
+                        },
                     },
                 };
                 scope.drops += 1;
@@ -515,8 +519,10 @@ impl Client {
             scope.last_429 = Some((now, obs.headers.clone()));
             scope.last_429_attempt = Some((call.attempts, call.key.clone()));
         }
+        // an explicit verdict (`x-should-retry`, `Stripe-Should-Retry`)
+        // overrides the guess from the kind of answer
         let retryable = match obs.kind {
-            ResponseKind::QuotaExhausted => {
+            ResponseKind::QuotaExhausted if obs.should_retry != Some(true) => {
                 let policy = obs.limit.clone().unwrap_or_else(|| quota_name(scope));
                 let reset_at = now.saturating_add(obs.retry_after.unwrap_or(Nanos::ZERO));
                 mark_exhausted(scope, &policy, now, reset_at);
@@ -531,12 +537,18 @@ impl Client {
                 });
                 return After::Error(error);
             }
+            ResponseKind::QuotaExhausted => true,
             ResponseKind::RateLimited | ResponseKind::Overloaded => obs.should_retry != Some(false),
             // the same key is still running: waiting can succeed, and the
             // retry is replayed, never run twice
             ResponseKind::InFlight => call.key.is_some() && obs.should_retry != Some(false),
-            _ => obs.should_retry == Some(true) && obs.status >= 500,
+            ResponseKind::Error => obs.should_retry == Some(true),
+            _ => false,
         };
+        // A wait the server gave is kept whole: the scope pauses for all of
+        // it, and a wait past `max_wait` fails the call below, never shortened.
+        let policy = binding_policy(obs);
+        let policy = policy.as_deref();
         if !retryable {
             if !rejected {
                 scope.success(now, cfg.restore_after, events);
@@ -548,10 +560,12 @@ impl Client {
             match scope.mode {
                 Mode::HeaderAbsent => {
                     scope.absent_429(now, flight.seq, ns(cfg.absent_gap));
-                    let wait = obs
-                        .retry_after
-                        .unwrap_or_else(|| cfg.absent_backoff.nominal(call.attempts));
-                    scope.pause(now, now.saturating_add(wait.min(ns(cfg.max_wait))), false);
+                    let wait = obs.retry_after.unwrap_or_else(|| {
+                        cfg.absent_backoff
+                            .nominal(call.attempts)
+                            .min(ns(cfg.max_wait))
+                    });
+                    scope.pause(now, now.saturating_add(wait), false, policy);
                 }
                 _ => {
                     if flight.mode == Mode::Paced {
@@ -564,12 +578,12 @@ impl Client {
                         );
                     }
                     if let Some(ra) = obs.retry_after {
-                        scope.pause(now, now.saturating_add(ra.min(ns(cfg.max_wait))), false);
+                        scope.pause(now, now.saturating_add(ra), false, policy);
                     }
                 }
             }
         } else if let Some(ra) = obs.retry_after {
-            scope.pause(now, now.saturating_add(ra.min(ns(cfg.max_wait))), true);
+            scope.pause(now, now.saturating_add(ra), true, policy);
         }
         let absent = scope.mode == Mode::HeaderAbsent;
         let scope_name = scope.name.clone();
@@ -585,6 +599,7 @@ impl Client {
                     &scope_name,
                     ClientError::WaitTooLong {
                         until: now.saturating_add(ra).as_system_time(),
+                        policy: policy.map(str::to_string),
                     },
                     events,
                 );
@@ -746,6 +761,21 @@ fn wait_event(scope: &str, wait: Nanos, reason: &'static str) -> Event {
         wait: wait.into(),
         reason,
     }
+}
+
+/// The policy a rejection names (the problem body's `limit`), else the
+/// exhausted one that resets last.
+fn binding_policy(obs: &Observation) -> Option<String> {
+    obs.limit
+        .clone()
+        .or_else(|| {
+            obs.policies
+                .iter()
+                .filter(|p| p.remaining == Some(0))
+                .max_by_key(|p| p.reset_in)
+                .map(|p| p.name.clone())
+        })
+        .filter(|n| !n.is_empty())
 }
 
 fn quota_name(scope: &Scope) -> String {

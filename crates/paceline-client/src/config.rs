@@ -41,8 +41,10 @@ pub struct Config {
     pub throttle_k: f64,
     /// Requests the throttle's window must hold before it drops anything (20).
     pub throttle_min_requests: u64,
-    /// Waits longer than this are never slept: the call fails with the
-    /// instant to come back instead (300 s).
+    /// Waits longer than this are never slept: the call fails at once with
+    /// the instant to come back ([`ClientError::WaitTooLong`](crate::ClientError::WaitTooLong)
+    /// or, for a long-window quota, `QuotaExceeded`). A wait the server
+    /// gave is never shortened to fit under it (300 s).
     pub max_wait: Duration,
     /// How long after a bucket mirror's slot a request in debt goes
     /// (20 ms): room for the server's clock, its scheduling and the

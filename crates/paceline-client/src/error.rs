@@ -17,11 +17,17 @@ pub enum ClientError {
         /// When the quota resets, on the client's clock.
         reset_at: SystemTime,
     },
-    /// The wait the server asked for is longer than the configured ceiling,
-    /// so the client will not sleep it; try again after `until`.
+    /// The wait the server asked for (or a window it published that ran
+    /// out) lasts past the configured ceiling (`max_wait`), so the client
+    /// neither sleeps it nor shortens it: the call fails at once, and every
+    /// call to the same scope fails the same way until `until`. Try again
+    /// after `until`.
     WaitTooLong {
         /// The earliest instant a request may go, on the client's clock.
         until: SystemTime,
+        /// The policy that ran out, when the server named it (the problem
+        /// body's `limit`, or the exhausted window resetting last).
+        policy: Option<String>,
     },
     /// The adaptive throttle dropped the request locally: most recent
     /// requests to this scope were rejected, so this one never left.
@@ -79,7 +85,7 @@ impl ClientError {
     pub fn retry_at(&self) -> Option<SystemTime> {
         match self {
             ClientError::QuotaExceeded { reset_at, .. } => Some(*reset_at),
-            ClientError::WaitTooLong { until } => Some(*until),
+            ClientError::WaitTooLong { until, .. } => Some(*until),
             _ => None,
         }
     }
@@ -106,9 +112,20 @@ impl fmt::Display for ClientError {
                 "quota {policy:?} exceeded; it resets at {}",
                 Utc(*reset_at)
             ),
-            ClientError::WaitTooLong { until } => write!(
+            ClientError::WaitTooLong {
+                until,
+                policy: None,
+            } => write!(
                 f,
                 "the server asked to wait until {}, past the configured ceiling",
+                Utc(*until)
+            ),
+            ClientError::WaitTooLong {
+                until,
+                policy: Some(p),
+            } => write!(
+                f,
+                "the server asked to wait until {} for {p:?}, past the configured ceiling",
                 Utc(*until)
             ),
             ClientError::Throttled {
@@ -200,6 +217,15 @@ mod tests {
             status: None,
         };
         assert_eq!(net.to_string(), "gave up after 3 attempts (no response)");
+        let long = ClientError::WaitTooLong {
+            until: at(1_796_256_000),
+            policy: Some("burst".into()),
+        };
+        assert_eq!(
+            long.to_string(),
+            "the server asked to wait until 2026-12-03T00:00:00Z for \"burst\", past the configured ceiling"
+        );
+        assert_eq!(long.retry_at(), Some(at(1_796_256_000)));
         assert_eq!(Utc(at(951_782_400)).to_string(), "2000-02-29T00:00:00Z");
         assert_eq!(
             Utc(at(0) + Duration::from_millis(1)).to_string(),

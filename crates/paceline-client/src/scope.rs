@@ -75,6 +75,8 @@ pub(crate) struct Scope {
     pub(crate) pause_until: Nanos,
     pub(crate) pause_len: Nanos,
     pub(crate) pause_spread: bool,
+    /// The policy the server named for the pause, when it did.
+    pub(crate) pause_policy: Option<String>,
     /// Header-absent spacing between requests (zero: unpaced).
     pub(crate) gap: Nanos,
     pub(crate) gap_next: Nanos,
@@ -121,6 +123,7 @@ impl Scope {
             pause_until: Nanos::ZERO,
             pause_len: Nanos::ZERO,
             pause_spread: false,
+            pause_policy: None,
             gap: Nanos::ZERO,
             gap_next: Nanos::ZERO,
             gap_successes: 0,
@@ -359,12 +362,14 @@ impl Scope {
         }
     }
 
-    /// Extends the pause of the whole scope to `until`.
-    pub(crate) fn pause(&mut self, now: Nanos, until: Nanos, spread: bool) {
+    /// Extends the pause of the whole scope to `until`, for `policy` when
+    /// the server named the one that ran out.
+    pub(crate) fn pause(&mut self, now: Nanos, until: Nanos, spread: bool, policy: Option<&str>) {
         if until > self.pause_until {
             self.pause_until = until;
             self.pause_len = until.saturating_sub(now);
             self.pause_spread = spread;
+            self.pause_policy = policy.map(str::to_string);
         }
     }
 

@@ -298,7 +298,8 @@ fn a_retry_after_of_days_is_an_error_with_the_instant() {
         After::Error(ClientError::WaitTooLong {
             until: T0
                 .saturating_add(Nanos::from_secs(259_200))
-                .as_system_time()
+                .as_system_time(),
+            policy: None,
         })
     );
 }
@@ -311,21 +312,122 @@ fn an_absurd_retry_after_is_never_slept() {
     assert_eq!(c.before(&mut call), Before::Go);
     let mut h = HeaderMap::new();
     h.insert("retry-after", "9999999999".parse().unwrap());
-    match c.after_response(&mut call, 429, &h, None) {
-        After::Error(ClientError::WaitTooLong { until }) => {
-            assert_eq!(
-                until,
-                T0.saturating_add(Nanos::from_secs(9_999_999_999))
-                    .as_system_time()
-            );
-        }
+    let until = T0
+        .saturating_add(Nanos::from_secs(9_999_999_999))
+        .as_system_time();
+    let error = ClientError::WaitTooLong {
+        until,
+        policy: None,
+    };
+    assert_eq!(
+        c.after_response(&mut call, 429, &h, None),
+        After::Error(error.clone())
+    );
+    // and the scope does not hang: its next call fails at once with the
+    // same instant, instead of waiting a shorter time the server never gave
+    let mut next = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut next), Before::Drop(error));
+}
+
+// The cap on server-given waits: a wait past `max_wait` is returned at once
+// as a typed error carrying the instant and the policy; it is never slept,
+// and never replaced by a shorter pause, for this call or the scope's next
+// ones. Time is virtual: the clock is moved by hand.
+#[test]
+fn a_server_wait_past_max_wait_fails_fast_until_its_instant() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 1);
+    assert_eq!(c.config().max_wait, std::time::Duration::from_secs(300));
+    let mut call = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut call), Before::Go);
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", "600".parse().unwrap());
+    h.insert("ratelimit-policy", r#""burst";q=10;w=60"#.parse().unwrap());
+    h.insert("ratelimit", r#""burst";r=0;t=600"#.parse().unwrap());
+    let error = ClientError::WaitTooLong {
+        until: T0.saturating_add(Nanos::from_secs(600)).as_system_time(),
+        policy: Some("burst".into()),
+    };
+    assert_eq!(
+        error.retry_at(),
+        Some(T0.saturating_add(Nanos::from_secs(600)).as_system_time())
+    );
+    assert_eq!(
+        c.after_response(&mut call, 429, &h, None),
+        After::Error(error.clone())
+    );
+    // every call to the scope fails the same way while what is left of the
+    // wait is past the ceiling…
+    for at in [0, 1, 299] {
+        clock.set(T0.saturating_add(Nanos::from_secs(at)));
+        let mut next = c.call(RequestInfo::get(URL));
+        assert_eq!(
+            c.before(&mut next),
+            Before::Drop(error.clone()),
+            "at {at} s"
+        );
+    }
+    // …then waits for the rest of it, whole…
+    for at in [300, 599] {
+        clock.set(T0.saturating_add(Nanos::from_secs(at)));
+        let mut next = c.call(RequestInfo::get(URL));
+        assert_eq!(
+            c.before(&mut next),
+            Before::Wait(Nanos::from_secs(600 - at)),
+            "at {at} s"
+        );
+    }
+    // …and may go once the instant is reached
+    clock.set(T0.saturating_add(Nanos::from_secs(600)));
+    let mut next = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut next), Before::Go);
+}
+
+// A server-given wait under the ceiling is slept whole, never shortened.
+#[test]
+fn a_server_wait_under_max_wait_is_kept_whole() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 1);
+    let mut call = c.call(RequestInfo::get(URL));
+    assert_eq!(c.before(&mut call), Before::Go);
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", "299".parse().unwrap());
+    match c.after_response(&mut call, 503, &h, None) {
+        After::RetryAfter(w) => assert!(w >= Nanos::from_secs(299), "{w:?}"),
         other => panic!("{other:?}"),
     }
-    // and the scope does not hang either: the pause is capped at the ceiling
     let mut next = c.call(RequestInfo::get(URL));
     match c.before(&mut next) {
-        Before::Wait(d) => assert!(d.as_duration() <= c.config().max_wait),
+        Before::Wait(w) => assert!(w >= Nanos::from_secs(299), "{w:?}"),
         other => panic!("{other:?}"),
+    }
+}
+
+// OpenAI/Anthropic SDKs' `x-should-retry` and Stripe's `Stripe-Should-Retry`
+// are the server's verdict: it overrides the guess from the status.
+#[test]
+fn an_explicit_retry_verdict_overrides_the_status() {
+    let clock = ManualClock::new(T0);
+    let c = client(&clock, 8);
+    for (name, value, status, retried) in [
+        ("stripe-should-retry", "true", 409, true),
+        ("x-should-retry", "true", 400, true),
+        ("x-should-retry", "false", 429, false),
+        ("x-should-retry", "false", 503, false),
+    ] {
+        let mut call = c.call(RequestInfo::get(&format!("http://{name}-{status}.test/")));
+        assert_eq!(c.before(&mut call), Before::Go);
+        let mut h = HeaderMap::new();
+        h.insert(name, value.parse().unwrap());
+        let a = c.after_response(&mut call, status, &h, None);
+        assert_eq!(
+            matches!(a, After::RetryAfter(_)),
+            retried,
+            "{status} {name}: {a:?}"
+        );
+        if !retried {
+            assert_eq!(a, After::Done, "{status} {name}");
+        }
     }
 }
 

@@ -21,7 +21,7 @@ fn non_ascii_offset_is_refused_not_a_panic() {
 }
 
 #[test]
-fn long_valid_delay_wins_and_past_dates_are_ignored() {
+fn long_valid_delay_wins_and_past_dates_are_a_zero_wait() {
     let now = Nanos::from_secs(NOW);
     // delay-seconds is valid however long: it is not replaced by a shorter wait
     assert_eq!(
@@ -30,18 +30,25 @@ fn long_valid_delay_wins_and_past_dates_are_ignored() {
     );
     let v = view("HTTP/1.1 429 Too Many Requests\r\nRetry-After: 99999999\r\nX-RateLimit-Remaining: 0\r\nX-RateLimit-Reset: 20\r\n\r\n");
     assert_eq!(v.retry_after, Some(Nanos::from_secs(99_999_999)));
-    // a date in the past is a negative wait: ignored, not clamped to zero,
-    // so the exhausted window sets the wait
+    // a date in the past is a present wait of zero, as `Retry-After: 0` is:
+    // a valid Retry-After wins over the exhausted window, as it always does
     let past = httpdate::fmt_http_date(Nanos::from_secs(NOW - 2_400).as_system_time());
-    assert!(parse_retry_after(&past, now).is_err());
-    let v = view(&format!(
-        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: {past}\r\nRateLimit-Policy: \"a\";q=10;w=60\r\nRateLimit: \"a\";r=0;t=50\r\n\r\n"
-    ));
-    assert_eq!(v.retry_after, Some(Nanos::from_secs(50)));
-    assert!(v
-        .ignored
-        .iter()
-        .any(|i| i.field.eq_ignore_ascii_case("retry-after")));
+    assert_eq!(parse_retry_after(&past, now), Ok(Nanos::ZERO));
+    let both = |ra: &str| {
+        view(&format!(
+            "HTTP/1.1 429 Too Many Requests\r\nRetry-After: {ra}\r\nRateLimit-Policy: \"a\";q=10;w=60\r\nRateLimit: \"a\";r=0;t=50\r\n\r\n"
+        ))
+    };
+    let v = both(&past);
+    assert_eq!(v.retry_after_header, Some(Nanos::ZERO));
+    assert_eq!(v.retry_after, None);
+    assert!(v.ignored.is_empty(), "{:?}", v.ignored);
+    assert_eq!(v.retry_after, both("0").retry_after);
+    // the oldest date HTTP can write is still a zero wait, not a panic
+    assert_eq!(
+        parse_retry_after("Thu, 01 Jan 1970 00:00:00 GMT", now),
+        Ok(Nanos::ZERO)
+    );
 }
 
 #[test]

@@ -186,6 +186,58 @@ proptest! {
         let at = Nanos::from_secs(NOW.as_secs_floor() + secs).as_system_time();
         let date = httpdate::fmt_http_date(at);
         prop_assert_eq!(parse_retry_after(&date, NOW), Ok(Nanos::from_secs(secs)));
+        // a date already past is a present zero wait, never an error
+        let past = Nanos::from_secs(NOW.as_secs_floor().saturating_sub(secs + 1)).as_system_time();
+        prop_assert_eq!(parse_retry_after(&httpdate::fmt_http_date(past), NOW), Ok(Nanos::ZERO));
+    }
+
+    #[test]
+    fn graphql_cost_numbers_never_panic(
+        requested in prop_oneof![any::<f64>().prop_map(|x| x.to_string()), Just("null".to_string()), "-?[0-9]{1,30}(\\.[0-9]{1,5})?"],
+        max in prop_oneof![any::<f64>().prop_map(|x| x.to_string()), "-?[0-9]{1,30}(\\.[0-9]{1,5})?"],
+        avail in prop_oneof![any::<f64>().prop_map(|x| x.to_string()), "-?[0-9]{1,30}(\\.[0-9]{1,5})?"],
+        rate in prop_oneof![any::<f64>().prop_map(|x| x.to_string()), Just("0".to_string()), "-?[0-9]{1,30}(\\.[0-9]{1,5})?"],
+        status in prop::sample::select(vec![200u16, 429, 403]),
+    ) {
+        let body = format!(
+            "{{\"errors\":[{{\"message\":\"Throttled\",\"extensions\":{{\"code\":\"THROTTLED\"}}}}],\"extensions\":{{\"cost\":{{\"requestedQueryCost\":{requested},\"actualQueryCost\":null,\"throttleStatus\":{{\"maximumAvailable\":{max},\"currentlyAvailable\":{avail},\"restoreRate\":{rate}}}}}}}}}"
+        );
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        let v = parse_response(status, &h, Some(body.as_bytes()), NOW);
+        // whatever the numbers, a wait is bounded, and never from a bad body
+        if let Some(w) = v.retry_after {
+            prop_assert!(w <= Nanos::from_secs(paceline_wire::parse::time::MAX_DELAY_SECS));
+        }
+        if let Some(p) = v.policy("graphql-cost") {
+            prop_assert!(p.remaining <= p.quota);
+            prop_assert_eq!(v.outcome, OutcomeKind::RateLimited);
+        }
+    }
+
+    #[test]
+    fn error_array_bodies_never_panic(
+        code in prop::sample::select(vec!["REQUEST_LIMIT_EXCEEDED", "INSUFFICIENT_ACCESS", ""]),
+        reason in prop::sample::select(vec!["rateLimitExceeded", "userRateLimitExceeded", "dailyLimitExceeded", "quotaExceeded", "forbidden"]),
+        message in "[ -!#-\\[\\]-~]{0,60}",
+        copies in 0usize..40,
+        status in prop::sample::select(vec![200u16, 403, 429, 500]),
+    ) {
+        let one = format!("{{\"message\":\"{message}\",\"errorCode\":\"{code}\"}}");
+        let salesforce = format!("[{}]", vec![one; copies].join(","));
+        let google = format!(
+            "{{\"error\":{{\"errors\":[{{\"domain\":\"usageLimits\",\"reason\":\"{reason}\",\"message\":\"{message}\"}}],\"code\":{status},\"message\":\"{message}\"}}}}"
+        );
+        let h = HeaderMap::new();
+        for body in [salesforce, google] {
+            let v = parse_response(status, &h, Some(body.as_bytes()), NOW);
+            if status == 200 {
+                prop_assert_eq!(v.outcome, OutcomeKind::Success);
+            }
+            if status == 403 && v.outcome != OutcomeKind::Error {
+                prop_assert!(matches!(v.outcome, OutcomeKind::RateLimited | OutcomeKind::QuotaExhausted));
+            }
+        }
     }
 
     #[test]
@@ -197,6 +249,8 @@ proptest! {
             "ratelimit-limit", "x-shopify-shop-api-call-limit", "sforce-limit-info",
             "x-sentry-rate-limits", "zendesk-ratelimit-x", "x-ms-ratelimit-remaining-resource",
             "retry-after-ms", "age", "x-rate-limit-api-token-interval-ms",
+            "x-ms-retry-after-ms", "x-ratelimit-retry-after", "x-should-retry",
+            "stripe-should-retry",
         ]),
         value in "[ -~]{0,80}",
         status in 100u16..600,
@@ -214,7 +268,13 @@ proptest! {
         }
         prop_assert!(v.retry_after != Some(Nanos::ZERO));
         if v.retry {
-            prop_assert!(matches!(v.outcome, OutcomeKind::RateLimited | OutcomeKind::Overloaded));
+            prop_assert!(
+                matches!(v.outcome, OutcomeKind::RateLimited | OutcomeKind::Overloaded)
+                    || (v.should_retry == Some(true) && v.outcome != OutcomeKind::Success)
+            );
+        }
+        if v.should_retry == Some(false) {
+            prop_assert!(!v.retry);
         }
     }
 }

@@ -54,7 +54,7 @@ pub(crate) fn read_body(body: &[u8], headers: &HeaderMap, acc: &mut Acc) -> Opti
     }
     let ct = content_type(headers).to_ascii_lowercase();
     let says_json = ct.contains("json");
-    if !says_json && trimmed[0] != b'{' {
+    if !says_json && !matches!(trimmed[0], b'{' | b'[') {
         return None;
     }
     if trimmed.len() > MAX_BODY {
@@ -73,8 +73,9 @@ pub(crate) fn read_body(body: &[u8], headers: &HeaderMap, acc: &mut Acc) -> Opti
             return None;
         }
     };
-    let obj = v.as_object()?;
+    // Salesforce answers with an array of errors; the hints come first.
     vendor_hints(&v, acc);
+    let obj = v.as_object()?;
     let is_problem = ct.starts_with("application/problem+json")
         || (obj.get("type").is_some_and(Value::is_string)
             && (obj.contains_key("title") || obj.contains_key("status")));
@@ -210,8 +211,52 @@ fn vendor_hints(v: &Value, acc: &mut Acc) {
         acc.github = true;
         acc.dialect("github");
     }
+    if let Some(e) = err {
+        google_reasons(e, acc);
+    }
+    salesforce_errors(v, acc);
     shopify_graphql(v, acc);
     spend_cap(v, acc);
+}
+
+/// Google APIs' older error shape: `{"error": {"errors": [{"domain":
+/// "usageLimits", "reason": "userRateLimitExceeded", …}], "code": 403}}`.
+/// The rate reasons are rate limits (retried with backoff); the daily and
+/// project quotas are used up until the quota resets.
+fn google_reasons(err: &Value, acc: &mut Acc) {
+    let Some(list) = err.get("errors").and_then(Value::as_array) else {
+        return;
+    };
+    for e in list.iter().take(16) {
+        match e.get("reason").and_then(Value::as_str).unwrap_or("") {
+            "rateLimitExceeded" | "userRateLimitExceeded" => acc.body_rate_limited = true,
+            "dailyLimitExceeded" | "quotaExceeded" => {
+                acc.body_rate_limited = true;
+                acc.body_quota = true;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Salesforce: `[{"message": "TotalRequests Limit exceeded.", "errorCode":
+/// "REQUEST_LIMIT_EXCEEDED"}]` on a 403. `TotalRequests` is the org's
+/// allocation over a rolling 24 hours, a quota; the same code for other
+/// limits (concurrent long-running requests) is a short rate limit.
+fn salesforce_errors(v: &Value, acc: &mut Acc) {
+    let Some(list) = v.as_array() else {
+        return;
+    };
+    for e in list.iter().take(16) {
+        if e.get("errorCode").and_then(Value::as_str) != Some("REQUEST_LIMIT_EXCEEDED") {
+            continue;
+        }
+        acc.body_rate_limited = true;
+        acc.dialect("salesforce");
+        if lower_str(e.get("message")).contains("totalrequests") {
+            acc.body_quota = true;
+        }
+    }
 }
 
 /// Words that name a cap counted over a billing period, not a rate.
@@ -371,7 +416,8 @@ fn shopify_graphql(v: &Value, acc: &mut Acc) {
     p.quota = Some(max as u64);
     p.remaining = Some(avail.min(max) as u64);
     if let Some(rate) = num("restoreRate").filter(|r| *r > 0.0) {
-        p.reset_in = Some(Nanos::from_secs_f64((max - avail).max(0.0) / rate));
+        let full = (max - avail).max(0.0) / rate;
+        p.reset_in = (full <= MAX_DELAY_SECS as f64).then(|| Nanos::from_secs_f64(full));
     }
     acc.push_policy(p);
     let throttled = v
@@ -381,7 +427,30 @@ fn shopify_graphql(v: &Value, acc: &mut Acc) {
             errs.iter()
                 .any(|e| e.pointer("/extensions/code").and_then(Value::as_str) == Some("THROTTLED"))
         });
-    if throttled {
-        acc.body_rate_limited = true;
+    if !throttled {
+        return;
+    }
+    acc.body_rate_limited = true;
+    acc.body_throttled = true;
+    // The query runs once its requested cost is available again; a cost
+    // above the bucket's size waits at most for a full restore.
+    let requested = v
+        .pointer("/extensions/cost/requestedQueryCost")
+        .and_then(Value::as_f64)
+        .filter(|x| x.is_finite() && *x >= 0.0);
+    let rate = num("restoreRate").filter(|r| *r > 0.0);
+    match (requested, rate) {
+        (Some(cost), Some(rate)) => {
+            let secs = (cost.min(max) - avail).max(0.0) / rate;
+            if secs <= MAX_DELAY_SECS as f64 {
+                acc.throttle_wait = Some(Nanos::from_secs_f64(secs));
+            } else {
+                acc.ignore("body.extensions.cost", format!("implausible wait {secs} s"));
+            }
+        }
+        _ => acc.ignore(
+            "body.extensions.cost",
+            "throttled without requestedQueryCost or a positive restoreRate",
+        ),
     }
 }

@@ -9,30 +9,38 @@
 //!
 //! The rules, in brief (see [`parse_response`]):
 //!
-//! - `retry_after`: a valid `Retry-After` (delay-seconds, an HTTP-date minus
-//!   now, leniently a plain decimal) wins, then a vendor hint
-//!   (`retry-after-ms`, `x-ms-retry-after-ms`, `x-amz-retry-after` in
-//!   milliseconds, `x-ratelimit-retry-after` in seconds); an invalid one
-//!   (negative, exponent, text, several different values) is ignored, not
-//!   clamped. Otherwise the wait lasts until
-//!   every exhausted window (remaining 0, any unit) has reset. Otherwise a
-//!   retry hint in the body, then a provider's documented floor (GitHub's
-//!   secondary limit without headers: 60 s). A zero wait is `None`.
+//! - `retry_after`: a valid millisecond hint (`retry-after-ms`,
+//!   `x-ms-retry-after-ms`, `x-amz-retry-after`) wins, being finer than
+//!   whole seconds; then a valid `Retry-After` (delay-seconds, an HTTP-date
+//!   minus now, zero once the date has passed, leniently a plain decimal);
+//!   then `x-ratelimit-retry-after` in seconds. An invalid one (negative,
+//!   exponent, text, several different values) is ignored, not clamped.
+//!   Otherwise a throttled body's exact wait (Shopify GraphQL: the points
+//!   the query needs at the restore rate). Otherwise the wait lasts until
+//!   every exhausted window (remaining 0, any unit; on a 429, also a window
+//!   known only by its reset) has reset. Otherwise a retry hint in the
+//!   body, then a provider's documented floor (GitHub's secondary limit
+//!   without headers: 60 s). A zero wait is `None`;
+//!   [`ResponseView::retry_after_header`] still shows a present zero.
 //! - `limit`/`remaining`/`reset_in` describe the tightest window counted in
 //!   requests: the fewest remaining, and on a tie the one resetting last.
 //! - A structured field that fails to parse or breaks its constraints is
 //!   ignored whole; rate-limit fields on a response with `Age` > 0 are
 //!   ignored; reset values follow the rule in [`time`] (delay, epoch
 //!   seconds, epoch milliseconds when ≥ 10^12, or a date).
-//! - `outcome`: 429, 420, and a 403 with rate-limit evidence (a body that
-//!   says so, a request window at 0, a `Retry-After`) are
+//! - `outcome`: 429, 420, a throttled body whatever the status (Shopify
+//!   GraphQL's `THROTTLED` in a 200), and a 403 with rate-limit evidence (a
+//!   body that says so, such as Salesforce's `REQUEST_LIMIT_EXCEEDED` or
+//!   Google's `rateLimitExceeded`, a request window at 0, a `Retry-After`) are
 //!   `quota_exhausted` when the binding limit (the one the body names, else
 //!   the exhausted one resetting last) has a window of an hour or more (or,
 //!   window unknown, resets an hour or more away), or when the body says
 //!   so; otherwise `rate_limited`, and always for concurrency caps. 503 is
 //!   `overloaded`; other 4xx/5xx are `error`. `retry` is true for
-//!   `rate_limited` and `overloaded` unless `Stripe-Should-Retry` /
-//!   `x-should-retry` says false.
+//!   `rate_limited` and `overloaded`, unless the server's explicit verdict
+//!   (`Stripe-Should-Retry` / `x-should-retry`) says otherwise: on any
+//!   answer but a success, `false` forbids a retry and `true` allows one
+//!   (a 409, a 500), whatever the status.
 //!
 //! ```
 //! use http::HeaderMap;
@@ -179,6 +187,10 @@ impl PolicyView {
     /// Nothing is left of it.
     pub fn is_exhausted(&self) -> bool {
         self.remaining == Some(0)
+    }
+    /// Only a reset is known: no quota, nothing about what is left.
+    pub fn is_bare_reset(&self) -> bool {
+        self.quota.is_none() && self.remaining.is_none() && self.reset_in.is_some()
     }
 }
 

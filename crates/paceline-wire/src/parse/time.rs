@@ -89,9 +89,11 @@ pub fn shorten(s: &str) -> String {
 /// any of its three forms), plus, leniently, a plain decimal number of
 /// seconds. Returns the wait from `now`.
 ///
-/// Negative numbers (a date in the past among them), exponents, text and
-/// several different values in one field are errors. A valid delay is never
-/// capped here, however long: a client decides what it will wait for.
+/// A date that has already passed is a wait of zero: the server's answer
+/// is "now", as with `Retry-After: 0`, not a missing field. Negative
+/// numbers, exponents, text and several different values in one field are
+/// errors. A valid delay is never capped here, however long: a client
+/// decides what it will wait for.
 pub fn parse_retry_after(value: &str, now: Nanos) -> Result<Nanos, String> {
     let v = value.trim();
     if v.is_empty() {
@@ -101,9 +103,6 @@ pub fn parse_retry_after(value: &str, now: Nanos) -> Result<Nanos, String> {
         return Err(format!("value too long ({} bytes)", v.len()));
     }
     if let Some(t) = parse_http_date(v) {
-        if t < now {
-            return Err(format!("date {} is in the past", shorten(v)));
-        }
         return Ok(t.saturating_sub(now));
     }
     if v.contains(',') {

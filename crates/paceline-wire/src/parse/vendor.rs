@@ -41,6 +41,10 @@ pub(crate) const MAX_STRUCTURED_LEN: usize = 128 * 1024;
 /// GitHub's documented floor for a secondary rate limit without headers.
 pub(crate) const GITHUB_SECONDARY_FLOOR: Nanos = Nanos::from_secs(60);
 
+/// Shopify's REST bucket drains its whole size in this many seconds (40
+/// leaking 2/s, 400 leaking 20/s).
+const SHOPIFY_DRAIN_WINDOW_S: u64 = 20;
+
 /// Index in [`FAMS`] of Etsy's names, which share no prefix.
 const ETSY: usize = 9;
 
@@ -338,7 +342,12 @@ pub(crate) struct Acc {
     pub(crate) dialects: Vec<String>,
     pub(crate) ignored: Vec<Ignored>,
     retry_after_header: Option<Nanos>,
+    /// The longest millisecond hint (`retry-after-ms`, `x-ms-retry-after-ms`,
+    /// `x-amz-retry-after`): finer than `Retry-After`, so it wins.
     ms_hint: Option<Nanos>,
+    /// The longest seconds hint (`x-ratelimit-retry-after`): used only
+    /// without `Retry-After`.
+    secs_hint: Option<Nanos>,
     should_retry: Option<bool>,
     global: bool,
     pub(crate) github: bool,
@@ -348,6 +357,13 @@ pub(crate) struct Acc {
     pub(crate) body_quota: bool,
     /// The body says the request was rate limited.
     pub(crate) body_rate_limited: bool,
+    /// The body says the request was throttled, whatever the status
+    /// (Shopify GraphQL's `THROTTLED` inside a 200).
+    pub(crate) body_throttled: bool,
+    /// The wait the throttled body implies (the points the query needs,
+    /// at the restore rate): exact, so it comes before the exhausted
+    /// windows' resets.
+    pub(crate) throttle_wait: Option<Nanos>,
 }
 
 impl Acc {
@@ -364,12 +380,15 @@ impl Acc {
             ignored: Vec::new(),
             retry_after_header: None,
             ms_hint: None,
+            secs_hint: None,
             should_retry: None,
             global: false,
             github: false,
             body_retry: None,
             body_quota: false,
             body_rate_limited: false,
+            body_throttled: false,
+            throttle_wait: None,
         }
     }
 
@@ -518,7 +537,7 @@ impl Acc {
                 Err(e) => self.ignore(name, e),
             },
             Route::SecsHint => match parse_delay_secs(v) {
-                Ok(d) => self.ms_hint = Some(self.ms_hint.map_or(d, |x| x.max(d))),
+                Ok(d) => self.secs_hint = Some(self.secs_hint.map_or(d, |x| x.max(d))),
                 Err(e) => self.ignore(name, e),
             },
             Route::ShouldRetry => match v.trim().to_ascii_lowercase().as_str() {
@@ -675,8 +694,10 @@ impl Acc {
 
     fn apply_shopify(&mut self, name: &str, v: &str) {
         self.dialect("shopify");
-        // `32/40`: used/limit of a leaky bucket that drains limit/20 per
-        // second (2/s for 40, 20/s for 400).
+        // `32/40`: used/limit of a leaky bucket that, as documented, drains
+        // limit/20 per second (2/s for 40, 20/s for 400). The header states
+        // no reset; the documented drain is published as the window it
+        // implies (the limit per 20 s), never as a reset.
         let parsed = v
             .split_once('/')
             .ok_or_else(|| format!("expected used/limit, got {}", shorten(v)))
@@ -686,8 +707,7 @@ impl Acc {
                 let mut p = PolicyView::named("shopify", Unit::Requests);
                 p.quota = Some(limit);
                 p.remaining = Some(limit.saturating_sub(used));
-                let used = used.min(limit);
-                p.reset_in = Some(Nanos::from_secs_f64(used as f64 * 20.0 / limit as f64));
+                p.window_s = Some(SHOPIFY_DRAIN_WINDOW_S);
                 self.extra.push(p);
             }
             Ok(_) => self.ignore(name, "limit is zero"),
@@ -784,10 +804,13 @@ impl Acc {
             push_dedup(&mut policies, p);
         }
         let tightest = tightest(&policies);
-        let header_wait = self.retry_after_header.or(self.ms_hint);
+        let header_wait = self.ms_hint.or(self.retry_after_header).or(self.secs_hint);
+        // A rejection's bare reset (no count beside it, as Atlassian sends
+        // on a 429) is the reset of the window that refused it.
+        let rejected = matches!(status, 429 | 420);
         let exhausted = policies
             .iter()
-            .filter(|p| p.is_exhausted())
+            .filter(|p| p.is_exhausted() || (rejected && p.is_bare_reset()))
             .filter_map(|p| p.reset_in)
             .max();
         // A 403 is a rate limit only with evidence: a body that says so, a
@@ -800,6 +823,7 @@ impl Acc {
         let floor = (self.github && (status == 429 || (status == 403 && self.body_rate_limited)))
             .then_some(GITHUB_SECONDARY_FLOOR);
         let wait = header_wait
+            .or(self.throttle_wait)
             .or(exhausted)
             .or(self.body_retry)
             .or(floor)
@@ -807,12 +831,17 @@ impl Acc {
         let outcome = outcome(
             status,
             rate_evidence,
+            self.body_throttled,
             &policies,
             problem.as_ref(),
             self.body_quota,
         );
-        let retry = matches!(outcome, OutcomeKind::RateLimited | OutcomeKind::Overloaded)
-            && self.should_retry != Some(false);
+        // An explicit verdict (`x-should-retry`, `Stripe-Should-Retry`)
+        // overrides the guess from the outcome, for any answer but a success.
+        let retry = match self.should_retry {
+            Some(v) if outcome != OutcomeKind::Success => v,
+            _ => matches!(outcome, OutcomeKind::RateLimited | OutcomeKind::Overloaded),
+        };
         let t = tightest.map(|i| &policies[i]);
         ResponseView {
             status,
@@ -920,7 +949,10 @@ fn group_view(g: Group, github: bool) -> Option<PolicyView> {
         .remaining
         .or_else(|| Some(g.limit?.saturating_sub(g.used?)));
     let limit = g.limit.or_else(|| g.remaining?.checked_add(g.used?));
-    if limit.is_none() && remaining.is_none() {
+    let reset_in = g.reset_after.or(g.reset).or(g.reset_time);
+    // A reset alone (Atlassian's `X-RateLimit-Reset` on a 429) still says
+    // when the window resets.
+    if limit.is_none() && remaining.is_none() && reset_in.is_none() {
         return None;
     }
     let github_core = github && g.fam == 0 && g.qual.is_empty() && g.resource.is_none();
@@ -942,7 +974,7 @@ fn group_view(g: Group, github: bool) -> Option<PolicyView> {
         quota: limit,
         window_s,
         remaining,
-        reset_in: g.reset_after.or(g.reset).or(g.reset_time),
+        reset_in,
         scope: g.bucket.or(g.resource).or(g.scope),
     })
 }
@@ -986,6 +1018,7 @@ pub(crate) fn tightest(policies: &[PolicyView]) -> Option<usize> {
 fn outcome(
     status: u16,
     rate_evidence: bool,
+    throttled: bool,
     policies: &[PolicyView],
     problem: Option<&ProblemView>,
     body_quota: bool,
@@ -994,10 +1027,17 @@ fn outcome(
     // 420 is Twitter's old "Enhance Your Calm".
     let limited = status == 429
         || status == 420
+        || throttled
         || (status == 403 && rate_evidence)
         || (status >= 400 && matches!(code, Some("rate_limited" | "quota_exhausted")));
     if limited {
-        return classify_limit(policies, problem, code, body_quota);
+        let kind = classify_limit(policies, problem, code, body_quota);
+        // a throttled body is a leaky bucket running dry, never a quota
+        // (unless the body itself says quota)
+        if throttled && kind == OutcomeKind::QuotaExhausted && !body_quota && code.is_none() {
+            return OutcomeKind::RateLimited;
+        }
+        return kind;
     }
     match status {
         0..=399 => OutcomeKind::Success,
