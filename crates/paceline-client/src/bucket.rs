@@ -65,6 +65,13 @@ pub const QUOTA_WINDOW: Nanos = Nanos::from_secs(3_600);
 /// rounding of `t` to whole seconds on the server's side of the reset.
 pub(crate) const FIXED_MARGIN: Nanos = Nanos::from_millis(50);
 
+/// The share of `span` nanoseconds that `amount` of `left` units get,
+/// when the last of a window are spread evenly to its reset.
+fn spread(span: u64, amount: u64, left: u64) -> u64 {
+    let share = u128::from(span) * u128::from(amount) / u128::from(left.max(1));
+    share.min(u128::from(span)) as u64
+}
+
 #[derive(Clone, Debug)]
 pub(crate) enum Model {
     Rate {
@@ -107,6 +114,13 @@ impl Model {
 #[derive(Clone, Debug)]
 pub(crate) struct Mirror {
     pub(crate) name: String,
+    /// The unit the policy counts (`requests`, `tokens`, …).
+    pub(crate) unit: String,
+    /// Units charged to the mirror since it was made, and the charges
+    /// (requests) they came in: an answer's mark tells how many units went
+    /// out after its request.
+    pub(crate) spent_total: u64,
+    pub(crate) charges: u64,
     pub(crate) endpoint: Option<String>,
     pub(crate) quota: Option<u64>,
     pub(crate) window: Option<Nanos>,
@@ -148,6 +162,12 @@ pub(crate) struct Mark {
     /// The mirror's generation (0: no expectation).
     generation: u32,
     base: u64,
+    /// The units the request was charged.
+    pub(crate) amount: u64,
+    /// The amount was the scope's estimate, not stated by the request.
+    pub(crate) estimated: bool,
+    /// The mirror's `spent_total` right after this request's charge.
+    after: u64,
 }
 
 /// How an answer relates to the request it answers and to the others.
@@ -184,6 +204,9 @@ impl Mirror {
     pub(crate) fn new(p: &PolicyObservation, endpoint: Option<String>) -> Self {
         let mut m = Mirror {
             name: p.name.clone(),
+            unit: p.unit_name().to_string(),
+            spent_total: 0,
+            charges: 0,
             endpoint,
             quota: None,
             window: None,
@@ -339,11 +362,11 @@ impl Mirror {
             .or_else(|| self.window.map(|w| w.as_secs_floor()))
     }
 
-    /// The earliest instant one unit may be spent; a bucket mirror in
-    /// debt waits `margin` past its slot (see [`Config::pace_margin`]).
+    /// The earliest instant `amount` units may be spent; a bucket mirror
+    /// in debt waits `margin` past its slot (see [`Config::pace_margin`]).
     ///
     /// [`Config::pace_margin`]: crate::Config::pace_margin
-    pub(crate) fn earliest(&self, now: Nanos, margin: Nanos) -> Nanos {
+    pub(crate) fn earliest(&self, now: Nanos, margin: Nanos, amount: u64) -> Nanos {
         let now = now.as_u64();
         if let Some(at) = self.awaiting {
             if now < at.saturating_add(PROBE_HOLD) {
@@ -356,7 +379,10 @@ impl Mirror {
                 span,
                 tat,
                 ..
-            } => match (tat + emission).saturating_sub(span) {
+            } => match tat
+                .saturating_add(amount.saturating_mul(emission))
+                .saturating_sub(span)
+            {
                 // a unit is there: no margin for what needs no wait
                 at if at <= now => at,
                 at => at.saturating_add(margin.as_u64()),
@@ -368,9 +394,9 @@ impl Mirror {
                 ..
             } => {
                 let go = reset_at.saturating_add(FIXED_MARGIN.as_u64());
-                if reset_at == 0 || now >= go {
+                if reset_at == 0 || now >= go || amount == 0 {
                     now
-                } else if remaining == Some(0) {
+                } else if remaining.is_some_and(|r| r < amount) {
                     go
                 } else if now >= reset_at {
                     now
@@ -382,10 +408,14 @@ impl Mirror {
         Nanos::new(at.max(now))
     }
 
-    /// Spends one unit at `now`; returns what the mirror now expects of
-    /// the request.
-    pub(crate) fn spend(&mut self, now: Nanos) -> Mark {
+    /// Spends `amount` units at `now` (`estimated`: the amount is the
+    /// scope's estimate, not the request's word); returns what the mirror
+    /// now expects of the request.
+    pub(crate) fn spend(&mut self, now: Nanos, amount: u64, estimated: bool) -> Mark {
         let now = now.as_u64();
+        self.spent_total = self.spent_total.saturating_add(amount);
+        self.charges = self.charges.saturating_add(1);
+        let after = self.spent_total;
         let quota = self.quota;
         let window = self.window.map(Nanos::as_u64);
         let generation = self.generation;
@@ -396,10 +426,15 @@ impl Mirror {
                 shifted,
                 ..
             } => {
-                *tat = (*tat).max(now) + *emission;
+                *tat = (*tat)
+                    .max(now)
+                    .saturating_add(amount.saturating_mul(*emission));
                 Mark {
                     generation,
                     base: tat.wrapping_sub(*shifted),
+                    amount,
+                    estimated,
+                    after,
                 }
             }
             Model::Window {
@@ -430,18 +465,21 @@ impl Mirror {
                     *next_at = 0;
                     *spent = 0;
                 }
-                *spent = spent.saturating_add(1);
+                *spent = spent.saturating_add(amount);
                 if let Some(r) = remaining {
-                    *r = r.saturating_sub(1);
+                    *r = r.saturating_sub(amount);
                     if let Some(q) = quota {
-                        if *r > 0 && r.saturating_mul(10) < q && *reset_at > now {
-                            *next_at = now + (*reset_at - now) / *r;
+                        if *r > 0 && r.saturating_mul(10) < q && *reset_at > now && amount > 0 {
+                            *next_at = now + spread(*reset_at - now, amount, *r);
                         }
                     }
                 }
                 Mark {
                     generation,
                     base: *epoch,
+                    amount,
+                    estimated,
+                    after,
                 }
             }
         }
@@ -449,8 +487,20 @@ impl Mirror {
 
     /// Folds what the server published into the mirror; `mark` is what
     /// the mirror expected of the answered request when it went out.
-    pub(crate) fn observe(&mut self, now: Nanos, p: &PolicyObservation, seen: &Seen, mark: Mark) {
+    ///
+    /// Returns what the answered request was seen to spend, when its
+    /// amount was an estimate and the answer tells (it came back alone,
+    /// sent after the previous answer, so nothing else was charged in
+    /// between).
+    pub(crate) fn observe(
+        &mut self,
+        now: Nanos,
+        p: &PolicyObservation,
+        seen: &Seen,
+        mark: Mark,
+    ) -> Option<u64> {
         let now = now.as_u64();
+        let seen = &self.in_units(seen, mark);
         if !self.fixed && self.looks_fixed(now, p, seen) {
             self.fixed = true;
         }
@@ -458,7 +508,8 @@ impl Mirror {
         if let Some(t) = p.reset_in {
             self.longest_reset = self.longest_reset.max(t.as_u64());
         }
-        let Some(r) = p.remaining else { return };
+        let r = p.remaining?;
+        let observed = self.observed_spend(now, r, seen, mark);
         if !seen.rejected {
             self.last_answer = Some((now, r));
         }
@@ -466,6 +517,7 @@ impl Mirror {
         let guess = self.whole_window;
         let quota = self.quota;
         let generation = self.generation;
+        let per = self.per_request();
         match &mut self.model {
             Model::Rate {
                 emission,
@@ -482,8 +534,11 @@ impl Mirror {
                 let to = match seen.sent_at {
                     Some(sent) if valid => {
                         let expected = mark.base.wrapping_add(*shifted);
-                        let at = rate.reconcile(expected, sent.as_u64(), now, r, seen);
-                        tat.saturating_add(at.saturating_sub(expected))
+                        let at = rate.reconcile(expected, sent.as_u64(), now, r, seen, mark);
+                        match at.checked_sub(expected) {
+                            Some(later) => tat.saturating_add(later),
+                            None => tat.saturating_sub(expected - at),
+                        }
                     }
                     _ => rate.unmarked(*tat, now, r, seen),
                 };
@@ -503,8 +558,10 @@ impl Mirror {
                     mark.generation != 0 && mark.generation == generation && seen.sent_at.is_some();
                 if marked && mark.base < *epoch {
                     // an answer about a window the mirror has left behind
-                    return;
+                    return observed;
                 }
+                // the units the answered request itself was charged
+                let this = if marked { mark.amount } else { 1 };
                 if marked {
                     self.awaiting = None;
                 }
@@ -519,7 +576,7 @@ impl Mirror {
                 // window the server can hold more than the mirror only by
                 // the other units the mirror spent since it last took the
                 // server's count (answers overtake one another).
-                let others = spent.saturating_sub(1);
+                let others = spent.saturating_sub(this);
                 let restored =
                     marked && remaining.is_some_and(|local| r > local.saturating_add(others));
                 // a window the server announces by its reset (fixed, or
@@ -555,7 +612,7 @@ impl Mirror {
                 // the server's count is taken as it is only when no other
                 // unit was spent since the last one (nothing can have been
                 // served after this request without the mirror knowing)
-                let sole = seen.alone && *spent <= 1;
+                let sole = seen.alone && *spent <= this;
                 *remaining = Some(match *remaining {
                     Some(local) if !sole && !restored => local.min(r),
                     _ => {
@@ -565,11 +622,67 @@ impl Mirror {
                 });
                 if let (Some(q), Some(left)) = (quota, *remaining) {
                     if left > 0 && left.saturating_mul(10) < q && *reset_at > now {
-                        *next_at = (*next_at).max(now + (*reset_at - now) / (left + 1));
+                        let gap = spread(*reset_at - now, per, left + 1);
+                        *next_at = (*next_at).max(now + gap);
                     }
                 }
             }
         }
+        observed
+    }
+
+    /// The average charge of one request, at least 1 (1 for a mirror of
+    /// requests charged one each).
+    fn per_request(&self) -> u64 {
+        (self.spent_total / self.charges.max(1)).max(1)
+    }
+
+    /// An answer's relation to the other requests, counted in this
+    /// mirror's units: the units charged after the answered request (its
+    /// mark tells them exactly), the share of them still in flight, and
+    /// the requests in flight at the average charge. A mirror of requests
+    /// counts requests, as the answer does.
+    fn in_units(&self, seen: &Seen, mark: Mark) -> Seen {
+        if self.unit == crate::cost::REQUESTS {
+            return *seen;
+        }
+        let per = self.per_request();
+        let after = if mark.generation != 0 {
+            self.spent_total.saturating_sub(mark.after)
+        } else {
+            seen.sent_after.saturating_mul(per)
+        };
+        let later = match seen.sent_after {
+            0 => 0,
+            n => (after as u128 * u128::from(seen.later.min(n)) / u128::from(n)) as u64,
+        };
+        Seen {
+            sent_after: after,
+            later,
+            in_flight: seen.in_flight.saturating_mul(per),
+            ..*seen
+        }
+    }
+
+    /// What an answered request spent, read off the drop in the server's
+    /// count since the previous answer, when its amount was only an
+    /// estimate and nothing else can have been charged in between: it
+    /// went out after that answer and came back alone, in the same window.
+    fn observed_spend(&self, now: u64, r: u64, seen: &Seen, mark: Mark) -> Option<u64> {
+        if !mark.estimated || mark.generation == 0 || !seen.alone || seen.rejected {
+            return None;
+        }
+        let (at, prev) = self.last_answer?;
+        if seen.sent_at?.as_u64() < at || now < at {
+            return None;
+        }
+        let refill = match self.model {
+            Model::Rate { emission, .. } => (now - at) / emission,
+            Model::Window { reset_at, .. } if reset_at > now => 0,
+            Model::Window { .. } => return None,
+        };
+        let spent = prev.saturating_add(refill).saturating_sub(r);
+        Some(self.quota.map_or(spent, |q| spent.min(q)))
     }
 
     /// What is left, for diagnostics: whole units.
@@ -621,8 +734,17 @@ impl Rate {
 
     /// The theoretical arrival time after a marked request, given that the
     /// mirror expected `expected`, the request went out at `sent` and the
-    /// server answered `r` units left, received at `now`.
-    fn reconcile(&self, expected: u64, sent: u64, now: u64, r: u64, seen: &Seen) -> u64 {
+    /// server answered `r` units left, received at `now`; `mark` says what
+    /// the request was charged, and whether that was an estimate.
+    fn reconcile(
+        &self,
+        expected: u64,
+        sent: u64,
+        now: u64,
+        r: u64,
+        seen: &Seen,
+        mark: Mark,
+    ) -> u64 {
         if seen.rejected {
             // the server held more than the mirror did, by at least the
             // unit it refused: assume its count was read at `now`
@@ -635,9 +757,21 @@ impl Rate {
             // clearly fewer: whole units spent elsewhere, same phase
             let missing = least - seen.sent_after - r;
             at = at.saturating_add(missing.saturating_mul(self.emission));
+        } else if mark.estimated {
+            // an estimate too high: the server holds more than the mirror
+            // can have at the answer even before any later request (and a
+            // unit more, for rounding); give back the excess, never more
+            // than the estimate itself
+            let most = self.remaining(expected, now);
+            if r > most.saturating_add(1) {
+                let back = (r - most - 1).min(mark.amount);
+                at = at.saturating_sub(back.saturating_mul(self.emission));
+            }
         }
-        // the server charged this request before its answer came back
-        at.max(now + self.emission)
+        // the server charged this request before its answer came back (an
+        // estimated amount may have been nothing)
+        let charged = if mark.estimated { 0 } else { mark.amount };
+        at.max(now.saturating_add(charged.saturating_mul(self.emission)))
     }
 
     /// Where an answer without a mark (the mirror expected nothing of it)
@@ -672,6 +806,7 @@ mod tests {
             reset_in: Some(Nanos::from_secs(t)),
             counts_requests: true,
             per_endpoint: false,
+            unit: String::new(),
         }
     }
 
@@ -681,11 +816,11 @@ mod tests {
         let mut m = Mirror::new(&pol(8, 2, 7, 1), None);
         m.observe(t0, &pol(8, 2, 7, 1), &Seen::unsent(true), Mark::default());
         for _ in 0..7 {
-            assert_eq!(m.earliest(t0, Nanos::ZERO), t0);
-            m.spend(t0);
+            assert_eq!(m.earliest(t0, Nanos::ZERO, 1), t0);
+            m.spend(t0, 1, false);
         }
         assert_eq!(
-            m.earliest(t0, Nanos::ZERO),
+            m.earliest(t0, Nanos::ZERO, 1),
             t0.saturating_add(Nanos::from_millis(250))
         );
     }
@@ -699,15 +834,15 @@ mod tests {
         m.observe(t0, &pol(8, 2, 8, 0), &Seen::unsent(true), Mark::default());
         // what is in the bucket goes at once: no margin without a wait
         for _ in 0..8 {
-            assert_eq!(m.earliest(t0, margin), t0);
-            m.spend(t0);
+            assert_eq!(m.earliest(t0, margin, 1), t0);
+            m.spend(t0, 1, false);
         }
         // in debt, each request goes 20 ms after its slot; 40 slots on,
         // still 20 ms: nothing accumulates
         for k in 1..=40u64 {
-            let at = m.earliest(ms(250 * (k - 1) + 20), margin);
+            let at = m.earliest(ms(250 * (k - 1) + 20), margin, 1);
             assert_eq!(at, ms(250 * k + 20), "slot {k}");
-            m.spend(at);
+            m.spend(at, 1, false);
         }
     }
 
@@ -722,13 +857,14 @@ mod tests {
             reset_in: Some(Nanos::from_secs(5_000)),
             counts_requests: true,
             per_endpoint: false,
+            unit: String::new(),
         };
         let mut m = Mirror::new(&p, None);
         m.observe(t0, &p, &Seen::unsent(true), Mark::default());
         assert!(m.is_quota());
-        m.spend(t0);
+        m.spend(t0, 1, false);
         // 49 left over 5,000 s: about one every 102 s
-        let next = m.earliest(t0, Nanos::ZERO).saturating_sub(t0);
+        let next = m.earliest(t0, Nanos::ZERO, 1).saturating_sub(t0);
         assert_eq!(next.as_secs_floor(), 102);
     }
 
@@ -741,13 +877,22 @@ mod tests {
         let mut m = Mirror::new(&p, None);
         m.observe(t0, &p, &Seen::unsent(true), Mark::default());
         assert_eq!(
-            m.earliest(t0, Nanos::ZERO),
+            m.earliest(t0, Nanos::ZERO, 1),
             t0.saturating_add(Nanos::from_secs(30))
                 .saturating_add(FIXED_MARGIN)
         );
     }
 
     const MS: u64 = 1_000_000;
+
+    /// The mark of a request charged one unit, stated.
+    const ONE: Mark = Mark {
+        generation: 1,
+        base: 0,
+        amount: 1,
+        estimated: false,
+        after: 0,
+    };
 
     /// 8 per 2 s: one unit every 250 ms.
     fn race_rate() -> Rate {
@@ -774,14 +919,14 @@ mod tests {
         // empty after it; the server saw it 10 ms later and said r=0
         let expected = t0 + rate.span;
         assert_eq!(
-            rate.reconcile(expected, t0, t0 + 20 * MS, 0, &sent(0)),
+            rate.reconcile(expected, t0, t0 + 20 * MS, 0, &sent(0), ONE),
             expected
         );
         // a rounded-down r one below what the mirror expects at the send
         // instant is still consistent when a later request may have been
         // served first
         assert_eq!(
-            rate.reconcile(expected - 250 * MS, t0, t0 + 20 * MS, 0, &sent(1)),
+            rate.reconcile(expected - 250 * MS, t0, t0 + 20 * MS, 0, &sent(1), ONE),
             expected - 250 * MS
         );
     }
@@ -794,7 +939,7 @@ mod tests {
         // server says 2: someone else spent 3
         let expected = t0 + 3 * 250 * MS + 7 * MS;
         assert_eq!(rate.remaining(expected, t0), 4);
-        let at = rate.reconcile(expected, t0, t0 + 30 * MS, 1, &sent(0));
+        let at = rate.reconcile(expected, t0, t0 + 30 * MS, 1, &sent(0), ONE);
         assert_eq!(at - expected, 3 * 250 * MS);
         assert_eq!((at - t0) % (250 * MS), 7 * MS, "the refill phase is kept");
     }
@@ -805,7 +950,7 @@ mod tests {
         let t0 = 1_000_000 * MS;
         // a full bucket: the server started its refill when the request
         // arrived, somewhere before the answer came back 40 ms later
-        let at = rate.reconcile(t0 + 250 * MS, t0, t0 + 40 * MS, 7, &sent(7));
+        let at = rate.reconcile(t0 + 250 * MS, t0, t0 + 40 * MS, 7, &sent(7), ONE);
         assert_eq!(at, t0 + 290 * MS);
     }
 
@@ -817,7 +962,7 @@ mod tests {
             rejected: true,
             ..sent(0)
         };
-        let at = rate.reconcile(t0 + rate.span, t0, t0 + 20 * MS, 0, &seen);
+        let at = rate.reconcile(t0 + rate.span, t0, t0 + 20 * MS, 0, &seen, ONE);
         assert_eq!(at, t0 + 20 * MS + rate.span);
     }
 
@@ -826,16 +971,16 @@ mod tests {
         let t0 = Nanos::from_secs(1_000);
         let mut m = Mirror::new(&pol(8, 2, 8, 0), None);
         m.observe(t0, &pol(8, 2, 8, 0), &Seen::unsent(true), Mark::default());
-        let mark = m.spend(t0);
+        let mark = m.spend(t0, 1, false);
         // the server changes its policy: a new model, the mark is stale
         m.observe(t0, &pol(10, 2, 10, 0), &Seen::unsent(true), Mark::default());
-        let before = m.earliest(t0, Nanos::ZERO);
+        let before = m.earliest(t0, Nanos::ZERO, 1);
         let seen = Seen {
             sent_at: Some(t0),
             ..Seen::default()
         };
         m.observe(t0, &pol(10, 2, 10, 0), &seen, mark);
-        assert_eq!(m.earliest(t0, Nanos::ZERO), before);
+        assert_eq!(m.earliest(t0, Nanos::ZERO, 1), before);
     }
 
     proptest::proptest! {
@@ -851,7 +996,7 @@ mod tests {
             let expected = t0 + debt.min(q) * rate.emission;
             let now = t0 + rtt_ms * MS;
             let seen = Seen { rejected, ..sent(after) };
-            let at = rate.reconcile(expected, t0, now, r, &seen);
+            let at = rate.reconcile(expected, t0, now, r, &seen, ONE);
             proptest::prop_assert!(at >= expected);
             // charged no later than answered (a rejection charged nothing,
             // but leaves the mirror no earlier than the server's count)

@@ -312,7 +312,23 @@ impl Client {
         let mut guard = self.inner.state.lock();
         let st = &mut *guard;
         let scope = st.scopes.get_or_make(call, cfg);
-        let (until, hold) = scope.earliest(now, &call.info.path, ns(cfg.pace_margin));
+        if let Some(t) = scope.too_costly(&call.info.path, &call.info.cost) {
+            let error = ClientError::CostExceedsQuota {
+                policy: t.policy,
+                unit: t.unit,
+                amount: t.amount,
+                quota: t.quota,
+            };
+            scope.drops += 1;
+            st.totals.drops += 1;
+            events.push(Event::Drop {
+                scope: scope.name.clone(),
+                error: error.clone(),
+            });
+            return Before::Drop(error);
+        }
+        let (until, hold) =
+            scope.earliest(now, &call.info.path, ns(cfg.pace_margin), &call.info.cost);
         if until > now {
             let wait = until.saturating_sub(now);
             if wait > ns(cfg.max_wait) {
@@ -381,7 +397,7 @@ impl Client {
         if scope.mode == Mode::Unseeded && scope.in_flight.is_empty() {
             scope.probe_sent_at = now;
         }
-        let (seq, marks) = scope.spend(now, &call.info.path);
+        let (seq, marks) = scope.spend(now, &call.info.path, &call.info.cost);
         let retry = call.attempts > 0;
         if retry {
             scope.retries += 1;
@@ -464,7 +480,7 @@ impl Client {
             s.observe(now, "/", policies, &seen, &Marks::default());
             if policies
                 .iter()
-                .any(|p| p.counts_requests && p.remaining.is_some())
+                .any(|p| p.is_mirrored() && p.remaining.is_some())
             {
                 s.set_mode(Mode::Paced, ns(cfg.absent_gap), &mut events);
             }
@@ -795,6 +811,7 @@ fn mark_exhausted(scope: &mut Scope, policy: &str, now: Nanos, reset_at: Nanos) 
         reset_in: Some(reset_at.saturating_sub(now)),
         counts_requests: true,
         per_endpoint: false,
+        unit: String::new(),
     };
     let keep_window = scope
         .mirrors

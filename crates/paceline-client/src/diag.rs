@@ -6,6 +6,7 @@ use paceline_core::Nanos;
 use serde::Serialize;
 
 use crate::budget::BudgetStats;
+use crate::cost::REQUESTS;
 use crate::event::Mode;
 use crate::request::Attempt;
 use crate::scope::Scope;
@@ -27,6 +28,33 @@ pub struct PolicySnapshot {
     /// `bucket` (refills continuously), `fixed` (restores all at once at
     /// the reset) or `window` (only remaining and reset known).
     pub window_kind: &'static str,
+    /// What the policy counts: `requests`, `tokens`, `points`, … (see
+    /// [`crate::cost`]).
+    pub unit: String,
+}
+
+/// One unit other than requests that a scope's policies count.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UnitSnapshot {
+    /// The unit (`tokens`, `points`, `content-bytes`, …).
+    pub unit: String,
+    /// The mirrored policies counting it.
+    pub policies: Vec<String>,
+    /// Whole units the tightest of those policies has left, as the
+    /// mirror sees it.
+    pub available: Option<u64>,
+    /// Units charged so far (stated amounts and estimates, retries
+    /// included).
+    pub charged: u64,
+    /// Attempts that stated their amount.
+    pub stated: u64,
+    /// Attempts charged the estimate.
+    pub estimated: u64,
+    /// The running average of what a request spends, when anything was
+    /// seen (stated amounts, and what answers showed was spent).
+    pub estimate: Option<f64>,
+    /// What a request without a stated amount is charged now.
+    pub charge: u64,
 }
 
 /// One scope.
@@ -62,6 +90,8 @@ pub struct ScopeSnapshot {
     pub last_attempt: Option<Attempt>,
     /// The attempt that drew the last 429.
     pub last_429_attempt: Option<Attempt>,
+    /// Per unit other than requests: what is left, charged and estimated.
+    pub units: Vec<UnitSnapshot>,
 }
 
 impl ScopeSnapshot {
@@ -86,6 +116,7 @@ impl ScopeSnapshot {
                     window_s: m.window.map(|w| w.as_secs_floor()),
                     available: m.available(now),
                     window_kind: m.kind(),
+                    unit: m.unit.clone(),
                 })
                 .collect(),
             last_429_ago_s: s
@@ -99,8 +130,40 @@ impl ScopeSnapshot {
                 .unwrap_or_default(),
             last_attempt: attempt(s, &s.last_attempt),
             last_429_attempt: attempt(s, &s.last_429_attempt),
+            units: units(s, now),
         }
     }
+}
+
+fn units(s: &Scope, now: Nanos) -> Vec<UnitSnapshot> {
+    let mut out: Vec<UnitSnapshot> = Vec::new();
+    for m in s.all_mirrors().filter(|m| m.unit != REQUESTS) {
+        let left = m.available(now);
+        match out.iter_mut().find(|u| u.unit == m.unit) {
+            Some(u) => {
+                u.policies.push(m.name.clone());
+                u.available = match (u.available, left) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            None => {
+                let stat = s.units.get(&m.unit).copied().unwrap_or_default();
+                out.push(UnitSnapshot {
+                    unit: m.unit.clone(),
+                    policies: vec![m.name.clone()],
+                    available: left,
+                    charged: stat.charged,
+                    stated: stat.stated,
+                    estimated: stat.estimated,
+                    estimate: stat.estimate.mean(),
+                    charge: stat.estimate.charge(),
+                })
+            }
+        }
+    }
+    out.sort_by(|a, b| a.unit.cmp(&b.unit));
+    out
 }
 
 fn attempt(s: &Scope, a: &Option<(u32, Option<String>)>) -> Option<Attempt> {

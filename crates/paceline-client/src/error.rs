@@ -59,6 +59,20 @@ pub enum ClientError {
         /// The buffering cap in bytes.
         cap: usize,
     },
+    /// The request's stated cost in one unit is more than a policy the
+    /// server publishes can ever hold (1,200 tokens against a window of
+    /// 1,000): no wait can make it fit. Split the request. The call ends
+    /// before anything is sent.
+    CostExceedsQuota {
+        /// The policy.
+        policy: String,
+        /// The unit it counts (`tokens`, `points`, …).
+        unit: String,
+        /// The amount the request states.
+        amount: u64,
+        /// The policy's quota.
+        quota: u64,
+    },
     /// The adapter was asked again to send a request whose 429 or 503 it
     /// had already answered: another retrying layer (such as
     /// `reqwest-retry`) wraps it, and every retry of that layer would run
@@ -78,7 +92,9 @@ impl ClientError {
     pub fn is_local_drop(&self) -> bool {
         matches!(
             self,
-            ClientError::Throttled { .. } | ClientError::WaitTooLong { .. }
+            ClientError::Throttled { .. }
+                | ClientError::WaitTooLong { .. }
+                | ClientError::CostExceedsQuota { .. }
         )
     }
     /// The instant after which trying again makes sense, when known.
@@ -100,6 +116,7 @@ impl ClientError {
             ClientError::Transport { .. } => "transport",
             ClientError::BodyNotReplayable { .. } => "body_not_replayable",
             ClientError::NestedRetry { .. } => "nested_retry",
+            ClientError::CostExceedsQuota { .. } => "cost_exceeds_quota",
         }
     }
 }
@@ -151,6 +168,15 @@ impl fmt::Display for ClientError {
                 f,
                 "the request body is a stream larger than {cap} bytes, so it cannot be retried; \
                  send a buffered body or raise the buffering cap"
+            ),
+            ClientError::CostExceedsQuota {
+                policy,
+                unit,
+                amount,
+                quota,
+            } => write!(
+                f,
+                "the request costs {amount} {unit}, more than policy {policy:?} can ever hold                  ({quota}); split it"
             ),
             ClientError::NestedRetry { status } => write!(
                 f,

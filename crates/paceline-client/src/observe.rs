@@ -49,6 +49,33 @@ pub struct PolicyObservation {
     pub counts_requests: bool,
     /// Whether the policy applies per endpoint rather than per account.
     pub per_endpoint: bool,
+    /// What the policy counts when not requests: `tokens`,
+    /// `content-bytes`, `points` (Shopify GraphQL cost points, GitHub
+    /// GraphQL points), `concurrent-requests` or a server's own `qu`
+    /// (see [`crate::cost`]). Empty (the default) means requests.
+    pub unit: String,
+}
+
+impl PolicyObservation {
+    /// The unit's name (`requests` when `unit` is empty).
+    pub fn unit_name(&self) -> &str {
+        match self.unit.as_str() {
+            "" => crate::cost::REQUESTS,
+            u => u,
+        }
+    }
+
+    /// Whether the client keeps a mirror of this policy and paces on it:
+    /// a policy of requests, or of another unit whose quota is published
+    /// (without one, an amount cannot be weighed against it). Concurrency
+    /// caps are not windows, and are not mirrored.
+    pub fn is_mirrored(&self) -> bool {
+        match self.unit_name() {
+            crate::cost::REQUESTS => self.counts_requests,
+            "concurrent-requests" => false,
+            _ => self.quota.is_some_and(|q| q > 0),
+        }
+    }
 }
 
 /// A response, as far as pacing and retrying are concerned.
@@ -119,15 +146,42 @@ impl Observation {
             reset_in: Some(reset_in),
             counts_requests: true,
             per_endpoint: false,
+            unit: String::new(),
         });
         self
     }
 
-    /// Whether the response published any usable policy.
+    /// Adds a named policy counting `unit` (`tokens`, `points`, …) with
+    /// everything known about it.
+    pub fn with_unit_policy(
+        mut self,
+        name: &str,
+        unit: &str,
+        quota: u64,
+        window_s: u64,
+        remaining: u64,
+        reset_in: Nanos,
+    ) -> Self {
+        let unit = unit.trim().to_ascii_lowercase();
+        self.policies.push(PolicyObservation {
+            name: name.to_string(),
+            quota: Some(quota),
+            window_s: Some(window_s),
+            remaining: Some(remaining),
+            reset_in: Some(reset_in),
+            counts_requests: unit == crate::cost::REQUESTS || unit.is_empty(),
+            per_endpoint: false,
+            unit,
+        });
+        self
+    }
+
+    /// Whether the response published any usable policy: one the client
+    /// mirrors, with a count of what is left.
     pub fn has_limits(&self) -> bool {
         self.policies
             .iter()
-            .any(|p| p.counts_requests && p.remaining.is_some())
+            .any(|p| p.is_mirrored() && p.remaining.is_some())
     }
 }
 
@@ -187,15 +241,49 @@ impl PolicyObservation {
     }
 
     fn build(name: String, p: &PolicyView, dialects: &[String]) -> Self {
+        let unit = unit_of(p, dialects);
         PolicyObservation {
             per_endpoint: is_per_endpoint(p, dialects),
             name,
             quota: p.quota,
-            window_s: p.window_s,
+            window_s: p.window_s.or_else(|| documented_window(p, &unit, dialects)),
             remaining: p.remaining,
             reset_in: p.reset_in,
-            counts_requests: p.unit.is_requests(),
+            counts_requests: unit == crate::cost::REQUESTS,
+            unit,
         }
+    }
+}
+
+/// The client's name for what a parsed policy counts: the parser's unit,
+/// except GitHub's GraphQL resource, which counts points (a query costs
+/// one or more), not requests.
+fn unit_of(p: &PolicyView, dialects: &[String]) -> String {
+    let github = dialects.iter().any(|d| d == "github");
+    if github && p.scope.as_deref() == Some("graphql") {
+        return "points".to_string();
+    }
+    crate::cost::unit_name(&p.unit)
+}
+
+/// The window of a policy that publishes none, when its provider
+/// documents one: OpenAI's and Anthropic's request and token limits are
+/// per minute, replenished continuously (their reset fields give the time
+/// to a full restore, not the window). Known, the window lets the mirror
+/// refill as the server does instead of waiting for each full restore.
+/// Other providers share OpenAI's header names (Linear's hourly
+/// `x-ratelimit-requests-*`), so a reset further off than a minute, which
+/// no per-minute window can need, keeps the window unknown.
+fn documented_window(p: &PolicyView, unit: &str, dialects: &[String]) -> Option<u64> {
+    let per_minute = dialects.iter().any(|d| d == "openai" || d == "anthropic");
+    let fits = p.reset_in.is_none_or(|t| t <= Nanos::from_secs(60));
+    (per_minute && fits && matches!(unit, "requests" | "tokens")).then_some(60)
+}
+
+impl PolicyObservation {
+    /// A copy without the name, for a caller that took it.
+    fn renamed(self, name: String) -> Self {
+        PolicyObservation { name, ..self }
     }
 }
 
@@ -251,12 +339,8 @@ impl Observation {
         obs.policies = policies
             .into_iter()
             .map(|mut p| {
-                let per_endpoint = is_per_endpoint(&p, &v.dialects);
-                let name = std::mem::take(&mut p.name);
-                PolicyObservation {
-                    per_endpoint,
-                    ..PolicyObservation::build(name, &p, &[])
-                }
+                let built = PolicyObservation::build(String::new(), &p, &v.dialects);
+                built.renamed(std::mem::take(&mut p.name))
             })
             .collect();
         if obs.kind == ResponseKind::QuotaExhausted && obs.limit.is_none() {

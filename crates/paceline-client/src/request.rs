@@ -5,6 +5,7 @@ use http::Method;
 use paceline_core::Nanos;
 use serde::Serialize;
 
+use crate::cost::Cost;
 use crate::event::Mode;
 use crate::scope::Marks;
 
@@ -22,6 +23,10 @@ pub struct RequestInfo {
     pub path: String,
     /// An idempotency key the application already chose, if any.
     pub idempotency_key: Option<String>,
+    /// What the request spends beyond the one request it is (tokens,
+    /// points, bytes…); empty: the estimate of each unit (see
+    /// [`crate::cost`]). Every attempt of the call is charged it.
+    pub cost: Cost,
 }
 
 impl RequestInfo {
@@ -34,6 +39,7 @@ impl RequestInfo {
             scope: scope.to_string(),
             path: path.to_string(),
             idempotency_key: None,
+            cost: Cost::new(),
         }
     }
 
@@ -50,6 +56,13 @@ impl RequestInfo {
     /// Replaces the pacing scope.
     pub fn with_scope(mut self, scope: impl Into<String>) -> Self {
         self.scope = scope.into();
+        self
+    }
+
+    /// Says what the request spends, unit by unit:
+    /// `RequestInfo::post(url).with_cost(Cost::new().with("tokens", 1_200))`.
+    pub fn with_cost(mut self, cost: Cost) -> Self {
+        self.cost = cost;
         self
     }
 

@@ -7,6 +7,7 @@ use paceline_core::Nanos;
 use smallvec::SmallVec;
 
 use crate::bucket::{Mark, Mirror, Seen};
+use crate::cost::{Cost, Estimate, REQUESTS};
 use crate::event::{Event, Mode};
 use crate::observe::PolicyObservation;
 use crate::throttle::AdaptiveThrottle;
@@ -103,6 +104,44 @@ pub(crate) struct Scope {
     pub(crate) drops: u64,
     pub(crate) requests: u64,
     pub(crate) retries: u64,
+    /// What requests spend in each unit other than requests, by unit name.
+    pub(crate) units: HashMap<String, UnitStat>,
+}
+
+/// What the requests of a scope spent in one unit.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct UnitStat {
+    /// What a request without a stated amount is charged.
+    pub(crate) estimate: Estimate,
+    /// Units charged, stated and estimated (retries included).
+    pub(crate) charged: u64,
+    /// Attempts whose amount was stated.
+    pub(crate) stated: u64,
+    /// Attempts charged the estimate.
+    pub(crate) estimated: u64,
+}
+
+/// A request's amount for one mirror: what its cost states (by the
+/// policy's name, then its unit), else 1 request, else the unit's
+/// estimate (never more than the policy's quota).
+fn amount_for(units: &HashMap<String, UnitStat>, m: &Mirror, cost: &Cost) -> (u64, bool) {
+    if let Some(n) = cost.for_policy(&m.name, &m.unit) {
+        return (n, false);
+    }
+    if m.unit == REQUESTS {
+        return (1, false);
+    }
+    let e = units.get(&m.unit).map_or(1, |u| u.estimate.charge());
+    (e.min(m.quota.unwrap_or(u64::MAX)), true)
+}
+
+/// A cost more than a policy can ever hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TooCostly {
+    pub(crate) policy: String,
+    pub(crate) unit: String,
+    pub(crate) amount: u64,
+    pub(crate) quota: u64,
 }
 
 impl Scope {
@@ -143,7 +182,31 @@ impl Scope {
             drops: 0,
             requests: 0,
             retries: 0,
+            units: HashMap::new(),
         }
+    }
+
+    /// The first mirror a request to `path` costing `cost` can never fit
+    /// (its stated amount is above the published quota), if any.
+    pub(crate) fn too_costly(&self, path: &str, cost: &Cost) -> Option<TooCostly> {
+        if cost.is_empty() {
+            return None;
+        }
+        let endpoint = self
+            .endpoints
+            .get(path)
+            .into_iter()
+            .flat_map(|e| &e.mirrors);
+        self.mirrors.iter().chain(endpoint).find_map(|m| {
+            let (amount, estimated) = amount_for(&self.units, m, cost);
+            let quota = m.quota.filter(|q| *q > 0)?;
+            (!estimated && amount > quota).then(|| TooCostly {
+                policy: m.name.clone(),
+                unit: m.unit.clone(),
+                amount,
+                quota,
+            })
+        })
     }
 
     /// The mirror a hold names, for a request to `path`.
@@ -162,8 +225,16 @@ impl Scope {
             .chain(self.endpoints.values().flat_map(|e| e.mirrors.iter()))
     }
 
-    /// The earliest instant a request to `path` may go, and what holds it.
-    pub(crate) fn earliest(&self, now: Nanos, path: &str, margin: Nanos) -> (Nanos, Option<Hold>) {
+    /// The earliest instant a request to `path` costing `cost` may go:
+    /// when every mirror of every unit has room for its amount; and what
+    /// holds it.
+    pub(crate) fn earliest(
+        &self,
+        now: Nanos,
+        path: &str,
+        margin: Nanos,
+        cost: &Cost,
+    ) -> (Nanos, Option<Hold>) {
         let mut until = now;
         let mut hold = None;
         if self.pause_until > until {
@@ -171,7 +242,7 @@ impl Scope {
             hold = Some(Hold::Pause);
         }
         for (i, m) in self.mirrors.iter().enumerate() {
-            let e = m.earliest(now, margin);
+            let e = m.earliest(now, margin, amount_for(&self.units, m, cost).0);
             if e > until {
                 until = e;
                 hold = Some(Hold::Mirror(i));
@@ -179,7 +250,7 @@ impl Scope {
         }
         if let Some(ep) = self.endpoints.get(path) {
             for (i, m) in ep.mirrors.iter().enumerate() {
-                let e = m.earliest(now, margin);
+                let e = m.earliest(now, margin, amount_for(&self.units, m, cost).0);
                 if e > until {
                     until = e;
                     hold = Some(Hold::Endpoint(i));
@@ -207,21 +278,31 @@ impl Scope {
         Nanos::new(base.as_u64().saturating_mul(u64::from(self.factor)))
     }
 
-    /// Charges one request sent at `now` to `path`; returns its sequence
-    /// and what each mirror expects of it.
-    pub(crate) fn spend(&mut self, now: Nanos, path: &str) -> (u64, Marks) {
+    /// Charges one request sent at `now` to `path`, costing `cost`;
+    /// returns its sequence and what each mirror expects of it.
+    pub(crate) fn spend(&mut self, now: Nanos, path: &str, cost: &Cost) -> (u64, Marks) {
         let mut marks = Marks::default();
+        let units = &self.units;
         for m in self.mirrors.iter_mut() {
-            marks.account.push(m.spend(now));
+            let (n, est) = amount_for(units, m, cost);
+            marks.account.push(m.spend(now, n, est));
         }
         if !self.endpoints.is_empty() {
             self.uses += 1;
             if let Some(ep) = self.endpoints.get_mut(path) {
                 ep.used = self.uses;
-                let spent = ep.mirrors.iter_mut().map(|m| m.spend(now)).collect();
+                let spent = ep
+                    .mirrors
+                    .iter_mut()
+                    .map(|m| {
+                        let (n, est) = amount_for(units, m, cost);
+                        m.spend(now, n, est)
+                    })
+                    .collect();
                 marks.endpoint = Some((ep.id, spent));
             }
         }
+        self.count_units(cost);
         let gap = self.effective_gap();
         if gap > Nanos::ZERO {
             self.gap_next = now.saturating_add(gap);
@@ -231,6 +312,31 @@ impl Scope {
         self.in_flight.insert(seq);
         self.requests += 1;
         (seq, marks)
+    }
+
+    /// Counts what one attempt costing `cost` spends in each unit the
+    /// scope mirrors (other than requests); a stated amount is also a
+    /// sample of what requests spend.
+    fn count_units(&mut self, cost: &Cost) {
+        let mut seen: SmallVec<[&str; 4]> = SmallVec::new();
+        let endpoint_mirrors = self.endpoints.values().flat_map(|e| &e.mirrors);
+        for m in self.mirrors.iter().chain(endpoint_mirrors) {
+            if m.unit == REQUESTS || seen.contains(&m.unit.as_str()) {
+                continue;
+            }
+            seen.push(&m.unit);
+            let stated = cost.get(&m.unit);
+            let (n, _) = amount_for(&self.units, m, cost);
+            let u = self.units.entry(m.unit.clone()).or_default();
+            u.charged = u.charged.saturating_add(n);
+            match stated {
+                Some(n) => {
+                    u.stated += 1;
+                    u.estimate.add(n);
+                }
+                None => u.estimated += 1,
+            }
+        }
     }
 
     /// Removes an attempt sent at `sent_at` from the in-flight set; says
@@ -281,10 +387,12 @@ impl Scope {
         seen: &Seen,
         marks: &Marks,
     ) {
-        for p in policies.iter().filter(|p| p.counts_requests) {
-            let m = if p.per_endpoint {
+        let mut sampled: SmallVec<[&str; 4]> = SmallVec::new();
+        for p in policies.iter().filter(|p| p.is_mirrored()) {
+            let same = |m: &Mirror| m.name == p.name && m.unit == p.unit_name();
+            let (window, quota, observed) = if p.per_endpoint {
                 let ep = self.endpoint_mut(now, path);
-                let i = match ep.mirrors.iter().position(|m| m.name == p.name) {
+                let i = match ep.mirrors.iter().position(same) {
                     Some(i) => i,
                     None => {
                         ep.mirrors.push(Mirror::new(p, Some(path.to_string())));
@@ -296,10 +404,10 @@ impl Scope {
                     _ => Mark::default(),
                 };
                 let m = &mut ep.mirrors[i];
-                m.observe(now, p, seen, mark);
-                (m.window, m.is_quota())
+                let observed = m.observe(now, p, seen, mark);
+                (m.window, m.is_quota(), observed)
             } else {
-                let i = match self.mirrors.iter().position(|m| m.name == p.name) {
+                let i = match self.mirrors.iter().position(same) {
                     Some(i) => i,
                     None => {
                         self.mirrors.push(Mirror::new(p, None));
@@ -308,11 +416,21 @@ impl Scope {
                 };
                 let mark = marks.account.get(i).copied().unwrap_or_default();
                 let m = &mut self.mirrors[i];
-                m.observe(now, p, seen, mark);
-                (m.window, m.is_quota())
+                let observed = m.observe(now, p, seen, mark);
+                (m.window, m.is_quota(), observed)
             };
-            if let (Some(w), false) = m {
+            if let (Some(w), false) = (window, quota) {
                 self.reset_window = self.reset_window.max(w);
+            }
+            // one sample a unit an answer (several policies may count it)
+            let unit = p.unit_name();
+            if let (Some(spent), false) = (observed, sampled.contains(&unit)) {
+                sampled.push(unit);
+                self.units
+                    .entry(unit.to_string())
+                    .or_default()
+                    .estimate
+                    .add(spent);
             }
         }
     }

@@ -38,9 +38,15 @@ pub fn parse_usage(body: &[u8], now: Nanos) -> Result<Vec<PolicyObservation>, Us
 }
 
 fn limit(l: UsageLimit, now: Nanos) -> PolicyObservation {
+    let unit = l
+        .unit
+        .as_deref()
+        .map(|u| crate::cost::unit_name(&paceline_wire::parse::Unit::from_name(u)))
+        .unwrap_or_default();
     PolicyObservation {
         reset_in: l.reset_in(now),
         counts_requests: l.counts_requests(),
+        unit,
         name: l.name,
         quota: l.q,
         window_s: l.w,

@@ -791,6 +791,7 @@ fn per_endpoint_policies_hold_only_their_endpoint() {
         reset_in: Some(Nanos::from_secs(10)),
         counts_requests: true,
         per_endpoint: true,
+        unit: String::new(),
     });
     assert_eq!(c.after(&mut call, &obs), After::Done);
     let mut again = c.call(RequestInfo::get(a));

@@ -33,6 +33,24 @@
 //!   made for it (`Idempotent-Replayed: true`, as paceline's gateway and
 //!   Stripe send) trips a debug assertion (a warning in release builds).
 //!
+//! # A request's cost
+//!
+//! A request that spends more than one request's worth of a unit the
+//! server counts (tokens, points) says so with a [`Cost`](crate::Cost) in
+//! its extensions; every attempt is paced until each mirrored policy has
+//! room for it (see [`crate::cost`]):
+//!
+//! ```no_run
+//! # use paceline_client::{reqwest_middleware, Cost};
+//! # async fn run(http: reqwest_middleware::ClientWithMiddleware) -> Result<(), reqwest_middleware::Error> {
+//! let resp = http
+//!     .post("https://llm.example/v1/chat/completions")
+//!     .with_extension(Cost::new().with("tokens", 1_200))
+//!     .send()
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
 //! # What the response tells
 //!
 //! The response carries the [`Attempt`] that drew it
@@ -271,6 +289,9 @@ impl Middleware for PacelineMiddleware {
             .and_then(|v| v.to_str().ok())
         {
             info = info.with_idempotency_key(k);
+        }
+        if let Some(cost) = extensions.get::<crate::Cost>() {
+            info = info.with_cost(cost.clone());
         }
         let scope = info.scope.clone();
         self.seed_from_usage(&req, &scope, extensions, &next).await;

@@ -12,6 +12,11 @@
 //! instead. The response, and each request the inner service gets, carry
 //! the [`Attempt`](crate::Attempt) in their extensions (its number and `Idempotency-Key`).
 //!
+//! A request that spends more than one request's worth of a unit the
+//! server counts (tokens, points) carries a [`Cost`](crate::Cost) in its
+//! extensions (`req.extensions_mut().insert(Cost::new().with("tokens",
+//! 1_200))`); see [`crate::cost`].
+//!
 //! Versions: `tower-layer` and `tower-service` 0.3 (what tower 0.5 uses),
 //! `http` 1 and `http-body` 1 (what hyper 1 and hyper-util 0.1 use), all
 //! re-exported from the crate's root with `bytes` and `http-body-util`.
@@ -164,6 +169,9 @@ where
         if info.scope.is_empty() {
             info.scope = h.to_string();
         }
+    }
+    if let Some(cost) = parts.extensions.get::<crate::Cost>() {
+        info.cost = cost.clone();
     }
     info.scope = scoping.scope_of(
         &client,
