@@ -7,7 +7,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
 use http::HeaderMap;
-use paceline_client::{After, Before, Call, Client, ClientError, RequestInfo};
+use paceline_client::{After, Before, Call, Client, ClientError, Cost, RequestInfo};
 use paceline_core::{Clock, Limiter, ManualClock, MemoryStore, Nanos, Plan, Policy};
 use paceline_wire::{emit, Problem, PROBLEM_CONTENT_TYPE};
 
@@ -124,6 +124,14 @@ pub struct Driver<'a> {
 
 impl Driver<'_> {
     pub fn run(&self, server: &mut dyn FnMut(Nanos) -> Resp) -> Run {
+        self.run_costed(&[], &mut |t, _| server(t))
+    }
+
+    /// Like [`Driver::run`], job `i` stating `costs[i]` (none past the
+    /// end); the server is told the cost of the job it answers.
+    pub fn run_costed(&self, costs: &[Cost], server: &mut dyn FnMut(Nanos, &Cost) -> Resp) -> Run {
+        let none = Cost::new();
+        let mut job_of: Vec<usize> = vec![0; self.workers];
         let mut run = Run::default();
         let mut heap: BinaryHeap<Reverse<(Nanos, u64, usize, Ev)>> = BinaryHeap::new();
         let mut seq = 0u64;
@@ -180,8 +188,11 @@ impl Driver<'_> {
                         if issued >= self.jobs {
                             continue;
                         }
+                        job_of[w] = issued as usize;
                         issued += 1;
-                        calls[w] = Some(self.client.call(RequestInfo::get(self.url)));
+                        let cost = costs.get(job_of[w]).cloned().unwrap_or_default();
+                        let info = RequestInfo::get(self.url).with_cost(cost);
+                        calls[w] = Some(self.client.call(info));
                     }
                     let call = calls[w].as_mut().unwrap();
                     match self.client.before(call) {
@@ -210,7 +221,7 @@ impl Driver<'_> {
                     }
                 }
                 Ev::Arrive => {
-                    let resp = server(t);
+                    let resp = server(t, costs.get(job_of[w]).unwrap_or(&none));
                     *run.by_status.entry(resp.0).or_insert(0) += 1;
                     pending_ra[w] = resp
                         .1
