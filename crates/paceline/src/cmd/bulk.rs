@@ -14,6 +14,13 @@
 //! the summary names each failed job and why. `--naive` runs the same list
 //! the way a careless client would (retry every 100 ms, ignoring
 //! `Retry-After`, up to `--naive-attempts` attempts a job) for comparison.
+//!
+//! A job may cost more than one request in a unit the API counts (tokens,
+//! points): `--cost-column tokens` reads each JSON line's `tokens` field as
+//! the job's cost in tokens (`--cost-column est=tokens`: the field `est`,
+//! in tokens), and the SDK paces every attempt until each of the API's
+//! windows of that unit has room for it. A line without the field (or a
+//! bare URL line) states no cost: the SDK charges its running estimate.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
@@ -24,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use paceline_client::adapter::reqwest::PacelineMiddleware;
-use paceline_client::{Client as Sdk, ClientError, Event};
+use paceline_client::{Client as Sdk, ClientError, Cost, Event};
 use paceline_core::{Nanos, SystemClock};
 use paceline_sim::scenario::race::floor_s;
 use parking_lot::Mutex;
@@ -71,6 +78,13 @@ pub(crate) struct Args {
     /// With --naive: attempts a job gets before it fails.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     naive_attempts: u32,
+    /// A job's cost in a unit the API counts beside requests (tokens,
+    /// points…): the JSON lines' field FIELD holds it, counted in UNIT
+    /// (FIELD itself when no `=UNIT`), a whole number 0 or more (a decimal
+    /// is rounded up); a line without the field states no cost, and the
+    /// SDK charges its estimate. Repeat for several units.
+    #[arg(long, value_name = "FIELD[=UNIT]", value_parser = parse_cost_column)]
+    cost_column: Vec<CostColumn>,
     /// Hide the progress bar.
     #[arg(long)]
     no_progress: bool,
@@ -87,6 +101,45 @@ struct Job {
     url: String,
     headers: Vec<(String, String)>,
     body: Option<Vec<u8>>,
+    /// What the job states it spends beyond one request.
+    cost: Cost,
+}
+
+/// `--cost-column FIELD[=UNIT]`: where a job's cost in one unit is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CostColumn {
+    field: String,
+    unit: String,
+}
+
+fn parse_cost_column(s: &str) -> Result<CostColumn, String> {
+    let (field, unit) = s.split_once('=').unwrap_or((s, s));
+    let (field, unit) = (field.trim(), unit.trim());
+    if field.is_empty() || unit.is_empty() {
+        return Err(format!(
+            "expected FIELD or FIELD=UNIT (such as tokens, or est_tokens=tokens), got {s:?}"
+        ));
+    }
+    Ok(CostColumn {
+        field: field.to_string(),
+        unit: unit.to_ascii_lowercase(),
+    })
+}
+
+/// The job's cost from the line's cost columns.
+fn job_cost(line: &serde_json::Value, columns: &[CostColumn]) -> anyhow::Result<Cost> {
+    let mut cost = Cost::new();
+    for c in columns {
+        let text = match line.get(&c.field) {
+            None | Some(serde_json::Value::Null) => continue,
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(n @ serde_json::Value::Number(_)) => n.to_string(),
+            Some(other) => bail!("field {:?}: expected a number, got {other}", c.field),
+        };
+        let n = Cost::parse_amount(&text).with_context(|| format!("field {:?}", c.field))?;
+        cost.set(&c.unit, n);
+    }
+    Ok(cost)
 }
 
 #[derive(serde::Deserialize)]
@@ -100,20 +153,20 @@ struct JobLine {
     body: Option<serde_json::Value>,
 }
 
-fn parse_jobs(text: &str) -> anyhow::Result<Vec<Job>> {
+fn parse_jobs(text: &str, columns: &[CostColumn]) -> anyhow::Result<Vec<Job>> {
     let mut jobs = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let job = parse_line(line).with_context(|| format!("line {}", i + 1))?;
+        let job = parse_line(line, columns).with_context(|| format!("line {}", i + 1))?;
         jobs.push(job);
     }
     Ok(jobs)
 }
 
-fn parse_line(line: &str) -> anyhow::Result<Job> {
+fn parse_line(line: &str, columns: &[CostColumn]) -> anyhow::Result<Job> {
     if !line.starts_with('{') {
         check_url(line)?;
         return Ok(Job {
@@ -121,9 +174,12 @@ fn parse_line(line: &str) -> anyhow::Result<Job> {
             url: line.to_string(),
             headers: Vec::new(),
             body: None,
+            cost: Cost::new(),
         });
     }
-    let j: JobLine = serde_json::from_str(line).context("not a JSON request object")?;
+    let raw: serde_json::Value = serde_json::from_str(line).context("not a JSON request object")?;
+    let cost = job_cost(&raw, columns)?;
+    let j: JobLine = serde_json::from_value(raw).context("not a JSON request object")?;
     check_url(&j.url)?;
     let method = j.method.as_deref().unwrap_or("GET").to_ascii_uppercase();
     let method = Method::from_bytes(method.as_bytes()).context("bad method")?;
@@ -173,6 +229,7 @@ fn parse_line(line: &str) -> anyhow::Result<Job> {
         url: j.url,
         headers,
         body,
+        cost,
     })
 }
 
@@ -330,7 +387,7 @@ struct Summary {
 /// Runs `paceline bulk`.
 pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
     let text = read_input(args.input.as_deref())?;
-    let jobs = parse_jobs(&text)?;
+    let jobs = parse_jobs(&text, &args.cost_column)?;
     if jobs.is_empty() {
         bail!("the request list is empty");
     }
@@ -613,6 +670,9 @@ impl Worker {
         if let Some(b) = &job.body {
             req = req.body(b.clone());
         }
+        if !job.cost.is_empty() {
+            req = req.with_extension(job.cost.clone());
+        }
         req
     }
 
@@ -800,9 +860,10 @@ mod tests {
     fn a_write_gets_its_key_once_and_keeps_it_when_requeued() {
         let sdk = Sdk::builder().seed(1).build();
         let line = |m: &str, h: &str| {
-            parse_line(&format!(
-                r#"{{"method":"{m}","url":"http://127.0.0.1:1/a","headers":{{{h}}}}}"#
-            ))
+            parse_line(
+                &format!(r#"{{"method":"{m}","url":"http://127.0.0.1:1/a","headers":{{{h}}}}}"#),
+                &[],
+            )
             .unwrap()
         };
         let key = |j: &Job| {
@@ -838,7 +899,7 @@ mod tests {
         let text = "# a comment\n\nhttp://127.0.0.1:1/a\n\
             {\"method\":\"post\",\"url\":\"http://127.0.0.1:1/b\",\"headers\":{\"x-a\":\"1\"},\"body\":{\"n\":2}}\n\
             {\"url\":\"http://127.0.0.1:1/c\",\"headers\":[[\"x-b\",\"2\"]],\"body\":\"raw\"}\n";
-        let jobs = parse_jobs(text).unwrap();
+        let jobs = parse_jobs(text, &[]).unwrap();
         assert_eq!(jobs.len(), 3);
         assert_eq!(jobs[0].method, Method::GET);
         assert_eq!(jobs[1].method, Method::POST);
@@ -852,12 +913,47 @@ mod tests {
 
     #[test]
     fn bad_lines_name_their_line() {
-        let e = parse_jobs("http://127.0.0.1/a\nnot a url\n").unwrap_err();
+        let e = parse_jobs("http://127.0.0.1/a\nnot a url\n", &[]).unwrap_err();
         assert!(format!("{e:#}").contains("line 2"), "{e:#}");
-        let e = parse_jobs("{\"url\":\"https://x/\"}").unwrap_err();
+        let e = parse_jobs("{\"url\":\"https://x/\"}", &[]).unwrap_err();
         assert!(format!("{e:#}").contains("http://"), "{e:#}");
-        let e = parse_jobs("{\"url\":\"http://x/\",\"headers\":{\"bad name\":\"v\"}}").unwrap_err();
+        let e = parse_jobs(
+            "{\"url\":\"http://x/\",\"headers\":{\"bad name\":\"v\"}}",
+            &[],
+        )
+        .unwrap_err();
         assert!(format!("{e:#}").contains("header"), "{e:#}");
+    }
+
+    #[test]
+    fn cost_columns_give_each_job_its_cost() {
+        let cols = [
+            parse_cost_column("tokens").unwrap(),
+            parse_cost_column("pts = Points").unwrap(),
+        ];
+        assert_eq!(cols[1].unit, "points");
+        let text = r#"http://127.0.0.1:1/a
+            {"url":"http://127.0.0.1:1/b","tokens":1200,"pts":"3"}
+            {"url":"http://127.0.0.1:1/c","tokens":0.5,"pts":null}
+"#;
+        let jobs = parse_jobs(text, &cols).unwrap();
+        assert!(jobs[0].cost.is_empty());
+        assert_eq!(
+            jobs[1].cost,
+            Cost::new().with("tokens", 1_200).with("points", 3)
+        );
+        assert_eq!(jobs[2].cost, Cost::new().with("tokens", 1), "rounded up");
+        for bad in ["-5", "\"many\"", "1e300", "[1]", "true"] {
+            let line = format!("{{\"url\":\"http://127.0.0.1:1/d\",\"tokens\":{bad}}}");
+            let e = parse_jobs(&format!("http://127.0.0.1:1/a\n{line}\n"), &cols).unwrap_err();
+            let msg = format!("{e:#}");
+            assert!(
+                msg.contains("line 2") && msg.contains("tokens"),
+                "{bad}: {msg}"
+            );
+        }
+        assert!(parse_cost_column("=tokens").is_err());
+        assert!(parse_cost_column("tokens=").is_err());
     }
 
     #[test]
