@@ -9,8 +9,11 @@ use crate::cost::Cost;
 use crate::event::Mode;
 use crate::scope::Marks;
 
-/// The parts of a request that pacing and retrying depend on.
+/// The parts of a request that pacing and retrying depend on. Built with
+/// [`RequestInfo::new`] (or `get`/`post`) and its `with_*` methods, so a
+/// field added later breaks no caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RequestInfo {
     /// The method.
     pub method: Method,
