@@ -82,7 +82,7 @@ mod plan;
 pub mod policy;
 mod store;
 
-pub use check::{check_words, refund_words, Cost};
+pub use check::{check_words, refund_words, settle_words, Cost};
 pub use clock::{Clock, ManualClock, Nanos, SystemClock};
 pub use decision::{Decision, Denial, Outcome, PolicyStatus};
 pub use group::{check_each, GroupDecision, GroupItem};
