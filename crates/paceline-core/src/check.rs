@@ -191,8 +191,10 @@ pub fn settle_words(
 
 /// What a request costs, per unit a policy may count in.
 ///
-/// Policies counting requests (and concurrency caps) are charged
-/// `requests`; policies counting content bytes are charged `bytes`. A plain
+/// Policies counting requests, concurrency caps and policies counting a
+/// named unit (`tokens`, say) are charged `requests` (the route's cost,
+/// in whatever unit the policy counts); policies counting content bytes
+/// are charged `bytes`. A plain
 /// number converts to a cost of that many requests and no bytes.
 ///
 /// ```
