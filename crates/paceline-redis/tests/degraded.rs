@@ -1,6 +1,7 @@
-//! Refunds, settles and releases go back to the side that charged: a charge made in
-//! Redis does not credit the degraded local limiter (which never took it),
-//! and a charge or lease the degraded limiter made does not credit Redis.
+//! Refunds, settles and releases go back to the side that charged: a
+//! charge made in Redis does not credit the degraded local limiter (which
+//! never took it), and a charge or lease the degraded limiter made does
+//! not credit Redis.
 //! Against a redis-server of its own, killed and restarted.
 
 #[path = "../src/testing.rs"]

@@ -1,7 +1,7 @@
 //! Settling on the server's clock: a debt is refused for as long as it
-//! says, and settles racing on one key all land. (That Redis settles as
-//! the memory store does, step by step, is the differential test's, on
-//! the caller's clock.)
+//! says, settles racing on one key all land, and a seeded run decides as
+//! the memory store does on virtual time. (The differential test compares
+//! every field, waits too, on the caller's clock.)
 
 #[path = "../src/testing.rs"]
 mod testing;
@@ -116,5 +116,85 @@ async fn concurrent_settles_on_one_key_all_land() {
         }
         let d = s.check_cost(&plan, "k", c(0), Nanos::ZERO).await.unwrap();
         assert_eq!(d.statuses[0].remaining, q - spent, "{}", plan.name());
+    }
+}
+
+/// The differential on the server's clock: a seeded random run of checks
+/// (estimates, some too big to ever fit) and settles (actual costs below,
+/// at and far above the estimates) on a few keys, the memory store at one
+/// virtual instant and Redis on its own clock, compared step by step:
+/// the same outcome and the same counts left. The windows are an hour
+/// and longer and every cost a whole number of emission intervals, so the
+/// milliseconds the server's clock moves during the run change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_on_its_own_clock_settles_as_memory_does() {
+    use paceline_core::{MemoryStore, Outcome};
+    let server = testing::RedisServer::start();
+    let s = RedisStore::connect(config(server.url())).await.unwrap();
+    let plans = [
+        Plan::new("tb", vec![Policy::token_bucket("tb", 10, 3_600).unwrap()]).unwrap(),
+        Plan::new(
+            "mixed",
+            vec![
+                Policy::token_bucket("tb", 20, 7_200).unwrap(),
+                Policy::fixed_window("month", 40, 30 * 86_400).unwrap(),
+            ],
+        )
+        .unwrap(),
+        Plan::new("log", vec![Policy::sliding_log("log", 10, 3_600).unwrap()]).unwrap(),
+        Plan::new(
+            "decade",
+            vec![Policy::fixed_window("fw", 25, MAX_WINDOW_SECS).unwrap()],
+        )
+        .unwrap(),
+    ];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let now = Nanos::from_secs(1_790_000_000);
+    for plan in &plans {
+        let memory = MemoryStore::new();
+        let mut open: Vec<(String, u64)> = Vec::new();
+        for step in 0..300 {
+            let key = format!("k:{}:{}", plan.name(), next(3));
+            if next(3) > 0 || open.is_empty() {
+                let est = match next(10) {
+                    0 => 11 + next(20),
+                    _ => next(6),
+                };
+                let m = memory.check_sync(plan, &key, c(est), now).unwrap();
+                let r = s.check_cost(plan, &key, c(est), now).await.unwrap();
+                let kind = |o: &Outcome| std::mem::discriminant(o);
+                assert_eq!(
+                    kind(&r.outcome),
+                    kind(&m.outcome),
+                    "step {step}: {r:?} {m:?}"
+                );
+                let left = |d: &paceline_core::Decision| -> Vec<u64> {
+                    d.statuses.iter().map(|s| s.remaining).collect()
+                };
+                assert_eq!(left(&r), left(&m), "step {step}: {r:?} {m:?}");
+                if m.is_allowed() {
+                    open.push((key, est));
+                }
+            } else {
+                let (key, est) = open.remove(next(open.len() as u64) as usize);
+                let actual = match next(10) {
+                    0 => u64::MAX,
+                    1..=3 => next(40),
+                    _ => next(est + 1),
+                };
+                memory
+                    .settle_sync(plan, &key, c(est), c(actual), now, now)
+                    .unwrap();
+                s.settle(plan, &key, c(est), c(actual), now, now)
+                    .await
+                    .unwrap();
+            }
+        }
     }
 }
