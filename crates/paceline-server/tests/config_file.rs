@@ -142,4 +142,14 @@ fn a_policy_counts_any_named_unit_and_publishes_it() {
         .unwrap_err();
     assert_eq!(err.field(), "plans.llm.policies[1].unit");
     assert!(err.to_string().contains("\"Tokens!\""), "{err}");
+    // a near miss of a unit the body is counted in is a mistake
+    let typo = TOKENS.replace(r#"unit = "tokens""#, r#"unit = "bytes""#);
+    let err = toml::from_str::<LimitsConfig>(&typo)
+        .unwrap()
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("did you mean content-bytes"),
+        "{err}"
+    );
 }

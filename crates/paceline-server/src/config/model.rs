@@ -818,7 +818,16 @@ fn build_policy(field: &str, p: &PolicyConfig) -> Result<Policy, ConfigError> {
     })?;
     if let Some(u) = &p.unit {
         // requests, content-bytes, concurrent-requests, or any other
-        // unit by name (published as `qu`)
+        // unit by name (published as `qu`); the near misses of the first
+        // two are mistakes, not units of their own
+        let near = match u.as_str() {
+            "bytes" | "content-byte" => Some("content-bytes"),
+            "request" => Some("requests"),
+            _ => None,
+        };
+        if let Some(meant) = near {
+            return Err(err("unit", format!("{u:?}: did you mean {meant}?")));
+        }
         let unit = Unit::named(u).map_err(|e| err("unit", e.to_string()))?;
         policy = policy
             .with_unit(unit)
