@@ -381,6 +381,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan_spec(&plan), "t,20,2,0,0,r;f,10,86400,3600,1,r");
+        // a named unit is charged the route's cost, as requests are
+        let tokens = Plan::new(
+            "t",
+            vec![Policy::token_bucket("tpm", 1000, 60)
+                .unwrap()
+                .with_unit(Unit::named("tokens").unwrap())
+                .unwrap()],
+        )
+        .unwrap();
+        assert_eq!(plan_spec(&tokens), "t,1000,60,0,0,r");
+    }
+
+    #[test]
+    fn a_settle_sends_signed_differences_within_bounds() {
+        assert_eq!(delta(4, 16), 12);
+        assert_eq!(delta(16, 4), -12);
+        assert_eq!(delta(0, u64::MAX), MAX_SENT_COST as i64);
+        assert_eq!(delta(u64::MAX, 0), -(MAX_SENT_COST as i64));
+        assert_eq!(delta(7, 7), 0);
     }
 
     fn ints(v: &[i64]) -> Vec<Value> {
