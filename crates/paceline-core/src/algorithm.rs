@@ -151,6 +151,44 @@ pub(crate) fn refund(policy: &Policy, words: &mut [u64], charged: u64, now: u64,
     }
 }
 
+/// Charges `cost` units at `now` whatever the policy's room: the part of
+/// an answer that cost more than its admission charged, for work already
+/// done, so it is never refused. The key may go into debt, and is refused
+/// until the debt is paid off; how far depends on the algorithm:
+///
+/// - token bucket: the TAT moves on by `cost` emission intervals, at most
+///   to `now + 2w` (a debt of at most one full burst);
+/// - fixed window: the current window's count grows (up to the 40 bits it
+///   is kept in); the debt ends with the window;
+/// - sliding counter: the current sub-window's count grows to at most `q`;
+/// - sliding log: at most `q` entries are stamped `now`, the oldest
+///   overwritten first (the log holds no more than `q`);
+/// - concurrency: nothing (a request holds its lease's units whatever it
+///   costs).
+pub(crate) fn overrun(policy: &Policy, words: &mut [u64], now: u64, cost: u64) {
+    if cost == 0 {
+        return;
+    }
+    match policy.algorithm() {
+        Algorithm::TokenBucket => {
+            let t = policy.emission_ns();
+            let cap = now.saturating_add(policy.window_ns().saturating_mul(2));
+            let tat = words[0].max(now).saturating_add(cost.saturating_mul(t));
+            words[0] = tat.min(cap).max(words[0]);
+        }
+        Algorithm::FixedWindow { .. } => commit(policy, words, now, cost),
+        Algorithm::SlidingCounter => {
+            roll_counter(policy, words, now);
+            words[1] = words[1]
+                .saturating_add(cost)
+                .min(policy.quota())
+                .max(words[1]);
+        }
+        Algorithm::SlidingLog => commit(policy, words, now, cost.min(policy.quota())),
+        Algorithm::Concurrency => {}
+    }
+}
+
 /// True when the state says nothing a fresh (all-zero) state would not:
 /// the key can be forgotten without changing any future decision.
 pub(crate) fn at_rest(policy: &Policy, words: &[u64], now: u64) -> bool {

@@ -139,10 +139,62 @@ pub fn refund_words(plan: &Plan, words: &mut [u64], cost: Cost, charged: Nanos, 
     }
 }
 
+/// Settles, at `now`, a request admitted at `charged_at` with the cost
+/// `charged` whose answer turned out to cost `actual`, in `words` (see
+/// [`Store::settle`](crate::Store::settle)). Per policy, in the unit it
+/// counts: more than charged is charged whatever the room (the work is
+/// done; the key may go into debt), less than charged is given back as
+/// [`refund_words`] gives back. Shadow policies and concurrency caps are
+/// left as they are.
+///
+/// Returns the instant after which the state is at rest (at least `now`).
+///
+/// ```
+/// use paceline_core::{check_words, settle_words, Cost, Plan, Policy, Nanos};
+///
+/// let plan = Plan::new("llm", vec![Policy::token_bucket("tokens", 100, 10).unwrap()]).unwrap();
+/// let mut state = vec![0u64; plan.state_words()];
+/// let now = Nanos::from_secs(1_700_000_000);
+/// assert!(check_words(&plan, &mut state, now, 40).0.is_allowed());
+/// // the answer used 130: 30 past the bucket, refused until paid off
+/// settle_words(&plan, &mut state, Cost::requests(40), Cost::requests(130), now, now);
+/// let (d, _) = check_words(&plan, &mut state, now, 1);
+/// assert_eq!(d.denial().unwrap().retry_after, Nanos::from_millis(3_100));
+/// ```
+pub fn settle_words(
+    plan: &Plan,
+    words: &mut [u64],
+    charged: Cost,
+    actual: Cost,
+    charged_at: Nanos,
+    now: Nanos,
+) -> Nanos {
+    let now_ns = now.as_u64();
+    let mut rest = now_ns;
+    for (p, &(a, b)) in plan.policies().iter().zip(plan.spans()) {
+        let w = &mut words[a..b];
+        let (was, is) = (charged.of(p), actual.of(p));
+        if !p.is_shadow() {
+            if is > was {
+                algorithm::overrun(p, w, now_ns, is - was);
+            } else {
+                algorithm::refund(p, w, charged_at.as_u64(), now_ns, was - is);
+            }
+        }
+        rest = rest.max(match algorithm::at_rest(p, w, now_ns) {
+            true => now_ns,
+            false => rest_instant(p, w, now_ns, &status(algorithm::peek(p, w, now_ns, 0))),
+        });
+    }
+    Nanos::new(rest)
+}
+
 /// What a request costs, per unit a policy may count in.
 ///
-/// Policies counting requests (and concurrency caps) are charged
-/// `requests`; policies counting content bytes are charged `bytes`. A plain
+/// Policies counting requests, concurrency caps and policies counting a
+/// named unit (`tokens`, say) are charged `requests` (the route's cost,
+/// in whatever unit the policy counts); policies counting content bytes
+/// are charged `bytes`. A plain
 /// number converts to a cost of that many requests and no bytes.
 ///
 /// ```
@@ -173,6 +225,14 @@ impl Cost {
     /// The same cost, with `bytes` of content.
     pub const fn with_bytes(self, bytes: u64) -> Cost {
         Cost { bytes, ..self }
+    }
+    /// Per unit, what `self` holds beyond `other` (zero where it holds
+    /// less): the part of an answer's cost its estimate did not cover.
+    pub const fn saturating_sub(self, other: Cost) -> Cost {
+        Cost {
+            requests: self.requests.saturating_sub(other.requests),
+            bytes: self.bytes.saturating_sub(other.bytes),
+        }
     }
     /// What `policy` is charged.
     #[inline]

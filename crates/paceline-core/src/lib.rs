@@ -82,11 +82,11 @@ mod plan;
 pub mod policy;
 mod store;
 
-pub use check::{check_words, refund_words, Cost};
+pub use check::{check_words, refund_words, settle_words, Cost};
 pub use clock::{Clock, ManualClock, Nanos, SystemClock};
 pub use decision::{Decision, Denial, Outcome, PolicyStatus};
 pub use group::{check_each, GroupDecision, GroupItem};
 pub use limiter::{Lease, Limiter};
 pub use plan::{Plan, PlanError, MAX_POLICIES};
-pub use policy::{Algorithm, FailMode, Policy, PolicyError, PolicyKind, Unit};
+pub use policy::{Algorithm, FailMode, Policy, PolicyError, PolicyKind, Unit, UnitName};
 pub use store::{MemoryStore, MemoryStoreConfig, Store, StoreError};

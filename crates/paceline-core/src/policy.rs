@@ -77,6 +77,18 @@ impl Algorithm {
 }
 
 /// What a policy counts.
+///
+/// Three units the IETF draft names, and any other by name (`tokens`,
+/// `credits`…): see [`Unit::named`].
+///
+/// ```
+/// use paceline_core::Unit;
+///
+/// let tokens = Unit::named("tokens").unwrap();
+/// assert_eq!(tokens.as_str(), "tokens");
+/// assert_eq!(Unit::named("content-bytes").unwrap(), Unit::ContentBytes);
+/// assert!(Unit::named("Tokens!").is_err());
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Unit {
@@ -87,16 +99,76 @@ pub enum Unit {
     ContentBytes,
     /// Requests in flight at the same time.
     ConcurrentRequests,
+    /// Any other unit, by name (a request's cost in it is its
+    /// [`Cost::requests`](crate::Cost::requests): the route's cost, or its
+    /// estimate, counted in that unit).
+    Named(UnitName),
 }
 
 impl Unit {
-    /// The IETF draft's name for the unit (`qu` parameter).
-    pub fn as_str(&self) -> &'static str {
+    /// The unit called `name`: one of the three above by their names, or
+    /// a [`Unit::Named`]. A name is 1 to [`UnitName::MAX_LEN`] lowercase
+    /// ASCII letters, digits, `-`, `_` or `.`, starting with a letter.
+    pub fn named(name: &str) -> Result<Unit, PolicyError> {
+        Ok(match name {
+            "requests" => Unit::Requests,
+            "content-bytes" => Unit::ContentBytes,
+            "concurrent-requests" => Unit::ConcurrentRequests,
+            _ => Unit::Named(UnitName::new(name)?),
+        })
+    }
+
+    /// The unit's name, as the IETF draft's `qu` parameter publishes it.
+    pub fn as_str(&self) -> &str {
         match self {
             Unit::Requests => "requests",
             Unit::ContentBytes => "content-bytes",
             Unit::ConcurrentRequests => "concurrent-requests",
+            Unit::Named(n) => n.as_str(),
         }
+    }
+}
+
+/// The name of a [`Unit::Named`], kept inline (a unit stays `Copy`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UnitName {
+    len: u8,
+    bytes: [u8; UnitName::MAX_LEN],
+}
+
+impl UnitName {
+    /// The longest name a unit may have.
+    pub const MAX_LEN: usize = 32;
+
+    fn new(name: &str) -> Result<UnitName, PolicyError> {
+        let b = name.as_bytes();
+        let ok = !b.is_empty()
+            && b.len() <= UnitName::MAX_LEN
+            && b[0].is_ascii_lowercase()
+            && b.iter().all(|&c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'-' | b'_' | b'.')
+            });
+        if !ok {
+            return Err(PolicyError::BadUnit(name.to_string()));
+        }
+        let mut bytes = [0; UnitName::MAX_LEN];
+        bytes[..b.len()].copy_from_slice(b);
+        Ok(UnitName {
+            len: b.len() as u8,
+            bytes,
+        })
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        // only ASCII was ever stored
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for UnitName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
@@ -144,6 +216,9 @@ pub enum PolicyError {
     BadOffset,
     /// A concurrency cap must count concurrent requests, and only it may.
     UnitMismatch,
+    /// A unit's name is empty, too long, or not lowercase letters, digits,
+    /// `-`, `_` or `.` after a first letter.
+    BadUnit(String),
 }
 
 impl fmt::Display for PolicyError {
@@ -166,6 +241,11 @@ impl fmt::Display for PolicyError {
             PolicyError::WindowTooLong => write!(
                 f,
                 "window w is longer than {MAX_WINDOW_SECS} seconds (ten years)"
+            ),
+            PolicyError::BadUnit(u) => write!(
+                f,
+                "unit {u:?} must be 1-{} characters: a lowercase letter, then lowercase letters, digits, '-', '_' or '.'",
+                UnitName::MAX_LEN
             ),
             PolicyError::UnitMismatch => f.write_str(
                 "the concurrency algorithm goes with unit concurrent-requests, and only it",
@@ -453,6 +533,48 @@ mod tests {
             PolicyError::WindowTooLong
         );
         assert!(Policy::fixed_window("f", 10, MAX_WINDOW_SECS).is_ok());
+    }
+
+    #[test]
+    fn a_named_unit_is_kept_and_checked() {
+        let p = Policy::token_bucket("tpm", 100_000, 60)
+            .unwrap()
+            .with_unit(Unit::named("tokens").unwrap())
+            .unwrap();
+        assert_eq!(p.unit().as_str(), "tokens");
+        assert_eq!(p.unit(), Unit::named("tokens").unwrap());
+        assert_ne!(p.unit(), Unit::named("credits").unwrap());
+        assert_eq!(
+            Unit::named("concurrent-requests").unwrap(),
+            Unit::ConcurrentRequests
+        );
+        let long = "t".repeat(UnitName::MAX_LEN);
+        assert_eq!(Unit::named(&long).unwrap().as_str(), long);
+        for bad in [
+            "",
+            "Tokens",
+            "1k",
+            "to kens",
+            "tök",
+            "a\"b",
+            &"t".repeat(33),
+        ] {
+            assert_eq!(
+                Unit::named(bad).unwrap_err(),
+                PolicyError::BadUnit(bad.to_string()),
+                "{bad:?}"
+            );
+        }
+        // a concurrency cap counts requests in flight, nothing else
+        assert_eq!(
+            Policy::concurrency("c", 2)
+                .unwrap()
+                .with_unit(Unit::named("tokens").unwrap())
+                .unwrap_err(),
+            PolicyError::UnitMismatch
+        );
+        // charged the route's cost
+        assert_eq!(crate::Cost::requests(700).with_bytes(3).of(&p), 700);
     }
 
     #[test]

@@ -112,6 +112,36 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// Settles, at `now`, a request [`Store::check_cost`] admitted at
+    /// `charged_at` with the estimate `charged`, now that its answer
+    /// says it cost `actual`. Per policy, in the unit it counts:
+    ///
+    /// - more than the estimate: the difference is charged, whatever room
+    ///   is left, since the work is done. The key may go into debt and is
+    ///   refused until it is paid off, with a wait that says when (a token
+    ///   bucket owes at most one full burst, its TAT at most `now + 2w`;
+    ///   a fixed or calendar window's debt ends with the window; a sliding
+    ///   window fills at most to its quota);
+    /// - less than the estimate: the difference is given back as
+    ///   [`Store::refund`] gives back, never more than was charged and
+    ///   never room the key did not have;
+    /// - concurrency caps and shadow policies: nothing.
+    ///
+    /// One atomic step per key. The default gives back what the answer
+    /// did not use through [`Store::refund`] and charges nothing more: a
+    /// store that can settle overrides it.
+    fn settle(
+        &self,
+        plan: &Plan,
+        key: &str,
+        charged: Cost,
+        actual: Cost,
+        charged_at: Nanos,
+        now: Nanos,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.refund(plan, key, charged.saturating_sub(actual), charged_at, now)
+    }
+
     /// Checks every item of a group at `now` and charges them all only if
     /// every one admits its cost: a refused group charges nothing (see
     /// [`GroupDecision`]). An error means nothing is known of the group
@@ -716,6 +746,148 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// The synchronous settle (see [`Store::settle`]), under the key's
+    /// usual exclusion: a compare-and-swap for a one-word plan, the
+    /// shard's row lock for the others. A key the store does not hold
+    /// (never charged, or at rest since) is settled from a fresh state,
+    /// and kept only if the settle leaves something to remember.
+    /// [`StoreError::Full`] when such a key finds no room.
+    pub fn settle_sync(
+        &self,
+        plan: &Plan,
+        key: &str,
+        charged: Cost,
+        actual: Cost,
+        charged_at: Nanos,
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        let h = self.hash(plan, key);
+        let shard = self.shard(h);
+        let max = self.inner.max_per_shard;
+        let step =
+            |w: &mut [u64]| crate::check::settle_words(plan, w, charged, actual, charged_at, now);
+        if plan.state_words() == 1 {
+            if let Some(slot) = read(&shard.one).t2.get(&h) {
+                settle_one(slot, step, now);
+                return Ok(());
+            }
+            for first in [true, false] {
+                {
+                    let mut g = write(&shard.one);
+                    if let Some(slot) = g.t2.get(&h) {
+                        settle_one(slot, step, now);
+                        return Ok(());
+                    }
+                    let mut w = [0u64];
+                    let rest = step(&mut w);
+                    if rest <= now {
+                        return Ok(());
+                    }
+                    if shard.has_room(max) {
+                        let mark = rest.as_u64().saturating_add(REST_SLACK_NS);
+                        g.t2.insert(h, [AtomicU64::new(mark), AtomicU64::new(w[0])]);
+                        shard.keys.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                }
+                if !first || !shard.sweep_when_full(now) {
+                    break;
+                }
+            }
+            return Err(StoreError::Full);
+        }
+        for first in [true, false] {
+            {
+                let mut g = shard.rows.write();
+                let g = &mut *g;
+                let room = shard.has_room(max);
+                let done = match plan.state_words() + 1 {
+                    3 => settle_in(&mut g.t3, h, plan, room, step, now),
+                    4 => settle_in(&mut g.t4, h, plan, room, step, now),
+                    _ => settle_in(&mut g.tn, h, plan, room, step, now),
+                };
+                match done {
+                    Some(inserted) => {
+                        if inserted {
+                            shard.keys.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return Ok(());
+                    }
+                    None if first => {}
+                    None => break,
+                }
+            }
+            if !first || !shard.sweep_when_full(now) {
+                break;
+            }
+        }
+        Err(StoreError::Full)
+    }
+}
+
+/// The settle of a one-word plan's key the store holds: a step on a
+/// snapshot, published with a compare-and-swap, the rest mark raised
+/// first (as [`cas_one`] does).
+fn settle_one(slot: &[AtomicU64; 2], step: impl Fn(&mut [u64]) -> Nanos, now: Nanos) {
+    loop {
+        let old = slot[1].load(Ordering::Acquire);
+        let rest = slot[0].load(Ordering::Acquire);
+        let base = if rest <= now.as_u64() { 0 } else { old };
+        let mut w = [base];
+        let new_rest = step(&mut w).as_u64();
+        if w[0] == base && base == old {
+            return;
+        }
+        if new_rest > rest {
+            slot[0].fetch_max(new_rest.saturating_add(REST_SLACK_NS), Ordering::AcqRel);
+        }
+        if slot[1]
+            .compare_exchange_weak(old, w[0], Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// The settle of a multi-word plan's key in its table: `Some(inserted)`
+/// when done, `None` when a new key that matters found no `room`.
+fn settle_in<S: Slot>(
+    table: &mut Table<S>,
+    h: u128,
+    plan: &Plan,
+    room: bool,
+    step: impl Fn(&mut [u64]) -> Nanos,
+    now: Nanos,
+) -> Option<bool> {
+    let len = plan.state_words() + 1;
+    if let Some(slot) = table.get_mut(&h) {
+        let w = slot.words_mut();
+        if w.len() == len {
+            if w[0] <= now.as_u64() {
+                // at rest: a fresh state settles the same
+                w.iter_mut().for_each(|x| *x = 0);
+            }
+            let rest = step(&mut w[1..]);
+            w[0] = w[0].max(rest.as_u64());
+            return Some(false);
+        }
+    }
+    let mut fresh = S::fresh(len);
+    let w = fresh.words_mut();
+    let rest = step(&mut w[1..]);
+    if rest <= now {
+        return Some(false);
+    }
+    if !room {
+        return None;
+    }
+    w[0] = rest.as_u64();
+    table.insert(h, fresh);
+    Some(true)
+}
+
 /// A key's state kept by a group check, to be put back on a refusal.
 struct Saved {
     h: u128,
@@ -1017,5 +1189,17 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.refund_sync(plan, key, cost, charged, now);
         std::future::ready(Ok(()))
+    }
+
+    fn settle(
+        &self,
+        plan: &Plan,
+        key: &str,
+        charged: Cost,
+        actual: Cost,
+        charged_at: Nanos,
+        now: Nanos,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(self.settle_sync(plan, key, charged, actual, charged_at, now))
     }
 }

@@ -48,7 +48,7 @@
 //!     │      server), each cut at the deadline; a lone decision with
 //!     │      nothing in flight is sent at once)
 //!     ▼
-//!  link.rs (FCALL paceline_v5_run, FUNCTION LOAD on demand;
+//!  link.rs (FCALL paceline_v6_run, FUNCTION LOAD on demand;
 //!     │     EVALSHA + EVAL on NOSCRIPT for servers without functions)
 //!     ▼
 //!  lua/core.lua (every decision of the batch: the core's algorithms on
@@ -63,8 +63,13 @@
 //!  Redis away: StoreError::Unavailable within the deadline → the
 //!  limiter's fail open/closed per policy, or (config.rs: Degraded) a
 //!  local MemoryStore on a share of each quota for fail-open plans;
-//!  degraded.rs keeps what it charged and leased, so each refund and
-//!  release goes back to the side that took it, never both.
+//!  degraded.rs keeps what it charged and leased, so each refund, settle
+//!  and release goes back to the side that took it, never both.
+//!
+//!  Store::settle (store.rs): what an answer cost beyond its check (or
+//!  short of it) as one operation of a call (core.lua's `settle`, op
+//!  `s`): more is charged into a bounded debt, less given back as a
+//!  refund is, with the memory store's rules.
 //!
 //!  Store::check_all (store.rs: a group, all or nothing): the group's
 //!  decisions ride one call, side by side (batch.rs never splits a job),

@@ -2,7 +2,7 @@
 //! as a plain script for `EVALSHA`), what a batch sends, and how its reply
 //! is read back into [`Decision`]s.
 //!
-//! The library is named by version (`paceline_v5`): a release that changes
+//! The library is named by version (`paceline_v6`): a release that changes
 //! the Lua or what it is sent and answers loads a new name next to the old
 //! one, so instances of two releases share one server while they roll. New
 //! operations (a refund, say) are new op codes of the same `run` (see
@@ -22,7 +22,9 @@
 //! row of version 4. Version 5 takes groups (decisions admitted together
 //! or not at all, see `core.lua`) and keeps the rows of version 4 as they
 //! are: a group sent to a version 4 library would be decided decision by
-//! decision, hence the new name.
+//! decision, hence the new name. Version 6 settles (a check's cost made
+//! good from its answer, see `core.lua`: op `s`), an operation version 5
+//! does not know; its rows are version 5's.
 //!
 //! What a plan needs on the client (its spec string, whether the store can
 //! hold it) is worked out once per plan and kept ([`PlanCache`]).
@@ -42,9 +44,9 @@ use paceline_core::StoreError;
 const CORE: &str = include_str!("lua/core.lua");
 
 /// The function library's name.
-pub(crate) const LIBRARY: &str = "paceline_v5";
+pub(crate) const LIBRARY: &str = "paceline_v6";
 /// The function a batch calls.
-pub(crate) const FUNCTION: &str = "paceline_v5_run";
+pub(crate) const FUNCTION: &str = "paceline_v6_run";
 
 /// The library source for `FUNCTION LOAD`.
 pub(crate) fn library_source() -> String {
@@ -81,6 +83,25 @@ pub(crate) enum Op {
         bytes: u64,
         age_ns: u64,
     },
+    /// Settle a check made `age_ns` ago whose answer cost `requests` and
+    /// `bytes` more (or, negative, less) than it charged.
+    Settle {
+        requests: i64,
+        bytes: i64,
+        age_ns: u64,
+    },
+}
+
+/// A settle's difference in one unit, `actual - charged`, clamped to
+/// [`MAX_SENT_COST`] either way (every quota the store takes is below it,
+/// and so is every debt it keeps).
+pub(crate) fn delta(charged: u64, actual: u64) -> i64 {
+    let m = MAX_SENT_COST as i64;
+    if actual >= charged {
+        (actual - charged).min(MAX_SENT_COST) as i64
+    } else {
+        -((charged - actual).min(m as u64) as i64)
+    }
 }
 
 /// A plan's spec string: `algo,q,window_s,offset_s,shadow,unit;…`.
@@ -149,16 +170,19 @@ pub(crate) fn op_index(which: &[usize], ops: usize) -> Vec<u8> {
     }
 }
 
-/// The arguments of one operation.
+/// The arguments of one operation: its op, plan index and two costs (a
+/// settle's costs are signed differences).
 pub(crate) fn push_op(cmd: &mut Cmd, plan_index: usize, op: Op) {
-    let (a, b) = match op {
+    let clamp = |n: u64| n.min(MAX_SENT_COST);
+    match op {
         Op::Check { requests, bytes } => {
-            cmd.arg(b"c");
-            (requests, bytes)
+            cmd.arg(b"c")
+                .arg(plan_index)
+                .arg(clamp(requests))
+                .arg(clamp(bytes));
         }
         Op::Release { amount } => {
-            cmd.arg(b"r");
-            (amount, 0)
+            cmd.arg(b"r").arg(plan_index).arg(clamp(amount)).arg(0);
         }
         // an age, not an instant: the server's clock need not be the caller's
         Op::Refund {
@@ -166,13 +190,22 @@ pub(crate) fn push_op(cmd: &mut Cmd, plan_index: usize, op: Op) {
             bytes,
             age_ns,
         } => {
-            cmd.arg(format!("f{}", age_ns.min(MAX_SENT_COST)));
-            (requests, bytes)
+            cmd.arg(format!("f{}", clamp(age_ns)))
+                .arg(plan_index)
+                .arg(clamp(requests))
+                .arg(clamp(bytes));
         }
-    };
-    cmd.arg(plan_index)
-        .arg(a.min(MAX_SENT_COST))
-        .arg(b.min(MAX_SENT_COST));
+        Op::Settle {
+            requests,
+            bytes,
+            age_ns,
+        } => {
+            cmd.arg(format!("s{}", clamp(age_ns)))
+                .arg(plan_index)
+                .arg(requests)
+                .arg(bytes);
+        }
+    }
 }
 
 /// The clock argument: the server's `TIME`, or the caller's instant.
@@ -187,7 +220,7 @@ pub(crate) fn push_clock(cmd: &mut Cmd, now: Option<Nanos>) {
 }
 
 /// How many values of the reply one decision takes: a check 2, and 2 per
-/// policy of its plan; a release or a refund 1.
+/// policy of its plan; a release, a refund or a settle 1.
 pub(crate) fn reply_len(op: Op, plan: &Plan) -> usize {
     match op {
         Op::Check { .. } => 2 + 2 * plan.policies().len(),
@@ -277,7 +310,7 @@ pub(crate) fn parse_decision(
     Ok(Decision { outcome, statuses })
 }
 
-/// Reads the one value of a release's or refund's reply.
+/// Reads the one value of a release's, refund's or settle's reply.
 pub(crate) fn parse_done(values: &[Value]) -> Result<(), StoreError> {
     match values {
         [Value::Int(0)] => Ok(()),
@@ -348,6 +381,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan_spec(&plan), "t,20,2,0,0,r;f,10,86400,3600,1,r");
+        // a named unit is charged the route's cost, as requests are
+        let tokens = Plan::new(
+            "t",
+            vec![Policy::token_bucket("tpm", 1000, 60)
+                .unwrap()
+                .with_unit(Unit::named("tokens").unwrap())
+                .unwrap()],
+        )
+        .unwrap();
+        assert_eq!(plan_spec(&tokens), "t,1000,60,0,0,r");
+    }
+
+    #[test]
+    fn a_settle_sends_signed_differences_within_bounds() {
+        assert_eq!(delta(4, 16), 12);
+        assert_eq!(delta(16, 4), -12);
+        assert_eq!(delta(0, u64::MAX), MAX_SENT_COST as i64);
+        assert_eq!(delta(u64::MAX, 0), -(MAX_SENT_COST as i64));
+        assert_eq!(delta(7, 7), 0);
     }
 
     fn ints(v: &[i64]) -> Vec<Value> {

@@ -725,6 +725,42 @@ impl Store for RedisStore {
         let r = self.submit(plan, hash, op, now).await;
         r.map(|_| ())
     }
+
+    /// One atomic call, on the server's clock when the store uses it (the
+    /// check's age is sent, not its instant). A check the degraded limiter
+    /// admitted is settled there, and only there.
+    async fn settle(
+        &self,
+        plan: &Plan,
+        key: &str,
+        charged: Cost,
+        actual: Cost,
+        charged_at: Nanos,
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        let hash = self.inner.namer.hash(key);
+        // a read after the settle must see it
+        self.inner.standing.forget(plan, hash);
+        if let Some(dg) = &self.inner.degraded {
+            if dg.taken.lock().refunded(plan.identity(), hash, charged_at) {
+                if let Some(scaled) = Self::scaled(dg, plan) {
+                    dg.store
+                        .settle_sync(&scaled, key, charged, actual, charged_at, now)?;
+                }
+                return Ok(());
+            }
+        }
+        if charged == actual {
+            return Ok(());
+        }
+        let op = Op::Settle {
+            requests: crate::script::delta(charged.requests, actual.requests),
+            bytes: crate::script::delta(charged.bytes, actual.bytes),
+            age_ns: now.saturating_sub(charged_at).as_u64(),
+        };
+        let r = self.submit(plan, hash, op, now).await;
+        r.map(|_| ())
+    }
 }
 
 #[cfg(test)]

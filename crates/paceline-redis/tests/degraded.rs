@@ -1,6 +1,7 @@
-//! Refunds and releases go back to the side that charged: a charge made in
-//! Redis does not credit the degraded local limiter (which never took it),
-//! and a charge or lease the degraded limiter made does not credit Redis.
+//! Refunds, settles and releases go back to the side that charged: a
+//! charge made in Redis does not credit the degraded local limiter (which
+//! never took it), and a charge or lease the degraded limiter made does
+//! not credit Redis.
 //! Against a redis-server of its own, killed and restarted.
 
 #[path = "../src/testing.rs"]
@@ -199,4 +200,43 @@ async fn a_degraded_group_is_all_or_nothing() {
     ];
     let r = s.check_all(&mixed, at(3)).await;
     assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_goes_only_to_the_side_that_charged() {
+    let mut server = testing::RedisServer::start();
+    let s = store(server.url()).await;
+    // burst 4 an hour in Redis; 2 for the degraded limiter (share 0.5)
+    let plan = burst(4);
+    reachable(&s, &plan).await;
+    let c = Cost::requests;
+
+    // charged in Redis at 1 ms, then the degraded limiter's first at 2 ms
+    assert!(allowed(&s, &plan, "k:s", at(1)).await);
+    server.kill();
+    assert!(allowed(&s, &plan, "k:s", at(2)).await);
+
+    // the Redis charge's settle: Redis cannot take it now, and the
+    // degraded bucket, which never had it, is not charged the difference
+    let r = s.settle(&plan, "k:s", c(1), c(3), at(1), at(3)).await;
+    assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+    assert!(allowed(&s, &plan, "k:s", at(3)).await, "charged for Redis");
+
+    // a degraded charge settled below its estimate gives back there
+    s.settle(&plan, "k:s", c(1), c(0), at(3), at(4))
+        .await
+        .unwrap();
+    assert!(
+        allowed(&s, &plan, "k:s", at(4)).await,
+        "its own charge back"
+    );
+
+    // and one settled above it charges there, into debt: 2 units used,
+    // 4 more owed, capped at one full burst (2 units of 1,800 s)
+    s.settle(&plan, "k:s", c(1), c(5), at(2), at(5))
+        .await
+        .unwrap();
+    let d = s.check(&plan, "k:s", 1, at(5)).await.unwrap();
+    let wait = d.denial().expect("in debt").retry_after;
+    assert_eq!(wait, Nanos::from_secs(5_400), "{d:?}");
 }

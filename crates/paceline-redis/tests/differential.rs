@@ -1,7 +1,8 @@
 //! The main correctness proof: the same random operations against the
 //! memory store and the Redis store (on the caller's clock) give the same
 //! decisions, for every policy kind, mixed in plans, with byte costs,
-//! shadow policies, reads, concurrency releases and refunds.
+//! shadow policies, reads, concurrency releases, refunds and settles
+//! (answers that cost more than their check charged, into debt, or less).
 
 #[path = "../src/testing.rs"]
 mod testing;
@@ -48,6 +49,13 @@ enum Step {
     Refund {
         back: usize,
     },
+    /// Settles the `back`-th latest charge still open at what its answer
+    /// cost.
+    Settle {
+        back: usize,
+        requests: u64,
+        bytes: u64,
+    },
 }
 
 fn step() -> impl Strategy<Value = (u64, Step)> {
@@ -65,7 +73,18 @@ fn step() -> impl Strategy<Value = (u64, Step)> {
         1 => 0u64..100_000_000_000,
     ];
     let refund = (0usize..4).prop_map(|back| Step::Refund { back });
-    (gap, prop_oneof![5 => check, 1 => release, 1 => refund])
+    let actual = prop_oneof![3 => 0u64..8, 1 => 0u64..80, 1 => Just(u64::MAX)];
+    let actual_bytes = prop_oneof![3 => 0u64..4_000, 1 => 0u64..6_000_000_000, 1 => Just(u64::MAX)];
+    let settle =
+        (0usize..4, actual, actual_bytes).prop_map(|(back, requests, bytes)| Step::Settle {
+            back,
+            requests,
+            bytes,
+        });
+    (
+        gap,
+        prop_oneof![5 => check, 1 => release, 1 => refund, 2 => settle],
+    )
 }
 
 fn plan_strategy() -> impl Strategy<Value = Plan> {
@@ -141,6 +160,18 @@ fn run_differential(scripting: Scripting, cases: u32) {
                         let (k, cost, charged) = charges.remove(at);
                         memory.refund_sync(&plan, &k, cost, charged, t);
                         rt.block_on(redis.refund(&plan, &k, cost, charged, t)).unwrap();
+                    }
+                }
+                Step::Settle { back, requests, bytes } => {
+                    if let Some(at) = charges.len().checked_sub(back + 1) {
+                        let (k, cost, charged) = charges.remove(at);
+                        let actual = Cost::requests(*requests).with_bytes(*bytes);
+                        memory.settle_sync(&plan, &k, cost, actual, charged, t).unwrap();
+                        rt.block_on(redis.settle(&plan, &k, cost, actual, charged, t)).unwrap();
+                        // the standing right after, debt and all
+                        let m = memory.check_sync(&plan, &k, Cost::requests(0), t).unwrap();
+                        let r = rt.block_on(redis.check_cost(&plan, &k, Cost::requests(0), t)).unwrap();
+                        prop_assert_eq!(&r, &m, "after settle, step {} of {:?} on {:?}", i, steps, plan);
                     }
                 }
                 Step::Release { key, amount } => {

@@ -114,3 +114,42 @@ fn idempotency_mistakes_name_their_field() {
     assert!(err("method = \"POST\"", "method = \"GET\"")
         .starts_with("routes[0].idempotency: only POST and PATCH"));
 }
+
+const TOKENS: &str = r#"
+[plans.llm]
+policies = [
+  { name = "burst", algorithm = "token_bucket", q = 20, w = 2 },
+  { name = "tpm", algorithm = "token_bucket", q = 100000, w = 60, unit = "tokens" },
+]
+"#;
+
+#[test]
+fn a_policy_counts_any_named_unit_and_publishes_it() {
+    let limits = toml::from_str::<LimitsConfig>(TOKENS)
+        .unwrap()
+        .build()
+        .unwrap();
+    let plan = limits.plan("llm").unwrap();
+    assert_eq!(plan.policy(1).unit().as_str(), "tokens");
+    assert_eq!(
+        paceline_wire::emit::policy_field(plan),
+        r#""burst";q=20;w=2, "tpm";q=100000;w=60;qu="tokens""#
+    );
+    let bad = TOKENS.replace(r#"unit = "tokens""#, r#"unit = "Tokens!""#);
+    let err = toml::from_str::<LimitsConfig>(&bad)
+        .unwrap()
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "plans.llm.policies[1].unit");
+    assert!(err.to_string().contains("\"Tokens!\""), "{err}");
+    // a near miss of a unit the body is counted in is a mistake
+    let typo = TOKENS.replace(r#"unit = "tokens""#, r#"unit = "bytes""#);
+    let err = toml::from_str::<LimitsConfig>(&typo)
+        .unwrap()
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("did you mean content-bytes"),
+        "{err}"
+    );
+}

@@ -10,8 +10,10 @@
 -- of distinct operations N, a string of one index (1 to N) per decision
 -- (a byte each, or two, little end first, when N > 255), then the N
 -- operations, four values each: op ("c" check, "r" release, "f<ns>"
--- refund of a charge made that many nanoseconds ago), plan index, cost in
--- requests, cost in bytes.
+-- refund of a charge made that many nanoseconds ago, "s<ns>" settle of
+-- a check made that many nanoseconds ago), plan index, cost in requests,
+-- cost in bytes (for a settle, what the answer cost more than the check
+-- charged, negative when less).
 -- After the operations, optionally, the groups: a string of one byte per
 -- decision, 1 when the decision belongs to the group of the one before
 -- it, else 0. A group (checks only) is all or nothing: its decisions are
@@ -24,8 +26,8 @@
 -- gives a head (its outcome: 0 allowed, 1 denied, 2 a cost over the
 -- burst; plus 4 x the deciding policy's index; plus 64 x a bit per policy
 -- that would deny, bit k - 1 for policy k), the wait (ns), then for each
--- policy of its plan the remaining and the reset (ns); a release or a
--- refund gives one 0. A duration of 2^53 ns or more (a window past
+-- policy of its plan the remaining and the reset (ns); a release, a
+-- refund or a settle gives one 0. A duration of 2^53 ns or more (a window past
 -- 104 days) comes as the string of its digits instead of an integer.
 --
 -- A plan spec is "algo,q,window_s,offset_s,shadow,unit;..." with algo one
@@ -612,6 +614,61 @@ local function make()
     return changed
   end
 
+  -- the most a fixed window counts (paceline-core keeps 40 bits)
+  local COUNT_MAX = 1099511627775
+
+  -- settles a check made `age` ns ago whose answer cost `dr` requests and
+  -- `db` bytes more (or, negative, less) than it charged: less is given
+  -- back as refund gives back; more is charged whatever the room, the
+  -- work being done, into a debt with paceline-core's bounds (a bucket
+  -- owes at most one full burst, a window counts up to COUNT_MAX, a
+  -- sliding counter or log fills at most to q). Shadow policies and
+  -- concurrency caps are left alone.
+  local function settle(plan, states, dr, db, age, tolerance)
+    local changed = false
+    for k, p in ipairs(plan) do
+      local st = states[k]
+      local c = dr
+      if p.bytes then c = db end
+      if p.shadow or c == 0 or p.a == "n" then
+        -- nothing to settle
+      elseif c < 0 then
+        if refund({p}, {st}, -c, -c, age, tolerance) then changed = true end
+      elseif p.a == "t" then
+        local d = st.d + c * p.t
+        if d > 2 * p.w then d = 2 * p.w end
+        if d > st.d then st.d = d; changed = true end
+      elseif p.a == "f" then
+        local idx = window_index(p)
+        if st.idx ~= idx then st.idx = idx; st.count = 0 end
+        local n = st.count + c
+        if n > COUNT_MAX then n = COUNT_MAX end
+        st.count = n
+        changed = true
+      elseif p.a == "c" then
+        st.idx, st.cur, st.prev = roll(p, st)
+        local n = st.cur + c
+        if n > p.q then n = p.q end
+        if n > st.cur then st.cur = n end
+        changed = true
+      elseif p.a == "l" then
+        local n = c
+        if n > p.q then n = p.q end
+        local log = st.log
+        for _ = 1, n do log[#log + 1] = 0 end
+        if #log > p.q then
+          -- the log holds q entries: the oldest go
+          table.sort(log)
+          local kept = {}
+          for j = #log - p.q + 1, #log do kept[#kept + 1] = log[j] end
+          st.log = kept
+        end
+        changed = true
+      end
+    end
+    return changed
+  end
+
   -- ---- the flat path ------------------------------------------------------
   -- A plan of token buckets and fixed windows only (the common case) keeps
   -- its row as decoded: {written_s, written_n, fields...}, a bucket's `used`
@@ -1191,11 +1248,15 @@ local function make()
         if op == "r" then
           changed = release(plan, st, cr)
         else
-          local age = string.match(op, "^f(%d+)$")
+          local kind, age = string.match(op, "^([fs])(%d+)$")
           if not age then return redis.error_reply("paceline: unknown op " .. tostring(op)) end
           local tolerance = 0
           if args[1] == "T" then tolerance = 100000000 end
-          changed = refund(plan, st, cr, cb, tonumber(age), tolerance)
+          if kind == "f" then
+            changed = refund(plan, st, cr, cb, tonumber(age), tolerance)
+          else
+            changed = settle(plan, st, cr, cb, tonumber(age), tolerance)
+          end
         end
         if plan.fast then flat_store(plan, states, st) end
         o = o + 1; out[o] = 0

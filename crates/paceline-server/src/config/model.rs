@@ -292,7 +292,9 @@ pub struct PolicyConfig {
     /// For `daily`: the time of day (UTC, `HH:MM`) the quota resets.
     #[serde(default)]
     pub reset_at: Option<String>,
-    /// `requests` (default) or `content-bytes`.
+    /// `requests` (default), `content-bytes`, `concurrent-requests` (with
+    /// `concurrency`), or any other unit by name (`tokens`, say), charged
+    /// the route's cost and published as `qu`.
     #[serde(default)]
     pub unit: Option<String>,
     /// `burst` or `quota`, overriding the classification by window length.
@@ -815,17 +817,18 @@ fn build_policy(field: &str, p: &PolicyConfig) -> Result<Policy, ConfigError> {
         err(f, e.to_string())
     })?;
     if let Some(u) = &p.unit {
-        let unit = match u.as_str() {
-            "requests" => Unit::Requests,
-            "content-bytes" => Unit::ContentBytes,
-            "concurrent-requests" => Unit::ConcurrentRequests,
-            other => {
-                return Err(err(
-                    "unit",
-                    format!("{other:?}: use requests, content-bytes or concurrent-requests"),
-                ))
-            }
+        // requests, content-bytes, concurrent-requests, or any other
+        // unit by name (published as `qu`); the near misses of the first
+        // two are mistakes, not units of their own
+        let near = match u.as_str() {
+            "bytes" | "content-byte" => Some("content-bytes"),
+            "request" => Some("requests"),
+            _ => None,
         };
+        if let Some(meant) = near {
+            return Err(err("unit", format!("{u:?}: did you mean {meant}?")));
+        }
+        let unit = Unit::named(u).map_err(|e| err("unit", e.to_string()))?;
         policy = policy
             .with_unit(unit)
             .map_err(|e| err("unit", e.to_string()))?;
