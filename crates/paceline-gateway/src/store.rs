@@ -123,4 +123,48 @@ impl Store for GatewayStore {
             GatewayStore::Redis(r) => r.refund(plan, key, cost, charged, now).await,
         }
     }
+
+    async fn settle(
+        &self,
+        plan: &Plan,
+        key: &str,
+        charged: Cost,
+        actual: Cost,
+        charged_at: Nanos,
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        match self {
+            GatewayStore::Memory(m) => m.settle_sync(plan, key, charged, actual, charged_at, now),
+            #[cfg(feature = "redis")]
+            GatewayStore::Redis(r) => r.settle(plan, key, charged, actual, charged_at, now).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paceline_core::Policy;
+
+    /// The gateway's store passes a settle on: an answer that cost more
+    /// than its estimate spends the window (the trait's default would only
+    /// give back, and charge nothing more).
+    #[tokio::test]
+    async fn a_settle_reaches_the_memory_store() {
+        let store = GatewayStore::Memory(MemoryStore::new());
+        let plan = Plan::new("p", vec![Policy::fixed_window("m", 10, 60).unwrap()]).unwrap();
+        let now = Nanos::from_secs(1_800_000_000);
+        let estimate = Cost::requests(2);
+        let d = store.check_cost(&plan, "k", estimate, now).await.unwrap();
+        assert!(d.is_allowed());
+        store
+            .settle(&plan, "k", estimate, Cost::requests(10), now, now)
+            .await
+            .unwrap();
+        let d = store
+            .check_cost(&plan, "k", Cost::requests(1), now)
+            .await
+            .unwrap();
+        assert!(!d.is_allowed(), "10 of 10 spent after the settle");
+    }
 }
