@@ -319,13 +319,7 @@ impl Client {
                 amount: t.amount,
                 quota: t.quota,
             };
-            scope.drops += 1;
-            st.totals.drops += 1;
-            events.push(Event::Drop {
-                scope: scope.name.clone(),
-                error: error.clone(),
-            });
-            return Before::Drop(error);
+            return dropped(scope, &mut st.totals, events, error);
         }
         let (until, hold) =
             scope.earliest(now, &call.info.path, ns(cfg.pace_margin), &call.info.cost);
@@ -352,13 +346,7 @@ impl Client {
                         },
                     },
                 };
-                scope.drops += 1;
-                st.totals.drops += 1;
-                events.push(Event::Drop {
-                    scope: scope.name.clone(),
-                    error: error.clone(),
-                });
-                return Before::Drop(error);
+                return dropped(scope, &mut st.totals, events, error);
             }
             let (wait, reason) = match hold {
                 Some(Hold::Pause) if scope.pause_spread => {
@@ -386,13 +374,7 @@ impl Client {
             let error = ClientError::Throttled {
                 probability_per_mille: (p * 1000.0).round() as u32,
             };
-            scope.drops += 1;
-            st.totals.drops += 1;
-            events.push(Event::Drop {
-                scope: scope.name.clone(),
-                error: error.clone(),
-            });
-            return Before::Drop(error);
+            return dropped(scope, &mut st.totals, events, error);
         }
         if scope.mode == Mode::Unseeded && scope.in_flight.is_empty() {
             scope.probe_sent_at = now;
@@ -769,6 +751,23 @@ impl Client {
     pub fn random(&self) -> f64 {
         self.inner.state.lock().rng.gen()
     }
+}
+
+/// A call dropped before it was sent: counted in its scope and the
+/// totals, told as an event, and answered.
+fn dropped(
+    scope: &mut Scope,
+    totals: &mut Totals,
+    events: &mut Vec<Event>,
+    error: ClientError,
+) -> Before {
+    scope.drops += 1;
+    totals.drops += 1;
+    events.push(Event::Drop {
+        scope: scope.name.clone(),
+        error: error.clone(),
+    });
+    Before::Drop(error)
 }
 
 fn wait_event(scope: &str, wait: Nanos, reason: &'static str) -> Event {

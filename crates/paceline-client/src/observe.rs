@@ -131,24 +131,14 @@ impl Observation {
 
     /// Adds a named policy with everything known about it.
     pub fn with_policy(
-        mut self,
+        self,
         name: &str,
         quota: u64,
         window_s: u64,
         remaining: u64,
         reset_in: Nanos,
     ) -> Self {
-        self.policies.push(PolicyObservation {
-            name: name.to_string(),
-            quota: Some(quota),
-            window_s: Some(window_s),
-            remaining: Some(remaining),
-            reset_in: Some(reset_in),
-            counts_requests: true,
-            per_endpoint: false,
-            unit: String::new(),
-        });
-        self
+        self.with_unit_policy(name, "", quota, window_s, remaining, reset_in)
     }
 
     /// Adds a named policy counting `unit` (`tokens`, `points`, …) with

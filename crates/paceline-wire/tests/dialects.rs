@@ -2,23 +2,11 @@
 //! documents (the source is named above each test). The responses are fed
 //! through the raw-response reader exactly as `paceline inspect` does.
 
-use paceline_core::Nanos;
-use paceline_wire::parse::{parse_response, OutcomeKind, ResponseView, Unit};
-use paceline_wire::raw::parse_raw_response;
+use paceline_wire::parse::{OutcomeKind, Unit};
 
-fn view(raw: &str, now_secs: u64) -> ResponseView {
-    let r = parse_raw_response(raw.as_bytes()).expect("a response");
-    let body = (!r.body.is_empty()).then_some(&r.body[..]);
-    parse_response(r.status, &r.headers, body, Nanos::from_secs(now_secs))
-}
+mod common;
 
-fn secs(n: Option<Nanos>) -> Option<f64> {
-    n.map(|n| (n.as_secs_f64() * 1000.0).round() / 1000.0)
-}
-
-fn has(v: &ResponseView, dialect: &str) -> bool {
-    v.dialects.iter().any(|d| d == dialect)
-}
+use common::{has, secs, view};
 
 // IETF draft-ietf-httpapi-ratelimit-headers (-09 and later), section
 // "Examples": a policy of 100 per 10 s with 50 left, resetting in 30 s.

@@ -1,24 +1,13 @@
-//! Dialects that issue #28 listed as still misread: each case is built from
+//! Dialects that were once misread: each case is built from
 //! the provider's documented example (the source is named above each test)
 //! and fed through the raw-response reader, as `paceline inspect` does.
 
 use paceline_core::Nanos;
-use paceline_wire::parse::{parse_response, OutcomeKind, ResponseView, Unit};
-use paceline_wire::raw::parse_raw_response;
+use paceline_wire::parse::{OutcomeKind, Unit};
 
-fn view(raw: &str, now_secs: u64) -> ResponseView {
-    let r = parse_raw_response(raw.as_bytes()).expect("a response");
-    let body = (!r.body.is_empty()).then_some(&r.body[..]);
-    parse_response(r.status, &r.headers, body, Nanos::from_secs(now_secs))
-}
+mod common;
 
-fn secs(n: Option<Nanos>) -> Option<f64> {
-    n.map(|n| (n.as_secs_f64() * 1000.0).round() / 1000.0)
-}
-
-fn has(v: &ResponseView, dialect: &str) -> bool {
-    v.dialects.iter().any(|d| d == dialect)
-}
+use common::{has, secs, view};
 
 // RFC 9110, section 10.2.3 "Retry-After": an HTTP-date is the instant after
 // which to retry; once it has passed, the wait is over. It is a field the
