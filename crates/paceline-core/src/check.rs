@@ -191,20 +191,26 @@ pub fn settle_words(
 
 /// What a request costs, per unit a policy may count in.
 ///
-/// Policies counting requests, concurrency caps and policies counting a
-/// named unit (`tokens`, say) are charged `requests` (the route's cost,
-/// in whatever unit the policy counts); policies counting content bytes
-/// are charged `bytes`. A plain
-/// number converts to a cost of that many requests and no bytes.
+/// Policies counting requests and concurrency caps are charged
+/// `requests` (the route's cost); policies counting content bytes are
+/// charged `bytes`; policies counting a named unit (`tokens`, say) are
+/// charged `units`. [`Cost::requests`] charges a named unit the same
+/// number as requests (a cost fixed per route, in whatever unit a policy
+/// counts) until [`Cost::with_units`] says otherwise. A plain number
+/// converts to a cost of that many requests and no bytes.
 ///
 /// ```
 /// use paceline_core::{Cost, Policy, Unit};
 ///
 /// let bytes = Policy::token_bucket("upload", 1_000_000, 60).unwrap()
 ///     .with_unit(Unit::ContentBytes).unwrap();
-/// let cost = Cost::requests(1).with_bytes(4_096);
-/// assert_eq!(cost.of(&bytes), 4_096);
+/// let tokens = Policy::token_bucket("tpm", 10_000, 60).unwrap()
+///     .with_unit(Unit::named("tokens").unwrap()).unwrap();
+/// let rpm = Policy::token_bucket("rpm", 60, 60).unwrap();
+/// let cost = Cost::requests(1).with_bytes(4_096).with_units(750);
+/// assert_eq!((cost.of(&rpm), cost.of(&bytes), cost.of(&tokens)), (1, 4_096, 750));
 /// assert_eq!(Cost::from(10).requests, 10);
+/// assert_eq!(Cost::requests(3).of(&tokens), 3);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cost {
@@ -212,6 +218,9 @@ pub struct Cost {
     pub requests: u64,
     /// Units charged to content-bytes policies (the body's length).
     pub bytes: u64,
+    /// Units charged to policies counting a named unit (the tokens an
+    /// answer is expected to use, say).
+    pub units: u64,
 }
 
 impl Cost {
@@ -220,11 +229,16 @@ impl Cost {
         Cost {
             requests: n,
             bytes: 0,
+            units: n,
         }
     }
     /// The same cost, with `bytes` of content.
     pub const fn with_bytes(self, bytes: u64) -> Cost {
         Cost { bytes, ..self }
+    }
+    /// The same cost, with `units` charged to named-unit policies.
+    pub const fn with_units(self, units: u64) -> Cost {
+        Cost { units, ..self }
     }
     /// Per unit, what `self` holds beyond `other` (zero where it holds
     /// less): the part of an answer's cost its estimate did not cover.
@@ -232,6 +246,7 @@ impl Cost {
         Cost {
             requests: self.requests.saturating_sub(other.requests),
             bytes: self.bytes.saturating_sub(other.bytes),
+            units: self.units.saturating_sub(other.units),
         }
     }
     /// What `policy` is charged.
@@ -239,6 +254,7 @@ impl Cost {
     pub fn of(&self, policy: &crate::Policy) -> u64 {
         match policy.unit() {
             crate::Unit::ContentBytes => self.bytes,
+            crate::Unit::Named(_) => self.units,
             _ => self.requests,
         }
     }

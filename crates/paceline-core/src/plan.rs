@@ -15,6 +15,10 @@ pub enum PlanError {
     DuplicatePolicy(String),
     /// Too many policies for one check.
     TooMany(usize),
+    /// The plan counts two units besides requests (content bytes and a
+    /// named unit, or two named units): a request carries one amount
+    /// beside its request count.
+    MixedUnits(String, String),
 }
 
 impl fmt::Display for PlanError {
@@ -23,6 +27,10 @@ impl fmt::Display for PlanError {
             PlanError::Empty => f.write_str("a plan needs at least one policy"),
             PlanError::DuplicatePolicy(n) => write!(f, "policy {n:?} appears twice in the plan"),
             PlanError::TooMany(n) => write!(f, "{n} policies in one plan; at most {MAX_POLICIES}"),
+            PlanError::MixedUnits(a, b) => write!(
+                f,
+                "the plan counts both {a:?} and {b:?}; a plan counts requests and at most one other unit"
+            ),
         }
     }
 }
@@ -62,6 +70,19 @@ impl Plan {
         for (i, p) in policies.iter().enumerate() {
             if policies[..i].iter().any(|o| o.name() == p.name()) {
                 return Err(PlanError::DuplicatePolicy(p.name().to_string()));
+            }
+        }
+        // requests (and concurrency) and at most one other unit
+        let mut other: Option<crate::Unit> = None;
+        for p in &policies {
+            let u = p.unit();
+            if matches!(u, crate::Unit::ContentBytes | crate::Unit::Named(_)) {
+                match other {
+                    Some(o) if o != u => {
+                        return Err(PlanError::MixedUnits(o.as_str().into(), u.as_str().into()))
+                    }
+                    _ => other = Some(u),
+                }
             }
         }
         let mut offsets = Vec::with_capacity(policies.len());
@@ -140,6 +161,12 @@ impl Plan {
         self.policies()
             .iter()
             .any(|p| p.unit() == Unit::ContentBytes)
+    }
+    /// Whether any policy counts a named unit ([`Unit::Named`]).
+    pub fn counts_units(&self) -> bool {
+        self.policies()
+            .iter()
+            .any(|p| matches!(p.unit(), Unit::Named(_)))
     }
     /// Whether any policy is a concurrency cap (its lease must be released).
     pub fn has_concurrency(&self) -> bool {

@@ -104,7 +104,21 @@ pub(crate) fn delta(charged: u64, actual: u64) -> i64 {
     }
 }
 
-/// A plan's spec string: `algo,q,window_s,offset_s,shadow,unit;…`.
+/// A cost's second amount, the one sent in the bytes slot: a plan counts
+/// requests and at most one other unit (see
+/// [`PlanError::MixedUnits`](paceline_core::PlanError::MixedUnits)), so
+/// that slot carries the named unit's amount when the plan counts one, and
+/// the content bytes otherwise.
+pub(crate) fn second(plan: &Plan, cost: paceline_core::Cost) -> u64 {
+    match plan.counts_units() {
+        true => cost.units,
+        false => cost.bytes,
+    }
+}
+
+/// A plan's spec string: `algo,q,window_s,offset_s,shadow,unit;…`, unit
+/// `b` for the plan's one unit besides requests (content bytes or a named
+/// unit: see [`second`]), `r` otherwise.
 pub(crate) fn plan_spec(plan: &Plan) -> String {
     let mut s = String::new();
     for (i, p) in plan.policies().iter().enumerate() {
@@ -118,10 +132,9 @@ pub(crate) fn plan_spec(plan: &Plan) -> String {
             Algorithm::SlidingLog => ('l', 0),
             _ => ('n', 0),
         };
-        let unit = if p.unit() == Unit::ContentBytes {
-            'b'
-        } else {
-            'r'
+        let unit = match p.unit() {
+            Unit::ContentBytes | Unit::Named(_) => 'b',
+            _ => 'r',
         };
         let _ = write!(
             s,
@@ -143,7 +156,7 @@ pub(crate) fn sent_op(op: Op, plan: &Plan) -> Op {
             let (mut r, mut b) = (false, false);
             for p in plan.policies() {
                 match p.unit() {
-                    Unit::ContentBytes => b = true,
+                    Unit::ContentBytes | Unit::Named(_) => b = true,
                     _ => r = true,
                 }
             }
@@ -381,16 +394,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan_spec(&plan), "t,20,2,0,0,r;f,10,86400,3600,1,r");
-        // a named unit is charged the route's cost, as requests are
+        // a named unit travels in the second slot, beside requests
         let tokens = Plan::new(
             "t",
-            vec![Policy::token_bucket("tpm", 1000, 60)
-                .unwrap()
-                .with_unit(Unit::named("tokens").unwrap())
-                .unwrap()],
+            vec![
+                Policy::token_bucket("rpm", 60, 60).unwrap(),
+                Policy::token_bucket("tpm", 1000, 60)
+                    .unwrap()
+                    .with_unit(Unit::named("tokens").unwrap())
+                    .unwrap(),
+            ],
         )
         .unwrap();
-        assert_eq!(plan_spec(&tokens), "t,1000,60,0,0,r");
+        assert_eq!(plan_spec(&tokens), "t,60,60,0,0,r;t,1000,60,0,0,b");
+        let cost = paceline_core::Cost::requests(1).with_units(700);
+        assert_eq!(second(&tokens, cost), 700);
+        assert_eq!(second(&plan, cost.with_bytes(9)), 9);
     }
 
     #[test]

@@ -353,7 +353,7 @@ impl RedisStore {
                 spec: info.spec.clone(),
                 op: Op::Check {
                     requests: it.cost.requests,
-                    bytes: it.cost.bytes,
+                    bytes: crate::script::second(it.plan, it.cost),
                 },
                 now: (i.clock == ClockSource::Caller).then_some(now),
                 joins: k > 0,
@@ -387,7 +387,14 @@ impl RedisStore {
             let (it, hash) = (&items[k], hashes[k]);
             if once[k] {
                 let c = it.cost;
-                i.cache.put(it.plan, hash, c.requests, c.bytes, now, &d);
+                i.cache.put(
+                    it.plan,
+                    hash,
+                    c.requests,
+                    crate::script::second(it.plan, c),
+                    now,
+                    &d,
+                );
                 i.standing.put(it.plan, hash, now, &d);
             }
             decisions.push(Some(d));
@@ -409,7 +416,7 @@ impl RedisStore {
             .enumerate()
             .find_map(|(k, (it, &h))| {
                 let c = it.cost;
-                if c.requests == 0 && c.bytes == 0 {
+                if c.requests == 0 && c.bytes == 0 && c.units == 0 {
                     return None;
                 }
                 let d = self.cached(it.plan, h, c, now)?;
@@ -425,7 +432,13 @@ impl RedisStore {
     /// there).
     fn cached(&self, plan: &Plan, hash: u128, cost: Cost, now: Nanos) -> Option<Decision> {
         let i = &self.inner;
-        let d = i.cache.get(plan, hash, cost.requests, cost.bytes, now)?;
+        let d = i.cache.get(
+            plan,
+            hash,
+            cost.requests,
+            crate::script::second(plan, cost),
+            now,
+        )?;
         i.cache_hits.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("paceline_redis_deny_cache_hits_total").increment(1);
         Some(d)
@@ -450,14 +463,21 @@ impl RedisStore {
         }
         let op = Op::Check {
             requests: cost.requests,
-            bytes: cost.bytes,
+            bytes: crate::script::second(plan, cost),
         };
         let spec = info.spec.clone();
         drop(info);
         match self.send(plan, spec, hash, op, now).await {
             Ok(Some(d)) => {
                 self.recovered();
-                i.cache.put(plan, hash, cost.requests, cost.bytes, now, &d);
+                i.cache.put(
+                    plan,
+                    hash,
+                    cost.requests,
+                    crate::script::second(plan, cost),
+                    now,
+                    &d,
+                );
                 i.standing.put(plan, hash, now, &d);
                 Ok(d)
             }
@@ -559,7 +579,7 @@ impl RedisStore {
         cost: Cost,
         now: Nanos,
     ) {
-        if cost.requests == 0 && cost.bytes == 0 {
+        if cost.requests == 0 && cost.bytes == 0 && cost.units == 0 {
             return;
         }
         let hash = self.inner.namer.hash(key);
@@ -719,7 +739,7 @@ impl Store for RedisStore {
         }
         let op = Op::Refund {
             requests: cost.requests,
-            bytes: cost.bytes,
+            bytes: crate::script::second(plan, cost),
             age_ns: now.saturating_sub(charged).as_u64(),
         };
         let r = self.submit(plan, hash, op, now).await;
@@ -755,7 +775,10 @@ impl Store for RedisStore {
         }
         let op = Op::Settle {
             requests: crate::script::delta(charged.requests, actual.requests),
-            bytes: crate::script::delta(charged.bytes, actual.bytes),
+            bytes: crate::script::delta(
+                crate::script::second(plan, charged),
+                crate::script::second(plan, actual),
+            ),
             age_ns: now.saturating_sub(charged_at).as_u64(),
         };
         let r = self.submit(plan, hash, op, now).await;

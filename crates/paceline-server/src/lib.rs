@@ -110,6 +110,7 @@ pub mod route;
 mod soft;
 mod state;
 pub mod telemetry;
+pub mod usage;
 
 pub use config::{
     ConfigError, ConfigErrorKind, ConsumerHeaderConfig, IdempotencyConfig, JwtConfig, Limits,

@@ -27,6 +27,7 @@ use crate::respond;
 use crate::route::RouteInfo;
 use crate::soft::{SoftLimitEvent, SoftLimitHook, SoftLimits, WARNING_HEADER};
 use crate::telemetry::{self, OutcomeLabel, PlanKeys};
+use crate::usage::{Meter, Settler};
 use paceline_wire::emit::Hold;
 
 /// Checks requests against [`Limits`], with a store and a clock. Clones
@@ -132,6 +133,10 @@ pub(crate) struct Prepared {
     pub(crate) route: Option<RouteInfo>,
     /// The request's cost, by its classification.
     cost: u64,
+    /// What named-unit policies are charged at admission.
+    units: u64,
+    /// Where the answer reports the request's real use of the named unit.
+    reported: Option<Arc<crate::usage::UsageSource>>,
     usage: bool,
     who: Option<Who>,
     /// Why the request has no known key, when it has none (whatever its
@@ -151,6 +156,13 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
+    /// What the request is charged at admission.
+    fn charge(&self) -> Cost {
+        Cost::requests(self.cost)
+            .with_bytes(self.bytes)
+            .with_units(self.units)
+    }
+
     /// Removes the consumer headers of a request from an untrusted peer
     /// (see [`KeySource::ConsumerHeader`]), so that no service behind the
     /// layer reads a forged one.
@@ -257,6 +269,9 @@ pub(crate) struct Admitted {
     /// the cost and when it was charged (none when the plan charges
     /// upstream failures, or nothing was charged).
     refund: Option<(String, Cost, Nanos)>,
+    /// Where the answer reports the request's real use of the named unit,
+    /// to settle the charge (see [`crate::usage`]).
+    reported: Option<Arc<crate::usage::UsageSource>>,
 }
 
 impl<S: Store, C: Clock> RateLimiter<S, C> {
@@ -396,7 +411,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             && !peer_ip(req.extensions())
                 .or(peer)
                 .is_some_and(|p| lim.trusted.contains(p));
-        let cost = route.cost;
+        let (cost, units) = (route.cost, route.units);
+        let reported = route.usage.clone();
         let refused = fields.check.refusal(req.headers(), &lim.key_source);
         let close = req.version() <= Version::HTTP_11
             && (fields.has_body() || refused.is_some_and(|r| r.breaks_framing()));
@@ -410,6 +426,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             limits,
             route: own,
             cost,
+            units,
+            reported,
             usage,
             who,
             stranger,
@@ -574,7 +592,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 // read the standing for the headers, charge nothing
                 ask(Cost::requests(0), Some(Held { policy, hold }))
             }
-            None => ask(Cost::requests(p.cost).with_bytes(p.bytes), None),
+            None => ask(p.charge(), None),
         }
     }
 
@@ -607,7 +625,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 Some(Held { policy, hold }) => {
                     // the policies' own wait: the store's at the last denial,
                     // or a quota that stands spent (until its reset)
-                    let cost = Cost::requests(p.cost).with_bytes(p.bytes);
+                    let cost = p.charge();
                     let (mut real, mut binding) = (hold.real, *policy);
                     for (i, (q, s)) in plan.policies().iter().zip(&d.statuses).enumerate() {
                         let spent = s.remaining < cost.of(q);
@@ -689,7 +707,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             let release = plan
                 .has_concurrency()
                 .then(|| (who.key(lim).to_string(), p.cost));
-            let cost = Cost::requests(p.cost).with_bytes(p.bytes);
+            let cost = p.charge();
             // what was charged, should the answer never come
             let refund = (ask.hold.is_none() && ask.cost == cost)
                 .then(|| (who.key(lim).to_string(), cost, now));
@@ -701,6 +719,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 warning,
                 release,
                 refund,
+                reported: p.reported.clone(),
             });
         }
         // the fields are evaluated only when a subscriber listens
@@ -814,7 +833,69 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     }
 }
 
+impl<S: Store, C: Clock> RateLimiter<S, C> {
+    /// Settles an admitted request's charge in its named unit from its
+    /// answer's head, when its route names where the answer reports its
+    /// use: at once when the head holds it (the fields of the answer then
+    /// tell the budget after the settle), else the meter that settles when
+    /// the body has told (its trailer, its JSON, its last event). Nothing
+    /// for a request that was not charged (an escalation hold), or whose
+    /// charge went back (an upstream failure).
+    pub(crate) async fn settle_head(&self, a: &mut Admitted, head: &HeaderMap) -> Option<Meter> {
+        let source = a.reported.take()?;
+        let (key, charged, at) = a.refund.clone()?;
+        let compiled = &a.limits.inner.plans[a.plan];
+        let (plan, name) = (compiled.plan.clone(), compiled.name.clone());
+        if let Some(used) = source.read_headers(head) {
+            let sh = &*self.shared;
+            self.settle_units(&plan, &name, &key, charged, at, used)
+                .await;
+            let standing = sh
+                .store
+                .check_cost(&plan, &key, Cost::requests(0), sh.clock.now());
+            if let Ok(d) = standing.await {
+                a.decision = d;
+            }
+            return None;
+        }
+        let this = self.clone();
+        let settler: Settler = Box::new(move |used| {
+            Box::pin(async move {
+                this.settle_units(&plan, &name, &key, charged, at, used)
+                    .await;
+            })
+        });
+        Meter::new(source, head, settler)
+    }
+
+    /// Charges or gives back the difference between `charged` and the
+    /// `used` units the answer reported.
+    async fn settle_units(
+        &self,
+        plan: &paceline_core::Plan,
+        name: &Arc<str>,
+        key: &str,
+        charged: Cost,
+        at: Nanos,
+        used: u64,
+    ) {
+        let sh = &*self.shared;
+        let actual = charged.with_units(used);
+        let now = sh.clock.now();
+        match sh.store.settle(plan, key, charged, actual, at, now).await {
+            Ok(()) => telemetry::settled(name, charged.units, used),
+            Err(e) => tracing::warn!(error = %e, "settling a charge from the answer failed"),
+        }
+    }
+}
+
 impl Admitted {
+    /// Whether the answer is to report the request's use (see
+    /// [`RateLimiter::settle_head`]).
+    pub(crate) fn reports_usage(&self) -> bool {
+        self.reported.is_some()
+    }
+
     /// Adds the rate-limit fields (and a soft-limit warning) to a response.
     pub(crate) fn decorate(&self, headers: &mut HeaderMap) {
         let lim = &self.limits.inner;

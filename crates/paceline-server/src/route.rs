@@ -98,6 +98,10 @@ pub struct Route {
     /// text, so one comparison of the path decides.
     literal: bool,
     cost: u64,
+    /// Charged to named-unit policies at admission (`None`: the cost).
+    units: Option<u64>,
+    /// Where the answer reports the request's real use of the named unit.
+    usage: Option<Arc<crate::usage::UsageSource>>,
     criticality: Criticality,
     anonymous: bool,
     /// No limit applies (see [`Route::unlimited`]).
@@ -175,6 +179,8 @@ impl Route {
             segments,
             literal,
             cost: 1,
+            units: None,
+            usage: None,
             criticality: Criticality::Critical,
             anonymous: false,
             unlimited: false,
@@ -187,6 +193,34 @@ impl Route {
     /// A cost of 0 makes the route free: checked, published, never charged.
     pub fn with_cost(mut self, cost: u64) -> Route {
         self.cost = cost;
+        self
+    }
+
+    /// Sets what a request is charged at admission by policies counting
+    /// a named unit (`tokens`, say): the estimate of its use, settled from
+    /// the answer when the route has a [`usage`](Route::with_usage) source.
+    /// Without it, those policies are charged the route's cost.
+    ///
+    /// ```
+    /// use paceline_server::{usage::UsageSource, Route};
+    ///
+    /// let chat = Route::new("POST", "/v1/chat")
+    ///     .unwrap()
+    ///     .with_units(500)
+    ///     .with_usage("json:usage.total_tokens".parse::<UsageSource>().unwrap());
+    /// assert_eq!((chat.cost(), chat.units()), (1, 500));
+    /// assert!(chat.usage().is_some());
+    /// ```
+    pub fn with_units(mut self, estimate: u64) -> Route {
+        self.units = Some(estimate);
+        self
+    }
+
+    /// Sets where the answer reports what the request really used of the
+    /// named unit: when it does, the difference from what admission
+    /// charged is charged or given back (see [`crate::usage`]).
+    pub fn with_usage(mut self, source: crate::usage::UsageSource) -> Route {
+        self.usage = Some(Arc::new(source));
         self
     }
 
@@ -263,6 +297,14 @@ impl Route {
     /// The cost.
     pub fn cost(&self) -> u64 {
         self.cost
+    }
+    /// What named-unit policies are charged at admission.
+    pub fn units(&self) -> u64 {
+        self.units.unwrap_or(self.cost)
+    }
+    /// Where the answer reports the request's use, if it does.
+    pub fn usage(&self) -> Option<&crate::usage::UsageSource> {
+        self.usage.as_deref()
     }
     /// The criticality.
     pub fn criticality(&self) -> Criticality {
@@ -345,6 +387,10 @@ pub struct RouteInfo {
     pub cost: u64,
     /// The request's criticality.
     pub criticality: Criticality,
+    /// Charged to named-unit policies at admission.
+    pub(crate) units: u64,
+    /// Where the answer reports the request's real use.
+    pub(crate) usage: Option<Arc<crate::usage::UsageSource>>,
     /// The matched route is anonymous: limited per client IP.
     pub(crate) anonymous: bool,
     /// The matched route is unlimited: no limit applies.
@@ -378,6 +424,8 @@ impl RouteInfo {
                 pattern: Some(r.pattern.clone()),
                 cost: r.cost,
                 criticality: r.criticality,
+                units: r.units(),
+                usage: r.usage.clone(),
                 anonymous: r.anonymous,
                 unlimited: r.unlimited,
                 idempotency: r.idempotency,
@@ -388,6 +436,8 @@ impl RouteInfo {
                 pattern: None,
                 cost: 1,
                 criticality: Criticality::default(),
+                units: 1,
+                usage: None,
                 anonymous: false,
                 unlimited: false,
                 idempotency: None,

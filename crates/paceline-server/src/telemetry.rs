@@ -35,6 +35,27 @@ pub const SOFT_LIMITS: &str = "paceline_soft_limit_total";
 /// Charges given back because the upstream's answer never came.
 pub const REFUNDS: &str = "paceline_refunds_total";
 
+/// Charges settled from what the answer reported, by `way`: `more` (the
+/// answer used more than the estimate), `less` or `same`.
+pub const SETTLES: &str = "paceline_settles_total";
+
+/// Units of a named unit moved by settles, by `way`: charged beyond the
+/// estimate (`more`) or given back (`less`).
+pub const SETTLED_UNITS: &str = "paceline_settled_units_total";
+
+/// One charge settled: `charged` units estimated, `used` reported.
+pub(crate) fn settled(plan: &Arc<str>, charged: u64, used: u64) {
+    let (way, n) = match used.cmp(&charged) {
+        std::cmp::Ordering::Greater => ("more", used - charged),
+        std::cmp::Ordering::Less => ("less", charged - used),
+        std::cmp::Ordering::Equal => ("same", 0),
+    };
+    metrics::counter!(SETTLES, "plan" => plan.to_string(), "way" => way).increment(1);
+    if n > 0 {
+        metrics::counter!(SETTLED_UNITS, "plan" => plan.to_string(), "way" => way).increment(n);
+    }
+}
+
 /// One charge given back (the failure path: a label made on the spot).
 pub(crate) fn refunded(plan: &Arc<str>) {
     metrics::counter!(REFUNDS, "plan" => plan.to_string()).increment(1);

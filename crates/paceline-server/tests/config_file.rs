@@ -153,3 +153,62 @@ fn a_policy_counts_any_named_unit_and_publishes_it() {
         "{err}"
     );
 }
+
+#[test]
+fn a_route_cost_settled_from_the_answer_reads_and_its_mistakes_name_their_field() {
+    let ok = format!(
+        "{TOKENS}\n[[routes]]\nmethod = \"POST\"\npath = \"/v1/chat\"\ncost = {{ estimate = 800, from_json = \"usage.total_tokens\" }}\n"
+    );
+    let limits = toml::from_str::<LimitsConfig>(&ok)
+        .unwrap()
+        .build()
+        .unwrap();
+    let route = limits.routes().next().unwrap();
+    assert_eq!((route.cost(), route.units()), (1, 800));
+    assert_eq!(
+        route.usage().unwrap().to_string(),
+        "json:usage.total_tokens"
+    );
+    let err = |from: &str, to: &str| {
+        let text = ok.replace(from, to);
+        match toml::from_str::<LimitsConfig>(&text) {
+            Err(e) => e.to_string(),
+            Ok(c) => c.build().unwrap_err().to_string(),
+        }
+    };
+    assert!(err(
+        "from_json = \"usage.total_tokens\"",
+        "from_json = \"usage..x\""
+    )
+    .starts_with("routes[0].cost.from_json"));
+    assert!(err(
+        "from_json = \"usage.total_tokens\"",
+        "from_header = \"bad name\""
+    )
+    .starts_with("routes[0].cost.from_header"));
+    assert!(err(
+        "from_json = \"usage.total_tokens\"",
+        "from_json = \"a\", from_header = \"x-used\""
+    )
+    .contains("not both"));
+    // an estimate no plan can hold, and a usage no plan counts
+    assert!(err("estimate = 800", "estimate = 200000").contains("200000 is more than any plan"));
+    let no_unit = ok.replace(", unit = \"tokens\"", "");
+    let e = toml::from_str::<LimitsConfig>(&no_unit)
+        .unwrap()
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no plan this route meets counts one"), "{e}");
+    // two units besides requests in one plan
+    let mixed = ok.replace(
+        "unit = \"tokens\" },",
+        "unit = \"tokens\" },\n  { name = \"up\", algorithm = \"token_bucket\", q = 9, w = 60, unit = \"content-bytes\" },",
+    );
+    let e = toml::from_str::<LimitsConfig>(&mixed)
+        .unwrap()
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most one other unit"), "{e}");
+}

@@ -567,6 +567,7 @@ mod tests {
         Response::new(RateLimitBody::Inner {
             body: Empty::new(),
             guard: None,
+            meter: None,
         })
     }
 
@@ -580,7 +581,11 @@ mod tests {
 
     fn proxy_502() -> Response<RateLimitBody<crate::proxy::ProxyBody>> {
         let res = crate::proxy::gateway_error("https://x.invalid/", ProblemKind::BadGateway, "no");
-        res.map(|body| RateLimitBody::Inner { body, guard: None })
+        res.map(|body| RateLimitBody::Inner {
+            body,
+            guard: None,
+            meter: None,
+        })
     }
 
     fn layer(shedder: &Shedder, limits: CurrentLimits) -> LoadShedLayer {

@@ -512,15 +512,22 @@ fn check_cost(i: usize, r: &Route, anon: Option<usize>, plans: &[Plan]) -> Resul
     if r.is_unlimited() {
         return Ok(());
     }
-    let cost = paceline_core::Cost::requests(r.cost());
+    let cost = paceline_core::Cost::requests(r.cost()).with_units(r.units());
+    let candidates: Vec<&Plan> = match anon {
+        Some(a) => vec![&plans[a]],
+        None => plans.iter().collect(),
+    };
+    if r.usage().is_some() && !candidates.iter().any(|p| p.counts_units()) {
+        return Err(ConfigError::new(
+            Kind::InvalidValue,
+            format!("routes[{i}].cost"),
+            "the answer's use is read for a named unit, and no plan this route meets counts one: give a policy a unit such as unit = \"tokens\"",
+        ));
+    }
     let holds = |p: &Plan| {
         p.policies()
             .iter()
             .all(|q| q.is_shadow() || cost.of(q) <= q.quota())
-    };
-    let candidates: Vec<&Plan> = match anon {
-        Some(a) => vec![&plans[a]],
-        None => plans.iter().collect(),
     };
     if candidates.is_empty() || candidates.iter().any(|p| holds(p)) {
         return Ok(());
@@ -530,6 +537,7 @@ fn check_cost(i: usize, r: &Route, anon: Option<usize>, plans: &[Plan]) -> Resul
         .flat_map(|p| p.policies().iter().map(move |q| (p, q)))
         .filter(|(_, q)| !q.is_shadow() && cost.of(q) > q.quota())
         .min_by_key(|(_, q)| q.quota());
+    let amount = smallest.map_or(r.cost(), |(_, q)| cost.of(q));
     let what = smallest.map_or(String::new(), |(p, q)| {
         format!(
             " (policy {:?} of plan {:?} holds {})",
@@ -542,8 +550,7 @@ fn check_cost(i: usize, r: &Route, anon: Option<usize>, plans: &[Plan]) -> Resul
         Kind::OutOfRange,
         format!("routes[{i}].cost"),
         format!(
-            "{} is more than any plan can hold{what}: every request would be refused; lower the cost or raise the policy",
-            r.cost()
+            "{amount} is more than any plan can hold{what}: every request would be refused; lower the cost or raise the policy"
         ),
     ))
 }

@@ -294,7 +294,7 @@ pub struct PolicyConfig {
     pub reset_at: Option<String>,
     /// `requests` (default), `content-bytes`, `concurrent-requests` (with
     /// `concurrency`), or any other unit by name (`tokens`, say), charged
-    /// the route's cost and published as `qu`.
+    /// a route's `cost.estimate` (or its cost) and published as `qu`.
     #[serde(default)]
     pub unit: Option<String>,
     /// `burst` or `quota`, overriding the classification by window length.
@@ -317,9 +317,11 @@ pub struct RouteConfig {
     pub method: String,
     /// The path pattern (`/v1/labels/{id}`, `/v1/{*rest}`).
     pub path: String,
-    /// The cost (default 1).
-    #[serde(default = "one")]
-    pub cost: u64,
+    /// The cost: a number of requests (default 1), or a table giving the
+    /// estimate in the plan's named unit and where the answer reports
+    /// the real use (see [`RouteCostConfig`]).
+    #[serde(default)]
+    pub cost: RouteCostConfig,
     /// `CRITICAL_PLUS`, `CRITICAL` (default), `SHEDDABLE_PLUS`, `SHEDDABLE`.
     #[serde(default)]
     pub criticality: Criticality,
@@ -343,6 +345,41 @@ fn any_method() -> String {
 }
 fn one() -> u64 {
     1
+}
+
+/// A route's cost as a file holds it: `cost = 10`, or
+/// `cost = { estimate = 500, from_header = "x-usage-tokens" }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RouteCostConfig {
+    /// Every policy is charged this many (requests, or the named unit).
+    Fixed(u64),
+    /// Requests and a named unit apart, the latter settled from the answer.
+    Settled(SettledCostConfig),
+}
+
+impl Default for RouteCostConfig {
+    fn default() -> Self {
+        RouteCostConfig::Fixed(1)
+    }
+}
+
+/// A cost in a named unit known once the answer exists.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettledCostConfig {
+    /// Charged to request-counting policies (default 1).
+    #[serde(default = "one")]
+    pub requests: u64,
+    /// Charged to named-unit policies at admission.
+    pub estimate: u64,
+    /// A response header (or trailer) holding the real use.
+    #[serde(default)]
+    pub from_header: Option<String>,
+    /// A dotted path into a JSON answer (or the last event of a stream)
+    /// holding the real use: `usage.total_tokens`.
+    #[serde(default)]
+    pub from_json: Option<String>,
 }
 
 /// How a file spells [`Dialects`]: its own fields, each optional (a field
@@ -712,7 +749,34 @@ fn build_route(i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
         let f = if e.is_method() { "method" } else { "path" };
         ConfigError::new(Kind::InvalidValue, field(f), e.to_string())
     })?;
-    let mut route = route.with_cost(r.cost).with_criticality(r.criticality);
+    let mut route = route.with_criticality(r.criticality);
+    match &r.cost {
+        RouteCostConfig::Fixed(n) => route = route.with_cost(*n),
+        RouteCostConfig::Settled(c) => {
+            route = route.with_cost(c.requests).with_units(c.estimate);
+            let bad = |f: &str, m: String| ConfigError::new(Kind::InvalidValue, field(f), m);
+            let source = match (&c.from_header, &c.from_json) {
+                (Some(_), Some(_)) => {
+                    return Err(bad(
+                        "cost",
+                        "give from_header or from_json, not both".into(),
+                    ))
+                }
+                (Some(h), None) => Some(
+                    crate::usage::UsageSource::header(h)
+                        .map_err(|e| bad("cost.from_header", e.to_string()))?,
+                ),
+                (None, Some(p)) => Some(
+                    crate::usage::UsageSource::json(p)
+                        .map_err(|e| bad("cost.from_json", e.to_string()))?,
+                ),
+                (None, None) => None,
+            };
+            if let Some(s) = source {
+                route = route.with_usage(s);
+            }
+        }
+    }
     if let Some(mode) = r.idempotency {
         let takes_keys = route
             .method()

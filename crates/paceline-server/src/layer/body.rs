@@ -4,11 +4,13 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use crate::usage::{run_detached, Meter};
 
 pin_project! {
     /// Either the inner service's body or one written by the layer.
@@ -20,6 +22,7 @@ pin_project! {
             #[pin]
             body: B,
             guard: Option<ReleaseGuard>,
+            meter: Option<Box<Meter>>,
         },
         /// A complete body written by the layer.
         Full {
@@ -30,10 +33,18 @@ pin_project! {
 
 impl<B> RateLimitBody<B> {
     pub(crate) fn inner(body: B) -> Self {
-        RateLimitBody::Inner { body, guard: None }
+        RateLimitBody::Inner {
+            body,
+            guard: None,
+            meter: None,
+        }
     }
-    pub(crate) fn guarded(body: B, guard: Option<ReleaseGuard>) -> Self {
-        RateLimitBody::Inner { body, guard }
+    pub(crate) fn guarded(body: B, guard: Option<ReleaseGuard>, meter: Option<Meter>) -> Self {
+        RateLimitBody::Inner {
+            body,
+            guard,
+            meter: meter.map(Box::new),
+        }
     }
     pub(crate) fn full(data: impl Into<Bytes>) -> Self {
         let data: Bytes = data.into();
@@ -70,7 +81,28 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project() {
-            BodyProj::Inner { body, .. } => body.poll_frame(cx),
+            BodyProj::Inner {
+                mut body, meter, ..
+            } => {
+                let r = body.as_mut().poll_frame(cx);
+                if let Some(m) = meter.as_mut() {
+                    match &r {
+                        Poll::Ready(Some(Ok(f))) => {
+                            if let Some(d) = f.data_ref() {
+                                m.data(d);
+                            } else if let Some(t) = f.trailers_ref() {
+                                m.trailers(t);
+                            }
+                            if body.is_end_stream() {
+                                m.finish();
+                            }
+                        }
+                        Poll::Ready(None) => m.finish(),
+                        _ => {}
+                    }
+                }
+                r
+            }
             BodyProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
@@ -116,18 +148,9 @@ impl fmt::Debug for ReleaseGuard {
 
 impl Drop for ReleaseGuard {
     fn drop(&mut self) {
-        let Some(mut release) = self.release.take() else {
-            return;
-        };
         // an in-process store answers at once; a remote one finishes on the runtime
-        let mut cx = Context::from_waker(Waker::noop());
-        if release.as_mut().poll(&mut cx).is_pending() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn(release);
-                }
-                Err(_) => tracing::warn!("concurrency units not released: no runtime"),
-            }
+        if let Some(release) = self.release.take() {
+            run_detached(release, "concurrency units not released");
         }
     }
 }

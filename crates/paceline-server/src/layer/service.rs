@@ -304,12 +304,19 @@ where
                         req.extensions_mut().insert(route);
                     }
                     let mut res = inner.call(req).await?;
+                    let mut meter = None;
                     if let Some(&failed) = res.extensions().get::<super::UpstreamFailed>() {
                         // the answer never came: the charge may go back
                         limiter.refund(&mut admitted, failed).await;
+                    } else if admitted.reports_usage() {
+                        // a charge the answer reports: settled from its
+                        // head, or from its body as it goes by (boxed: a
+                        // request without it carries none of its state)
+                        let head = res.headers();
+                        meter = Box::pin(limiter.settle_head(&mut admitted, head)).await;
                     }
                     admitted.decorate(res.headers_mut());
-                    Ok(res.map(|b| RateLimitBody::guarded(b, guard)))
+                    Ok(res.map(|b| RateLimitBody::guarded(b, guard, meter)))
                 }
             }
         };
