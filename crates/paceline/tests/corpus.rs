@@ -126,7 +126,10 @@ fn corpus_agrees_with_the_documented_readings() {
             "{name}: every case states status, outcome, retry and retry_after_s"
         );
         for key in expect.keys() {
-            assert!(FIELDS.contains(&key.as_str()), "{name}: unknown field {key}");
+            assert!(
+                FIELDS.contains(&key.as_str()),
+                "{name}: unknown field {key}"
+            );
         }
         let got = match inspect(&corpus_dir().join(format!("{name}.http")), now) {
             Ok(v) => v,
