@@ -9,8 +9,8 @@ use paceline_core::Nanos;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::time::{parse_reset, parse_rfc3339, MAX_DELAY_SECS};
-use super::vendor::Acc;
+use super::time::{parse_go_duration, parse_reset, parse_rfc3339, MAX_DELAY_SECS};
+use super::vendor::{is_aws_throttling_code, Acc};
 use super::{PolicyView, Unit};
 
 /// Bodies larger than this are not read.
@@ -54,6 +54,10 @@ pub(crate) fn read_body(body: &[u8], headers: &HeaderMap, acc: &mut Acc) -> Opti
     }
     let ct = content_type(headers).to_ascii_lowercase();
     let says_json = ct.contains("json");
+    if trimmed[0] == b'<' {
+        aws_xml_error(&trimmed[..trimmed.len().min(MAX_BODY)], acc);
+        return None;
+    }
     if !says_json && !matches!(trimmed[0], b'{' | b'[') {
         return None;
     }
@@ -211,12 +215,116 @@ fn vendor_hints(v: &Value, acc: &mut Acc) {
         acc.github = true;
         acc.dialect("github");
     }
-    if let Some(e) = err {
-        google_reasons(e, acc);
-    }
+    let google_quota = match err {
+        Some(e) => {
+            google_reasons(e, acc);
+            google_details(e, acc)
+        }
+        None => false,
+    };
+    aws_json_error(v, acc);
+    graphql_rate_limited(v, acc);
     salesforce_errors(v, acc);
     shopify_graphql(v, acc);
-    spend_cap(v, acc);
+    // Google's structured details already said which quota ran out; its
+    // message's words ("billing details") are not a spend cap.
+    if !google_quota {
+        spend_cap(v, acc);
+    }
+}
+
+/// Google's `google.rpc` details: a `RetryInfo` with the wait the server
+/// asks for (`"retryDelay": "34s"`), and a `QuotaFailure` naming the quota
+/// that ran out (`"quotaId": "GenerateRequestsPerMinutePerProjectPerModel"`).
+/// A per-day or per-month quota is used up until it resets; any other is a
+/// rate. Returns whether a `QuotaFailure` was found.
+fn google_details(err: &Value, acc: &mut Acc) -> bool {
+    let Some(list) = err.get("details").and_then(Value::as_array) else {
+        return false;
+    };
+    let mut quota_failure = false;
+    for d in list.iter().take(16) {
+        let kind = d.get("@type").and_then(Value::as_str).unwrap_or("");
+        if kind.ends_with("google.rpc.RetryInfo") {
+            let delay = d.get("retryDelay").and_then(Value::as_str).unwrap_or("");
+            match parse_go_duration(delay.trim()) {
+                Some(w) => acc.body_retry = acc.body_retry.or(Some(w)),
+                None => acc.ignore("body.error.details.retryDelay", "not a duration"),
+            }
+        } else if kind.ends_with("google.rpc.QuotaFailure") {
+            quota_failure = true;
+            acc.body_rate_limited = true;
+            let violations = d.get("violations").and_then(Value::as_array);
+            for v in violations.into_iter().flatten().take(16) {
+                let names = ["quotaId", "quotaMetric", "subject"]
+                    .iter()
+                    .map(|k| lower_str(v.get(*k)))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                if ["perday", "per_day", "per day", "permonth", "per_month"]
+                    .iter()
+                    .any(|w| names.contains(w))
+                {
+                    acc.body_quota = true;
+                }
+            }
+        }
+    }
+    quota_failure
+}
+
+/// AWS JSON protocols: `{"__type": "com.amazon.coral.availability#ThrottlingException",
+/// "message": "Rate exceeded"}` (also as `code`), usually in a 400.
+fn aws_json_error(v: &Value, acc: &mut Acc) {
+    let Some(t) = v
+        .get("__type")
+        .or_else(|| v.get("code"))
+        .and_then(Value::as_str)
+    else {
+        return;
+    };
+    let code = t.rsplit('#').next().unwrap_or(t);
+    let code = code.split(':').next().unwrap_or(code).trim();
+    if is_aws_throttling_code(code) {
+        acc.dialect("aws");
+        acc.body_rate_limited = true;
+        acc.rejected_by_limit = true;
+    }
+}
+
+/// AWS XML protocols: `<Error><Code>Throttling</Code>…</Error>`, usually in
+/// a 400 (S3's `SlowDown` in a 503).
+fn aws_xml_error(body: &[u8], acc: &mut Acc) {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return;
+    };
+    let Some(start) = text.find("<Code>").map(|i| i + "<Code>".len()) else {
+        return;
+    };
+    let Some(len) = text[start..].find("</Code>") else {
+        return;
+    };
+    if is_aws_throttling_code(text[start..start + len].trim()) {
+        acc.dialect("aws");
+        acc.body_rate_limited = true;
+        acc.rejected_by_limit = true;
+    }
+}
+
+/// A GraphQL answer refused by a rate limit, whatever its status: GitHub's
+/// `{"errors": [{"type": "RATE_LIMITED", …}]}` arrives in a 200.
+fn graphql_rate_limited(v: &Value, acc: &mut Acc) {
+    let Some(errors) = v.get("errors").and_then(Value::as_array) else {
+        return;
+    };
+    let limited = errors.iter().take(16).any(|e| {
+        e.get("type").and_then(Value::as_str) == Some("RATE_LIMITED")
+            || e.pointer("/extensions/code").and_then(Value::as_str) == Some("RATE_LIMITED")
+    });
+    if limited {
+        acc.body_rate_limited = true;
+        acc.rejected_by_limit = true;
+    }
 }
 
 /// Google APIs' older error shape: `{"error": {"errors": [{"domain":

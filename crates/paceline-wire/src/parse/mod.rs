@@ -19,7 +19,8 @@
 //!   the query needs at the restore rate). Otherwise the wait lasts until
 //!   every exhausted window (remaining 0, any unit; on a 429, also a window
 //!   known only by its reset) has reset. Otherwise a retry hint in the
-//!   body, then a provider's documented floor (GitHub's secondary limit
+//!   body (Discord's `retry_after`, Google's `RetryInfo`), then a
+//!   provider's documented floor (GitHub's secondary limit
 //!   without headers: 60 s). A zero wait is `None`;
 //!   [`ResponseView::retry_after_header`] still shows a present zero.
 //! - `limit`/`remaining`/`reset_in` describe the tightest window counted in
@@ -29,7 +30,10 @@
 //!   ignored; reset values follow the rule in [`time`] (delay, epoch
 //!   seconds, epoch milliseconds when ≥ 10^12, or a date).
 //! - `outcome`: 429, 420, a throttled body whatever the status (Shopify
-//!   GraphQL's `THROTTLED` in a 200), and a 403 with rate-limit evidence (a
+//!   GraphQL's `THROTTLED` in a 200), an answer that names its own rate
+//!   limit whatever the status (GitHub GraphQL's `RATE_LIMITED` in a 200,
+//!   an AWS throttling code such as `ThrottlingException` in a 400), and a
+//!   403 with rate-limit evidence (a
 //!   body that says so, such as Salesforce's `REQUEST_LIMIT_EXCEEDED` or
 //!   Google's `rateLimitExceeded`, a request window at 0, a `Retry-After`) are
 //!   `quota_exhausted` when the binding limit (the one the body names, else

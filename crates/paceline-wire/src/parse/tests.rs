@@ -404,3 +404,111 @@ fn reset_instants_without_seconds() {
         );
     }
 }
+
+#[test]
+fn aws_throttling_codes_are_rate_limits_whatever_the_status() {
+    // JSON protocols: `__type` with its namespace, in a 400
+    let json = br#"{"__type": "com.amazon.coral.availability#ThrottlingException", "message": "Rate exceeded"}"#;
+    let h = headers(&[("content-type", "application/x-amz-json-1.1")]);
+    let v = parse_response(400, &h, Some(json), NOW);
+    assert_eq!(v.outcome, OutcomeKind::RateLimited);
+    assert!(v.retry);
+    // XML protocols
+    let xml = b"<ErrorResponse><Error><Type>Sender</Type><Code>Throttling</Code>\
+        <Message>Rate exceeded</Message></Error></ErrorResponse>";
+    let v = parse_response(
+        400,
+        &headers(&[("content-type", "text/xml")]),
+        Some(xml),
+        NOW,
+    );
+    assert_eq!((v.outcome, v.retry), (OutcomeKind::RateLimited, true));
+    // the error type header alone
+    let h = headers(&[(
+        "x-amzn-ErrorType",
+        "TooManyRequestsException:http://internal",
+    )]);
+    let v = parse_response(400, &h, None, NOW);
+    assert_eq!((v.outcome, v.retry), (OutcomeKind::RateLimited, true));
+    // other codes stay errors
+    let other = br#"{"__type": "ValidationException", "message": "bad"}"#;
+    let v = parse_response(400, &HeaderMap::new(), Some(other), NOW);
+    assert_eq!((v.outcome, v.retry), (OutcomeKind::Error, false));
+    let xml = b"<Error><Code>LimitExceededException</Code></Error>";
+    let v = parse_response(400, &HeaderMap::new(), Some(xml), NOW);
+    assert_eq!(v.outcome, OutcomeKind::Error);
+}
+
+#[test]
+fn graphql_rate_limited_in_a_200_is_not_a_success() {
+    let h = headers(&[
+        ("x-ratelimit-limit", "5000"),
+        ("x-ratelimit-remaining", "0"),
+        ("x-ratelimit-reset", "1700001200"),
+        ("x-ratelimit-resource", "graphql"),
+    ]);
+    let body = br#"{"errors": [{"type": "RATE_LIMITED", "message": "API rate limit exceeded for user ID 1."}]}"#;
+    let v = parse_response(200, &h, Some(body), NOW);
+    // the hourly graphql budget is used up: a quota, not retried
+    assert_eq!(v.outcome, OutcomeKind::QuotaExhausted);
+    assert!(!v.retry);
+    assert_eq!(v.retry_after, Some(Nanos::from_secs(1_200)));
+    // the same shape without the error is a success
+    let ok = br#"{"data": {"viewer": {"login": "octocat"}}}"#;
+    let v = parse_response(200, &h, Some(ok), NOW);
+    assert_eq!(v.outcome, OutcomeKind::Success);
+}
+
+fn gemini_429(quota_id: &str) -> Vec<u8> {
+    format!(
+        r#"{{"error": {{"code": 429, "status": "RESOURCE_EXHAUSTED",
+        "message": "You exceeded your current quota, please check your plan and billing details.",
+        "details": [
+          {{"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+            "violations": [{{"quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests", "quotaId": "{quota_id}"}}]}},
+          {{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "34s"}}]}}}}"#
+    )
+    .into_bytes()
+}
+
+#[test]
+fn google_retry_info_and_quota_failure_decide_wait_and_kind() {
+    let h = headers(&[("content-type", "application/json")]);
+    let minute = gemini_429("GenerateRequestsPerMinutePerProjectPerModel-FreeTier");
+    let v = parse_response(429, &h, Some(&minute), NOW);
+    // "billing details" in the message is not a spend cap here
+    assert_eq!(v.outcome, OutcomeKind::RateLimited);
+    assert!(v.retry);
+    assert_eq!(v.retry_after, Some(Nanos::from_secs(34)));
+    let day = gemini_429("GenerateRequestsPerDayPerProjectPerModel-FreeTier");
+    let v = parse_response(429, &h, Some(&day), NOW);
+    assert_eq!(v.outcome, OutcomeKind::QuotaExhausted);
+    assert!(!v.retry);
+}
+
+#[test]
+fn fastly_limits_are_hourly() {
+    let h = headers(&[
+        ("fastly-ratelimit-remaining", "0"),
+        ("fastly-ratelimit-reset", "1700001800"),
+    ]);
+    let v = parse_response(429, &h, None, NOW);
+    assert_eq!(v.policies[0].window_s, Some(3_600));
+    assert_eq!(v.outcome, OutcomeKind::QuotaExhausted);
+    assert_eq!(v.retry_after, Some(Nanos::from_secs(1_800)));
+}
+
+#[test]
+fn early_draft_window_parameters() {
+    let h = headers(&[
+        (
+            "x-ratelimit-limit",
+            "100, 100;window=60, 10000;window=86400",
+        ),
+        ("x-ratelimit-remaining", "98"),
+        ("x-ratelimit-reset", "3"),
+    ]);
+    let v = parse_response(200, &h, None, NOW);
+    assert_eq!((v.limit, v.remaining), (Some(100), Some(98)));
+    assert_eq!(v.tightest_policy().unwrap().window_s, Some(60));
+}

@@ -169,6 +169,7 @@ enum Route<'a> {
     Salesforce,
     Zendesk(&'a str),
     SentryLimits,
+    AwsErrorType,
     Marker(&'static str),
 }
 
@@ -181,6 +182,7 @@ impl Route<'_> {
                 | Route::MsHint
                 | Route::SecsHint
                 | Route::ShouldRetry
+                | Route::AwsErrorType
                 | Route::Marker(_)
         )
     }
@@ -239,6 +241,7 @@ fn classify(name: &str) -> Option<Route<'_>> {
         "x-shopify-shop-api-call-limit" => Route::Shopify,
         "sforce-limit-info" => Route::Salesforce,
         "x-sentry-rate-limits" => Route::SentryLimits,
+        "x-amzn-errortype" => Route::AwsErrorType,
         "x-github-request-id" => Route::Marker("github"),
         "x-envoy-ratelimited" => Route::Marker("envoy"),
         "stripe-rate-limited-reason" => Route::Marker("stripe"),
@@ -360,6 +363,10 @@ pub(crate) struct Acc {
     /// The body says the request was throttled, whatever the status
     /// (Shopify GraphQL's `THROTTLED` inside a 200).
     pub(crate) body_throttled: bool,
+    /// The answer itself says a rate limit refused the request, whatever
+    /// its status: GitHub GraphQL's `RATE_LIMITED` error inside a 200, an
+    /// AWS throttling error code inside a 400.
+    pub(crate) rejected_by_limit: bool,
     /// The wait the throttled body implies (the points the query needs,
     /// at the restore rate): exact, so it comes before the exhausted
     /// windows' resets.
@@ -388,6 +395,7 @@ impl Acc {
             body_quota: false,
             body_rate_limited: false,
             body_throttled: false,
+            rejected_by_limit: false,
             throttle_wait: None,
         }
     }
@@ -557,6 +565,15 @@ impl Acc {
             Route::Salesforce => self.apply_salesforce(name, v),
             Route::Zendesk(rest) => self.apply_zendesk(rest, name, v),
             Route::SentryLimits => self.apply_sentry_limits(name, v),
+            Route::AwsErrorType => {
+                // `ThrottlingException:http://internal.amazon.com/coral/…`
+                let code = v.split(':').next().unwrap_or("").trim();
+                if is_aws_throttling_code(code) {
+                    self.dialect("aws");
+                    self.body_rate_limited = true;
+                    self.rejected_by_limit = true;
+                }
+            }
         }
     }
 
@@ -832,6 +849,7 @@ impl Acc {
             status,
             rate_evidence,
             self.body_throttled,
+            self.rejected_by_limit,
             &policies,
             problem.as_ref(),
             self.body_quota,
@@ -967,7 +985,8 @@ fn group_view(g: Group, github: bool) -> Option<PolicyView> {
         .window_s
         .or_else(|| window_from_words(&g.qual))
         .or_else(|| g.resource.as_deref().and_then(github_window))
-        .or(github_core.then_some(3_600));
+        .or(github_core.then_some(3_600))
+        .or(documented_window(fam.prefix));
     Some(PolicyView {
         unit: unit_from_words(&g.qual),
         name,
@@ -1019,6 +1038,7 @@ fn outcome(
     status: u16,
     rate_evidence: bool,
     throttled: bool,
+    rejected: bool,
     policies: &[PolicyView],
     problem: Option<&ProblemView>,
     body_quota: bool,
@@ -1028,6 +1048,7 @@ fn outcome(
     let limited = status == 429
         || status == 420
         || throttled
+        || rejected
         || (status == 403 && rate_evidence)
         || (status >= 400 && matches!(code, Some("rate_limited" | "quota_exhausted")));
     if limited {
@@ -1105,7 +1126,12 @@ fn count_with_window(v: &str) -> Result<(u64, Option<u64>), String> {
         let n = parse_count(it.next().unwrap_or(""))?;
         let mut w = None;
         for param in it {
-            if let Some(x) = param.trim().strip_prefix("w=") {
+            // `window=` is the parameter's name in the drafts before `w=`.
+            let param = param.trim();
+            if let Some(x) = param
+                .strip_prefix("w=")
+                .or_else(|| param.strip_prefix("window="))
+            {
                 w = Some(parse_count(x)?);
             }
         }
@@ -1165,6 +1191,34 @@ fn window_from_words(q: &str) -> Option<u64> {
         "year" | "yearly" => Some(365 * 86_400),
         _ => None,
     })
+}
+
+/// A family's documented window when its headers state none: Fastly's API
+/// counts modifying requests per hour.
+fn documented_window(prefix: &str) -> Option<u64> {
+    (prefix == "fastly-ratelimit-").then_some(3_600)
+}
+
+/// AWS error codes that mean the request was throttled (the codes the AWS
+/// SDKs retry as throttling). `LimitExceededException` is left out: many
+/// services use it for a cap on how many resources exist, which no wait
+/// lifts.
+pub(crate) fn is_aws_throttling_code(code: &str) -> bool {
+    matches!(
+        code,
+        "Throttling"
+            | "ThrottlingException"
+            | "ThrottledException"
+            | "RequestThrottledException"
+            | "TooManyRequestsException"
+            | "ProvisionedThroughputExceededException"
+            | "RequestLimitExceeded"
+            | "BandwidthLimitExceeded"
+            | "RequestThrottled"
+            | "SlowDown"
+            | "PriorRequestNotComplete"
+            | "EC2ThrottledException"
+    )
 }
 
 /// GitHub's documented windows per resource.
@@ -1234,6 +1288,7 @@ mod tests {
             "x-limit-per-second",
             "x-remaining-today",
             "x-rate-limit-retry-after-seconds",
+            "x-amzn-errortype",
         ] {
             assert!(classify(n).is_some(), "{n}");
         }
@@ -1295,6 +1350,10 @@ mod tests {
         assert_eq!(count_with_window("10, 10;w=1, 50;w=60"), Ok((10, Some(1))));
         assert_eq!(count_with_window("5, 5"), Ok((5, None)));
         assert_eq!(count_with_window("150/15m"), Ok((150, Some(900))));
+        assert_eq!(
+            count_with_window("100, 100;window=60, 10000;window=86400"),
+            Ok((100, Some(60)))
+        );
         assert!(count_with_window("5, 6").is_err());
     }
 
