@@ -88,5 +88,5 @@ pub use decision::{Decision, Denial, Outcome, PolicyStatus};
 pub use group::{check_each, GroupDecision, GroupItem};
 pub use limiter::{Lease, Limiter};
 pub use plan::{Plan, PlanError, MAX_POLICIES};
-pub use policy::{Algorithm, FailMode, Policy, PolicyError, PolicyKind, Unit, UnitName};
+pub use policy::{Algorithm, FailMode, Policy, PolicyError, PolicyKind, Share, Unit, UnitName};
 pub use store::{MemoryStore, MemoryStoreConfig, Store, StoreError};

@@ -195,6 +195,35 @@ pub enum FailMode {
     Closed,
 }
 
+/// How instances that share a store count a policy.
+///
+/// A store inside one process ignores it: it is exact either way.
+///
+/// ```
+/// use paceline_core::{Policy, Share};
+///
+/// let p = Policy::token_bucket("global", 2_000, 1).unwrap()
+///     .with_share(Share::Leased { max_slice: 50 });
+/// assert_eq!(p.share(), Share::Leased { max_slice: 50 });
+/// assert_eq!(Policy::token_bucket("b", 1, 1).unwrap().share(), Share::Exact);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Share {
+    /// Every decision is counted in the shared store: exact, one round
+    /// trip for each decision the store's local caches cannot answer.
+    #[default]
+    Exact,
+    /// Each instance takes slices of the key's budget from the shared
+    /// store, at most `max_slice` units at a time, and decides from them
+    /// locally: few round trips, and an overshoot bounded by the units
+    /// the instances hold.
+    Leased {
+        /// The most units one slice holds.
+        max_slice: u64,
+    },
+}
+
 /// Why a policy could not be built.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -267,6 +296,7 @@ pub struct Policy {
     kind: PolicyKind,
     fail_mode: FailMode,
     shadow: bool,
+    share: Share,
     // derived
     window_ns: u64,
     emission_ns: u64,
@@ -327,6 +357,7 @@ impl Policy {
             kind,
             fail_mode: FailMode::Open,
             shadow: false,
+            share: Share::Exact,
             window_ns,
             emission_ns: window_ns / quota,
             window_div: Divisor::new(window_ns),
@@ -403,6 +434,12 @@ impl Policy {
         self
     }
 
+    /// Sets how instances sharing a store count the policy.
+    pub fn with_share(mut self, share: Share) -> Policy {
+        self.share = share;
+        self
+    }
+
     /// The policy's name, as published in headers.
     pub fn name(&self) -> &str {
         &self.name
@@ -438,6 +475,10 @@ impl Policy {
     /// Whether the policy only observes.
     pub fn is_shadow(&self) -> bool {
         self.shadow
+    }
+    /// How instances sharing a store count it.
+    pub fn share(&self) -> Share {
+        self.share
     }
     /// The nanoseconds one unit takes to refill (token bucket).
     pub fn emission_interval(&self) -> Nanos {

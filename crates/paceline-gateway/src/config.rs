@@ -161,6 +161,8 @@ pub struct RedisSettings {
     pub prefix: String,
     /// The degraded limiter's share of each quota, if wanted.
     pub degraded_share: Option<f64>,
+    /// How long a slice of a leased policy's budget lives (`slice_ms`).
+    pub slice: Duration,
     /// The most keys whose last answer is kept for a shed answer's fields
     /// (`standing_keys`; 0: none).
     pub standing_keys: usize,
@@ -219,6 +221,7 @@ impl RedisSettings {
                 .map(|share| paceline_redis::Degraded { share }),
             standing_keys: self.standing_keys,
             idempotency_deadline: self.idempotency_deadline,
+            slice: self.slice,
             tls_ca: self.tls_ca.clone(),
             clock: match self.caller_clock {
                 true => paceline_redis::ClockSource::Caller,
@@ -717,6 +720,7 @@ struct RedisModel {
     deny_cache: Option<u64>,
     prefix: Option<String>,
     degraded_share: Option<f64>,
+    slice_ms: Option<u64>,
     standing_keys: Option<u64>,
     idempotency_deadline_ms: Option<u64>,
     tls_ca_file: Option<String>,
@@ -1523,6 +1527,7 @@ fn redis_settings(
         deny_cache: n(r.deny_cache, d.deny_cache),
         prefix: r.prefix.clone().unwrap_or(d.prefix.clone()),
         degraded_share: r.degraded_share,
+        slice: r.slice_ms.map_or(d.slice, Duration::from_millis),
         standing_keys: n(r.standing_keys, d.standing_keys),
         idempotency_deadline: r
             .idempotency_deadline_ms

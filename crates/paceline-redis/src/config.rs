@@ -87,6 +87,11 @@ pub struct RedisStoreConfig {
     /// after it, even on a key that stays busy. Longer requests than this
     /// lose their lease early. At most 30 days.
     pub lease_ttl: Duration,
+    /// How long a slice of a leased policy's budget lives (and how much
+    /// a slice holds: what the instance uses of the key in that time, up
+    /// to the policy's `max_slice`). Between 1 ms and 10 s; 100 ms by
+    /// default.
+    pub slice: Duration,
     /// The degraded local limiter, when wanted.
     pub degraded: Option<Degraded>,
     /// The most keys whose last answer is kept for a peek without a round
@@ -149,6 +154,7 @@ impl Default for RedisStoreConfig {
             deny_cache: 10_000,
             ttl_slack: Duration::from_secs(1),
             lease_ttl: Duration::from_secs(600),
+            slice: Duration::from_millis(100),
             degraded: None,
             standing_keys: 10_000,
             idempotency_deadline: crate::DEFAULT_IDEMPOTENCY_DEADLINE,
@@ -225,6 +231,9 @@ impl RedisStoreConfig {
         }
         if self.prefix.is_empty() || self.prefix.contains(['{', '}']) || self.prefix.len() > 64 {
             return Err(err("prefix", "must be 1-64 characters without '{' or '}'"));
+        }
+        if self.slice < Duration::from_millis(1) || self.slice > Duration::from_secs(10) {
+            return Err(err("slice_ms", "must be between 1 and 10,000"));
         }
         if self.lease_ttl < Duration::from_secs(1) || self.lease_ttl > MAX_LEASE_TTL {
             return Err(err("lease_ttl_s", "must be between 1 second and 30 days"));

@@ -145,6 +145,7 @@ mod config;
 mod degraded;
 mod idempotency;
 mod keys;
+mod lease;
 mod link;
 mod script;
 mod standing;

@@ -311,10 +311,10 @@ pub(crate) fn parse_decision(
         }),
         2 => {
             let p = plan.policy(policy);
-            let cost = if p.unit() == Unit::ContentBytes {
-                bytes
-            } else {
-                requests
+            // a named unit travels in the bytes slot (see `second`)
+            let cost = match p.unit() {
+                Unit::ContentBytes | Unit::Named(_) => bytes,
+                _ => requests,
             };
             Outcome::CostExceedsBurst { policy, cost }
         }

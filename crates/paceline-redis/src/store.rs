@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use paceline_core::{
     check_each, Algorithm, Cost, Decision, FailMode, GroupDecision, GroupItem, MemoryStore, Nanos,
-    Plan, Policy, Store, StoreError,
+    Outcome, Plan, Policy, Store, StoreError,
 };
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -49,6 +49,13 @@ pub struct RedisStats {
     pub cache_hits: u64,
     /// Decisions made by the degraded local limiter.
     pub degraded: u64,
+    /// Decisions of leased plans answered from a slice (or a remembered
+    /// refusal), with no round trip.
+    pub leased: u64,
+    /// Calls that took a slice of a leased plan's budget.
+    pub lease_calls: u64,
+    /// Units of slices given back unused.
+    pub lease_returned: u64,
 }
 
 /// A [`Store`] in Redis: all of a request's policies are checked and
@@ -75,6 +82,7 @@ struct Inner {
     degraded: Option<Degraded>,
     standing: Standing,
     idempotency_deadline: std::time::Duration,
+    leases: crate::lease::Leases,
 }
 
 struct Degraded {
@@ -104,7 +112,7 @@ pub fn supports(plan: &Plan) -> Result<(), String> {
     for p in plan.policies() {
         supports_policy(p)?;
     }
-    Ok(())
+    crate::lease::leasable(plan)
 }
 
 fn supports_policy(p: &Policy) -> Result<(), String> {
@@ -186,6 +194,9 @@ impl RedisStore {
                 degraded,
                 standing: Standing::new(config.standing_keys),
                 idempotency_deadline: config.idempotency_deadline,
+                leases: crate::lease::Leases::new(Nanos::new(
+                    config.slice.as_nanos().min(u128::from(u64::MAX)) as u64,
+                )),
             }),
         })
     }
@@ -216,6 +227,9 @@ impl RedisStore {
                 .degraded
                 .as_ref()
                 .map_or(0, |d| d.decisions.load(Ordering::Relaxed)),
+            leased: i.leases.counters.local.load(Ordering::Relaxed),
+            lease_calls: i.leases.counters.calls.load(Ordering::Relaxed),
+            lease_returned: i.leases.counters.returned.load(Ordering::Relaxed),
         }
     }
 
@@ -458,6 +472,10 @@ impl RedisStore {
             return Err(StoreError::Protocol(e.clone()));
         }
         let hash = i.namer.hash(key);
+        if let Some(max) = crate::lease::max_slice(plan) {
+            drop(info);
+            return self.decide_leased(plan, key, hash, cost, max, now).await;
+        }
         if let Some(d) = self.cached(plan, hash, cost, now) {
             return Ok(d);
         }
@@ -488,6 +506,189 @@ impl RedisStore {
             },
             Err(e) => Err(e),
         }
+    }
+
+    /// A decision of a leased plan (see `lease.rs`): from the key's slice
+    /// when it can; else a slice taken from Redis (one round trip), of
+    /// which the request takes its cost; a refused slice is remembered
+    /// until its wait. Redis unreachable: the degraded limiter, as in
+    /// exact mode.
+    async fn decide_leased(
+        &self,
+        plan: &Plan,
+        key: &str,
+        hash: u128,
+        cost: Cost,
+        max: u64,
+        now: Nanos,
+    ) -> Result<Decision, StoreError> {
+        let i = &self.inner;
+        let leases = &i.leases;
+        self.give_back(leases.sweep(now), now);
+        let c = cost.requests;
+        let (want, give) = match leases.local(plan, max, hash, c, now, true) {
+            Some(crate::lease::Local::Decided(d, ahead)) => {
+                self.note_leased(ahead, plan, hash, now);
+                return Ok(d);
+            }
+            Some(crate::lease::Local::Ask { want, give_back }) => (want, give_back),
+            None => (c.max(1), None),
+        };
+        if let Some((n, at)) = give {
+            self.give_back(vec![(plan.clone(), hash, n, at)], now);
+        }
+        if i.degraded.is_some() && leases.down(now) {
+            // Redis failed a moment ago: no wait for it on every decision
+            if let Some(d) = self.degraded(plan, key, cost, now) {
+                return Ok(d);
+            }
+        }
+        let taken = match c {
+            // a read charges nothing and takes no slice
+            0 => self.take(plan, hash, 0, now).await,
+            _ => self.take(plan, hash, want, now).await,
+        };
+        let mut d = match taken {
+            Ok(d) => d,
+            Err(e @ StoreError::Unavailable(_)) => {
+                leases.failed(now, true);
+                return match self.degraded(plan, key, cost, now) {
+                    Some(d) => Ok(d),
+                    None => Err(e),
+                };
+            }
+            Err(e) => return Err(e),
+        };
+        leases.failed(now, false);
+        self.recovered();
+        if c == 0 {
+            return Ok(d);
+        }
+        let mut got = want;
+        let long = |d: &Decision| {
+            d.denial()
+                .is_some_and(|den| den.retry_after > leases.interval())
+        };
+        if want > c && long(&d) {
+            // a whole slice is not coming soon (a window near its end, a
+            // quota spent): take what is left, or ask for the request
+            // alone; a slice that comes within a slice's time is waited
+            // for, refusing meanwhile, so a key at its limit costs a
+            // round trip per slice, not per refill
+            let left = plan
+                .policies()
+                .iter()
+                .zip(&d.statuses)
+                .filter(|(p, _)| !p.is_shadow())
+                .map(|(_, s)| s.remaining)
+                .min()
+                .unwrap_or(0);
+            got = left.clamp(c, want);
+            d = self.take(plan, hash, got, now).await?;
+        }
+        i.standing.put(plan, hash, now, &d);
+        match &d.outcome {
+            Outcome::Allowed => {
+                leases.granted(plan, hash, got, c, now, &d);
+                for s in &mut d.statuses {
+                    s.remaining = s.remaining.saturating_add(got - c);
+                }
+            }
+            Outcome::Denied(den) => {
+                let until = leases.refused(plan, hash, now, den.retry_after, &d);
+                // the refusal's wait is the one this instance keeps
+                if let Outcome::Denied(den) = &mut d.outcome {
+                    den.retry_after = until.saturating_sub(now);
+                }
+            }
+            _ => {}
+        }
+        Ok(d)
+    }
+
+    /// Takes a slice of `units` of a leased plan's budget: a check of
+    /// that cost, counted as a lease call.
+    async fn take(
+        &self,
+        plan: &Plan,
+        hash: u128,
+        units: u64,
+        now: Nanos,
+    ) -> Result<Decision, StoreError> {
+        let counters = &self.inner.leases.counters;
+        counters.calls.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("paceline_redis_lease_calls_total").increment(1);
+        let op = Op::Check {
+            requests: units,
+            bytes: 0,
+        };
+        match self.submit(plan, hash, op, now).await? {
+            Some(d) => Ok(d),
+            None => Err(StoreError::Protocol("a lease answered no decision".into())),
+        }
+    }
+
+    /// A decision answered from a slice: counted, and the next slice
+    /// taken ahead of need when the slice asked for it.
+    fn note_leased(&self, ahead: Option<u64>, plan: &Plan, hash: u128, now: Nanos) {
+        metrics::counter!("paceline_redis_lease_decisions_total").increment(1);
+        let Some(want) = ahead else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.inner.leases.fetch_done(plan, hash);
+            return;
+        };
+        let (this, plan) = (self.clone(), plan.clone());
+        rt.spawn(async move {
+            match this.take(&plan, hash, want, now).await {
+                Ok(d) => {
+                    this.inner.standing.put(&plan, hash, now, &d);
+                    match d.denial() {
+                        None => this.inner.leases.granted(&plan, hash, want, 0, now, &d),
+                        // refused: the slice held goes on; none is asked
+                        // for again before the wait
+                        Some(den) => {
+                            let _ =
+                                this.inner
+                                    .leases
+                                    .refused(&plan, hash, now, den.retry_after, &d);
+                        }
+                    }
+                }
+                Err(_) => this.inner.leases.fetch_done(&plan, hash),
+            }
+        });
+    }
+
+    /// Gives back the units of slices whose time is up (each with the
+    /// instant it was charged), off the deciding path.
+    fn give_back(&self, items: Vec<(Plan, u128, u64, Nanos)>, now: Nanos) {
+        if items.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        rt.spawn(async move {
+            for (plan, hash, units, at) in items {
+                let op = Op::Refund {
+                    requests: units,
+                    bytes: 0,
+                    age_ns: now.saturating_sub(at).as_u64(),
+                };
+                match this.submit(&plan, hash, op, now).await {
+                    Ok(_) => {
+                        this.inner.standing.forget(&plan, hash);
+                        this.inner.leases.returned(units);
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, units, "a slice's units were not given back")
+                    }
+                }
+            }
+        });
     }
 
     /// The degraded local decision, when configured and every policy that
@@ -649,6 +850,17 @@ impl Store for RedisStore {
         now: Nanos,
     ) -> Option<Result<Decision, StoreError>> {
         let hash = self.inner.namer.hash(key);
+        if let Some(max) = crate::lease::max_slice(plan) {
+            let leases = &self.inner.leases;
+            self.give_back(leases.sweep(now), now);
+            return match leases.local(plan, max, hash, cost.requests, now, false) {
+                Some(crate::lease::Local::Decided(d, ahead)) => {
+                    self.note_leased(ahead, plan, hash, now);
+                    Some(Ok(d))
+                }
+                _ => None,
+            };
+        }
         self.cached(plan, hash, cost, now).map(Ok)
     }
 

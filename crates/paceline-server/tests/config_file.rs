@@ -212,3 +212,48 @@ fn a_route_cost_settled_from_the_answer_reads_and_its_mistakes_name_their_field(
         .to_string();
     assert!(e.contains("at most one other unit"), "{e}");
 }
+
+#[test]
+fn leased_policies_read_and_their_mistakes_name_their_field() {
+    let ok = r#"
+[plans.global]
+policies = [
+  { name = "rps", algorithm = "token_bucket", q = 2000, w = 1, share = "leased" },
+  { name = "day", algorithm = "daily", q = 1000000, share = "leased", max_slice = 500 },
+]
+"#;
+    let limits = toml::from_str::<LimitsConfig>(ok).unwrap().build().unwrap();
+    let plan = limits.plan("global").unwrap();
+    use paceline_core::Share;
+    assert_eq!(plan.policy(0).share(), Share::Leased { max_slice: 40 });
+    assert_eq!(plan.policy(1).share(), Share::Leased { max_slice: 500 });
+    let err = |from: &str, to: &str| {
+        let text = ok.replace(from, to);
+        toml::from_str::<LimitsConfig>(&text)
+            .unwrap()
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(
+        r#""token_bucket", q = 2000, w = 1"#,
+        r#""concurrency", q = 2000"#,
+    );
+    assert!(
+        e.starts_with("plans.global.policies[0].share") && e.contains("concurrency"),
+        "{e}"
+    );
+    let e = err(r#""token_bucket", q = 2000"#, r#""sliding_log", q = 2000"#);
+    assert!(e.contains("only token buckets"), "{e}");
+    let e = err("max_slice = 500", "max_slice = 2000000");
+    assert!(e.starts_with("plans.global.policies[1].max_slice"), "{e}");
+    let e = err(r#", share = "leased", max_slice"#, ", max_slice");
+    assert!(e.contains("max_slice is for share"), "{e}");
+    let e = err(r#"w = 1, share = "leased""#, "w = 1");
+    assert!(
+        e.starts_with("plans.global") && e.contains("every policy of the plan"),
+        "{e}"
+    );
+    let e = err(r#"share = "leased" },"#, r#"share = "shared" },"#);
+    assert!(e.contains("use exact or leased"), "{e}");
+}

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use http::header::HeaderName;
-use paceline_core::{Algorithm, FailMode, Plan, PlanError, Policy, PolicyError, PolicyKind, Unit};
+use paceline_core::{
+    Algorithm, FailMode, Plan, PlanError, Policy, PolicyError, PolicyKind, Share, Unit,
+};
 use paceline_wire::emit::Dialects;
 use serde::Deserialize;
 
@@ -306,6 +308,16 @@ pub struct PolicyConfig {
     /// `open` (default) or `closed`: what a store outage means.
     #[serde(default)]
     pub fail: Option<String>,
+    /// `exact` (default) or `leased`: how instances sharing a store count
+    /// it (see [`Share`]).
+    #[serde(default)]
+    pub share: Option<String>,
+    /// With `share = "leased"`: the most units one slice holds (default
+    /// a fiftieth of the quota, at least 1). With `N` instances the
+    /// admitted count over any window exceeds exact mode's by at most
+    /// `N × 2 × max_slice`.
+    #[serde(default)]
+    pub max_slice: Option<u64>,
 }
 
 /// A route as a file holds it.
@@ -822,6 +834,15 @@ fn build_plan(name: &str, plan: &PlanConfig) -> Result<Plan, ConfigError> {
         .enumerate()
         .map(|(i, p)| build_policy(&format!("plans.{name}.policies[{i}]"), p))
         .collect::<Result<Vec<_>, _>>()?;
+    // a decision with one exact policy makes its round trip anyway
+    let leased = |q: &Policy| matches!(q.share(), Share::Leased { .. });
+    if policies.iter().any(leased) && !policies.iter().all(|q| q.is_shadow() || leased(q)) {
+        return Err(ConfigError::new(
+            Kind::InvalidPolicy,
+            format!("plans.{name}"),
+            "share = \"leased\" must be given to every policy of the plan (or none): a decision with one exact policy makes its round trip anyway",
+        ));
+    }
     Plan::new(name, policies).map_err(|e| {
         let kind = match e {
             PlanError::DuplicatePolicy(_) => Kind::Duplicate,
@@ -911,7 +932,45 @@ fn build_policy(field: &str, p: &PolicyConfig) -> Result<Policy, ConfigError> {
             other => return Err(err("fail", format!("{other:?}: use open or closed"))),
         });
     }
-    Ok(policy.with_shadow(p.shadow))
+    let share = match (p.share.as_deref(), p.max_slice) {
+        (None | Some("exact"), None) => Share::Exact,
+        (None | Some("exact"), Some(_)) => {
+            return Err(err(
+                "max_slice",
+                "max_slice is for share = \"leased\"".into(),
+            ))
+        }
+        (Some("leased"), max) => {
+            let why = match algorithm {
+                Algorithm::Concurrency => Some(
+                    "a concurrency cap cannot be leased: its units come back one by one as requests end, so a slice of them means nothing",
+                ),
+                Algorithm::SlidingLog | Algorithm::SlidingCounter => Some(
+                    "only token buckets and fixed or daily windows are leased; count this one exactly",
+                ),
+                _ => None,
+            };
+            if let Some(why) = why {
+                return Err(err("share", format!("{}: {why}", p.algorithm)));
+            }
+            if policy.unit() != Unit::Requests {
+                return Err(err(
+                    "share",
+                    "a leased policy counts requests: a slice is a number of requests".into(),
+                ));
+            }
+            let max_slice = max.unwrap_or((p.q / 50).max(1));
+            if max_slice == 0 || max_slice > p.q {
+                return Err(err(
+                    "max_slice",
+                    format!("{max_slice}: a slice holds 1 to q ({}) units", p.q),
+                ));
+            }
+            Share::Leased { max_slice }
+        }
+        (Some(other), _) => return Err(err("share", format!("{other:?}: use exact or leased"))),
+    };
+    Ok(policy.with_shadow(p.shadow).with_share(share))
 }
 
 fn parse_hhmm(s: &str) -> Result<u64, String> {

@@ -1,0 +1,600 @@
+//! Leased budgets: an instance takes a slice of a key's budget from Redis
+//! in one atomic step (a check charging the slice's units on the server)
+//! and decides from it locally, with no round trip, until the slice runs
+//! out or its time is up. Then it asks again: a hot key's next slice is
+//! taken ahead of need, when half of the current one is left, so its
+//! decisions do not wait.
+//!
+//! **Slice sizes** follow the instance's own recent rate on the key (an
+//! exponentially decaying count with a one-second time constant): a slice
+//! holds what the instance uses in one slice time (`slice_ms`), at least
+//! the request's cost and at most the policy's `max_slice`. A key used
+//! rarely gets slices of one request: each decision is one round trip, as
+//! in exact mode. The instance with the larger share of a key's traffic
+//! takes the larger slices.
+//!
+//! **The overshoot bound.** Every admitted request's units were charged
+//! in Redis before it was admitted, when its slice was taken; Redis's own
+//! count never exceeds the limit. What a slice adds is time: units
+//! charged before a window began may be used inside it. An instance holds
+//! at most two slices' units unused at once (the current one and the next,
+//! taken ahead), so over any window the admitted count exceeds what exact
+//! mode admits by at most `N × 2 × max_slice` for `N` instances. A slice
+//! of a plan with fixed or daily windows lapses at the end of the window
+//! it was charged in, so in every such window the admitted count stays
+//! within the quota itself when the instances read one clock.
+//!
+//! **Unused units go back**: when a slice's time is up with units left,
+//! they are given back (a refund of a charge made when the slice was
+//! taken; a window's refund counts only within the window it was charged
+//! in). A refused lease is remembered until its `Retry-After`: the
+//! instance refuses locally until then (each refusal's fields aged), so a
+//! key over its limit costs one round trip per wait, not one per request.
+//!
+//! **Faults.** With Redis unreachable an instance goes on deciding from
+//! the slice it holds until the slice runs out or its time is up; then
+//! the lease fails and the store's degraded limiter (a share of each
+//! quota, decided locally) answers, as in exact mode. No slice is counted
+//! twice: units are charged once, when the slice is taken, and given back
+//! at most once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use paceline_core::{Algorithm, Decision, Denial, Nanos, Outcome, Plan, Share};
+use parking_lot::Mutex;
+
+const SHARDS: usize = 16;
+/// How often slices whose time is up are looked for.
+const SWEEP_EVERY: Nanos = Nanos::from_millis(250);
+/// A key with no decision for this long is forgotten (its units given
+/// back first).
+const IDLE: Nanos = Nanos::from_secs(10);
+/// The time constant of a key's rate (ns).
+const RATE_TAU_NS: f64 = 1e9;
+
+/// The most units one slice of `plan` may hold, when every policy that
+/// decides is leased (`None`: the plan is counted exactly).
+pub(crate) fn max_slice(plan: &Plan) -> Option<u64> {
+    let mut max: Option<u64> = None;
+    for p in plan.policies() {
+        match p.share() {
+            Share::Leased { max_slice } => {
+                max = Some(max.map_or(max_slice, |m: u64| m.min(max_slice)));
+            }
+            _ if p.is_shadow() => {}
+            _ => return None,
+        }
+    }
+    max
+}
+
+/// Whether `plan` can be leased: token buckets and fixed or daily
+/// windows, counted in requests.
+pub(crate) fn leasable(plan: &Plan) -> Result<(), String> {
+    for p in plan.policies() {
+        if !matches!(p.share(), Share::Leased { .. }) {
+            continue;
+        }
+        let ok = matches!(
+            p.algorithm(),
+            Algorithm::TokenBucket | Algorithm::FixedWindow { .. }
+        ) && p.unit() == paceline_core::Unit::Requests;
+        if !ok {
+            return Err(format!(
+                "policy {:?}: only token buckets and fixed or daily windows counted in requests are leased",
+                p.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One key's slice on this instance.
+struct Slice {
+    plan: Plan,
+    /// Units left to admit here.
+    left: u64,
+    /// When the oldest unused units were charged.
+    taken_at: Nanos,
+    /// When the units left lapse (given back, or lost with their window).
+    expires: Nanos,
+    /// The decision Redis gave at the last lease, and when.
+    seen: Decision,
+    seen_at: Nanos,
+    /// Redis refused: refuse here until then.
+    denied_until: Option<Nanos>,
+    /// Leases refused in a row (other instances took the slices first).
+    refusals: u32,
+    /// Decisions here, an exponentially decaying count (1 s), and when it
+    /// was last brought up to date.
+    count: f64,
+    last: Nanos,
+    /// A lease is in flight for this key.
+    fetching: bool,
+}
+
+/// What a local look at the slices concluded.
+pub(crate) enum Local {
+    /// Decided from the slice (or its remembered refusal); `Some(want)`
+    /// asks for the next slice to be taken ahead of need.
+    Decided(Decision, Option<u64>),
+    /// The slice cannot decide: take a slice of `want` units; `give_back`
+    /// holds units left from a slice whose time is up, and when they were
+    /// charged.
+    Ask {
+        want: u64,
+        give_back: Option<(u64, Nanos)>,
+    },
+}
+
+/// What the leases have done, for stats and metrics.
+#[derive(Default)]
+pub(crate) struct LeaseCounters {
+    pub(crate) local: AtomicU64,
+    pub(crate) calls: AtomicU64,
+    pub(crate) granted: AtomicU64,
+    pub(crate) returned: AtomicU64,
+}
+
+/// Every key's slice on this instance.
+pub(crate) struct Leases {
+    shards: Vec<Mutex<HashMap<(u64, u128), Slice>>>,
+    /// A slice's time (ns).
+    interval: Nanos,
+    next_sweep: AtomicU64,
+    /// Redis failed a lease: until this instant (ns) the degraded limiter
+    /// answers at once, and one lease a slice's time probes Redis.
+    down_until: AtomicU64,
+    pub(crate) counters: LeaseCounters,
+}
+
+impl Leases {
+    pub(crate) fn new(interval: Nanos) -> Leases {
+        Leases {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            interval: interval.max(Nanos::from_millis(1)),
+            next_sweep: AtomicU64::new(0),
+            down_until: AtomicU64::new(0),
+            counters: LeaseCounters::default(),
+        }
+    }
+
+    /// A slice's time.
+    pub(crate) fn interval(&self) -> Nanos {
+        self.interval
+    }
+
+    /// Whether Redis failed a lease within the last slice's time: the
+    /// first caller after that time probes it (and is told `false`).
+    pub(crate) fn down(&self, now: Nanos) -> bool {
+        let until = self.down_until.load(Ordering::Relaxed);
+        if now.as_u64() < until {
+            return true;
+        }
+        // one prober a period: the others keep answering degraded
+        until != 0
+            && self
+                .down_until
+                .compare_exchange(
+                    until,
+                    now.saturating_add(self.interval).as_u64(),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+    }
+
+    /// Redis failed (`true`) or answered a lease.
+    pub(crate) fn failed(&self, now: Nanos, failed: bool) {
+        let v = match failed {
+            true => now.saturating_add(self.interval).as_u64(),
+            false => 0,
+        };
+        self.down_until.store(v, Ordering::Relaxed);
+    }
+
+    fn shard(&self, hash: u128) -> &Mutex<HashMap<(u64, u128), Slice>> {
+        &self.shards[(hash as usize) % SHARDS]
+    }
+
+    /// Decides from the key's slice if it can; else what to ask Redis.
+    pub(crate) fn local(
+        &self,
+        plan: &Plan,
+        max: u64,
+        hash: u128,
+        cost: u64,
+        now: Nanos,
+        may_ask: bool,
+    ) -> Option<Local> {
+        let mut shard = self.shard(hash).lock();
+        let Some(s) = shard.get_mut(&(plan.identity(), hash)) else {
+            return may_ask.then_some(Local::Ask {
+                want: want(0.0, self.interval, cost, max, plan),
+                give_back: None,
+            });
+        };
+        if s.plan != *plan {
+            // a reloaded plan of the same layout: start again
+            shard.remove(&(plan.identity(), hash));
+            return may_ask.then_some(Local::Ask {
+                want: cost.max(1),
+                give_back: None,
+            });
+        }
+        s.tick(now, cost);
+        let want = want(s.count, self.interval, cost, max, plan);
+        let refused = s.denied_until.is_some_and(|u| now < u);
+        if now < s.expires && s.left >= cost {
+            s.left -= cost;
+            self.counters.local.fetch_add(1, Ordering::Relaxed);
+            // no slice ahead while Redis refuses them
+            let ahead =
+                (!s.fetching && !refused && s.left < want.div_ceil(2) && want > cost).then(|| {
+                    s.fetching = true;
+                    want
+                });
+            return Some(Local::Decided(s.admitted(now), ahead));
+        }
+        if let Some(until) = s.denied_until {
+            if now < until {
+                self.counters.local.fetch_add(1, Ordering::Relaxed);
+                return Some(Local::Decided(s.refusal(now, until), None));
+            }
+            s.denied_until = None;
+        }
+        if !may_ask {
+            return None;
+        }
+        let give_back = (s.left > 0 && now >= s.expires).then_some((s.left, s.taken_at));
+        if give_back.is_some() || now >= s.expires {
+            s.left = 0;
+        }
+        Some(Local::Ask { want, give_back })
+    }
+
+    /// Redis granted a slice of `units` (taken at `now`, its check's
+    /// decision `d`), of which `used` went to the request that asked.
+    pub(crate) fn granted(
+        &self,
+        plan: &Plan,
+        hash: u128,
+        units: u64,
+        used: u64,
+        now: Nanos,
+        d: &Decision,
+    ) {
+        self.counters.granted.fetch_add(units, Ordering::Relaxed);
+        metrics::histogram!("paceline_redis_lease_slice_units").record(units as f64);
+        let lapse = lapse(plan, d, now, self.interval);
+        let mut shard = self.shard(hash).lock();
+        let s = shard
+            .entry((plan.identity(), hash))
+            .or_insert_with(|| Slice {
+                plan: plan.clone(),
+                left: 0,
+                taken_at: now,
+                expires: now,
+                seen: d.clone(),
+                seen_at: now,
+                denied_until: None,
+                refusals: 0,
+                count: 0.0,
+                last: now,
+                fetching: false,
+            });
+        s.refusals = 0;
+        if used > 0 {
+            s.tick(now, used);
+        }
+        if s.left == 0 || now >= s.expires {
+            s.taken_at = now;
+            s.left = 0;
+        }
+        s.left += units - used;
+        // units of the window just ended never reach the next one
+        s.expires = lapse;
+        s.seen = d.clone();
+        s.seen_at = now;
+        s.denied_until = None;
+        s.fetching = false;
+    }
+
+    /// Redis refused a lease whose units come back after `wait`: refuse
+    /// locally until then, and longer after refusals in a row (up to a
+    /// slice's time), so instances racing for a key at its limit do not
+    /// each ask at every refill; what they leave accumulates for the next
+    /// slice. Returns the instant refusals last until.
+    pub(crate) fn refused(
+        &self,
+        plan: &Plan,
+        hash: u128,
+        now: Nanos,
+        wait: Nanos,
+        d: &Decision,
+    ) -> Nanos {
+        let mut shard = self.shard(hash).lock();
+        let s = shard
+            .entry((plan.identity(), hash))
+            .or_insert_with(|| Slice {
+                plan: plan.clone(),
+                left: 0,
+                taken_at: now,
+                expires: now,
+                seen: d.clone(),
+                seen_at: now,
+                denied_until: None,
+                refusals: 0,
+                count: 0.0,
+                last: now,
+                fetching: false,
+            });
+        let factor = 1u64 << s.refusals.min(8);
+        let longer = Nanos::new(wait.as_u64().saturating_mul(factor)).min(self.interval.max(wait));
+        let until = now.saturating_add(longer);
+        s.refusals = s.refusals.saturating_add(1);
+        s.seen = d.clone();
+        s.seen_at = now;
+        s.denied_until = Some(until);
+        s.fetching = false;
+        until
+    }
+
+    /// A lease taken ahead of need failed or was refused: the key may be
+    /// asked for again.
+    pub(crate) fn fetch_done(&self, plan: &Plan, hash: u128) {
+        if let Some(s) = self.shard(hash).lock().get_mut(&(plan.identity(), hash)) {
+            s.fetching = false;
+        }
+    }
+
+    /// Slices whose time is up with units left, taken out to be given
+    /// back (with the instant they were charged), and keys idle for long
+    /// forgotten: at most every [`SWEEP_EVERY`].
+    pub(crate) fn sweep(&self, now: Nanos) -> Vec<(Plan, u128, u64, Nanos)> {
+        let due = self.next_sweep.load(Ordering::Relaxed);
+        if now.as_u64() < due
+            || self
+                .next_sweep
+                .compare_exchange(
+                    due,
+                    now.saturating_add(SWEEP_EVERY).as_u64(),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return Vec::new();
+        }
+        let mut back = Vec::new();
+        for shard in &self.shards {
+            let mut g = shard.lock();
+            g.retain(|&(_, hash), s| {
+                if s.left > 0 && now >= s.expires {
+                    back.push((s.plan.clone(), hash, s.left, s.taken_at));
+                    s.left = 0;
+                }
+                s.fetching || now.saturating_sub(s.last) < IDLE
+            });
+        }
+        back
+    }
+
+    /// Units given back.
+    pub(crate) fn returned(&self, units: u64) {
+        self.counters.returned.fetch_add(units, Ordering::Relaxed);
+        metrics::counter!("paceline_redis_lease_returned_units_total").increment(units);
+    }
+}
+
+impl Slice {
+    /// Brings the rate up to `now` and counts `cost` more.
+    fn tick(&mut self, now: Nanos, cost: u64) {
+        let dt = now.saturating_sub(self.last).as_u64() as f64;
+        self.count = self.count * (-dt / RATE_TAU_NS).exp() + cost as f64;
+        self.last = self.last.max(now);
+    }
+
+    /// The last decision Redis gave, aged to `now`.
+    fn aged(&self, now: Nanos) -> Decision {
+        let gone = now.saturating_sub(self.seen_at);
+        let mut d = self.seen.clone();
+        for st in &mut d.statuses {
+            st.reset_after = st.reset_after.saturating_sub(gone);
+            st.would_deny = false;
+        }
+        d
+    }
+
+    /// An admission from the slice: what Redis said was left after the
+    /// lease, and what this instance still holds of it.
+    fn admitted(&self, now: Nanos) -> Decision {
+        let mut d = self.aged(now);
+        d.outcome = Outcome::Allowed;
+        for st in &mut d.statuses {
+            st.remaining = st.remaining.saturating_add(self.left);
+        }
+        d
+    }
+
+    /// A refusal remembered until `until`.
+    fn refusal(&self, now: Nanos, until: Nanos) -> Decision {
+        let mut d = self.aged(now);
+        let wait = until.saturating_sub(now);
+        match &mut d.outcome {
+            Outcome::Denied(den) => den.retry_after = wait,
+            o => {
+                *o = Outcome::Denied(Denial {
+                    policy: 0,
+                    kind: self.plan.policy(0).kind(),
+                    retry_after: wait,
+                })
+            }
+        }
+        if let Outcome::Denied(den) = &d.outcome {
+            if let Some(st) = d.statuses.get_mut(den.policy) {
+                st.would_deny = true;
+            }
+        }
+        d
+    }
+}
+
+/// A slice's size: what the instance uses of the key in one slice time,
+/// at least `cost` (and 1), at most `max` (unless one request costs more)
+/// and never more than a policy holds.
+fn want(count: f64, interval: Nanos, cost: u64, max: u64, plan: &Plan) -> u64 {
+    let rate = count / (RATE_TAU_NS / 1e9);
+    let need = (rate * interval.as_secs_f64()).ceil();
+    let need = if need.is_finite() && need > 0.0 {
+        need as u64
+    } else {
+        0
+    };
+    let holds = plan
+        .policies()
+        .iter()
+        .filter(|p| !p.is_shadow())
+        .map(|p| p.quota())
+        .min()
+        .unwrap_or(u64::MAX);
+    need.min(max).max(cost).max(1).min(holds.max(cost))
+}
+
+/// When a slice taken at `now` lapses: after one slice time, or at the
+/// end of the shortest fixed window it was charged in.
+fn lapse(plan: &Plan, d: &Decision, now: Nanos, interval: Nanos) -> Nanos {
+    let mut end = now.saturating_add(interval);
+    for (p, st) in plan.policies().iter().zip(&d.statuses) {
+        if matches!(p.algorithm(), Algorithm::FixedWindow { .. }) {
+            end = end.min(now.saturating_add(st.reset_after));
+        }
+    }
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paceline_core::{Policy, PolicyStatus};
+    use smallvec::smallvec;
+
+    fn plan(max_slice: u64) -> Plan {
+        Plan::new(
+            "g",
+            vec![Policy::token_bucket("global", 2_000, 1)
+                .unwrap()
+                .with_share(Share::Leased { max_slice })],
+        )
+        .unwrap()
+    }
+
+    fn allowed(remaining: u64) -> Decision {
+        Decision {
+            outcome: Outcome::Allowed,
+            statuses: smallvec![PolicyStatus {
+                remaining,
+                reset_after: Nanos::from_millis(500),
+                would_deny: false,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_plan_is_leased_when_every_deciding_policy_is() {
+        assert_eq!(max_slice(&plan(20)), Some(20));
+        let mixed = Plan::new(
+            "m",
+            vec![
+                Policy::token_bucket("a", 10, 1)
+                    .unwrap()
+                    .with_share(Share::Leased { max_slice: 2 }),
+                Policy::token_bucket("b", 10, 1).unwrap(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(max_slice(&mixed), None);
+    }
+
+    #[test]
+    fn slices_grow_with_the_rate_up_to_the_bound() {
+        let p = plan(50);
+        let ms = Nanos::from_millis(100);
+        assert_eq!(want(0.0, ms, 1, 50, &p), 1);
+        assert_eq!(want(200.0, ms, 1, 50, &p), 20);
+        assert_eq!(want(5_000.0, ms, 1, 50, &p), 50);
+        // one request's cost beyond the bound is still one slice
+        assert_eq!(want(0.0, ms, 70, 50, &p), 70);
+    }
+
+    #[test]
+    fn decisions_come_from_the_slice_until_it_runs_out() {
+        let p = plan(10);
+        let l = Leases::new(Nanos::from_millis(100));
+        let t = Nanos::from_secs(1_000);
+        assert!(l.local(&p, 10, 7, 1, t, false).is_none());
+        l.granted(&p, 7, 10, 1, t, &allowed(1_990));
+        let mut local = 0;
+        let mut ahead = 0;
+        while let Some(Local::Decided(d, a)) = l.local(&p, 10, 7, 1, t, false) {
+            assert!(d.is_allowed());
+            local += 1;
+            ahead += usize::from(a.is_some());
+        }
+        assert_eq!(local, 9, "the slice held 10, one went to the asker");
+        assert!(ahead <= 1, "one lease ahead of need at a time");
+        // its time up, what is left goes back
+        l.granted(&p, 7, 5, 0, t, &allowed(1_980));
+        let later = t.saturating_add(Nanos::from_millis(150));
+        match l.local(&p, 10, 7, 1, later, true) {
+            Some(Local::Ask { give_back, .. }) => assert_eq!(give_back, Some((5, t))),
+            _ => panic!("an expired slice decides nothing"),
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_remembered_until_its_wait() {
+        let p = plan(10);
+        let l = Leases::new(Nanos::from_millis(100));
+        let t = Nanos::from_secs(1_000);
+        let mut d = allowed(0);
+        d.outcome = Outcome::Denied(Denial {
+            policy: 0,
+            kind: p.policy(0).kind(),
+            retry_after: Nanos::from_millis(40),
+        });
+        let until = l.refused(&p, 3, t, Nanos::from_millis(40), &d);
+        assert_eq!(until, t.saturating_add(Nanos::from_millis(40)));
+        let mid = t.saturating_add(Nanos::from_millis(15));
+        match l.local(&p, 10, 3, 1, mid, false) {
+            Some(Local::Decided(d, None)) => {
+                assert_eq!(d.denial().unwrap().retry_after, Nanos::from_millis(25));
+            }
+            _ => panic!("refused locally"),
+        }
+        let after = t.saturating_add(Nanos::from_millis(40));
+        assert!(matches!(
+            l.local(&p, 10, 3, 1, after, true),
+            Some(Local::Ask { .. })
+        ));
+    }
+
+    #[test]
+    fn a_fixed_window_slice_lapses_with_its_window() {
+        let p = Plan::new(
+            "w",
+            vec![Policy::fixed_window("w", 100, 1)
+                .unwrap()
+                .with_share(Share::Leased { max_slice: 10 })],
+        )
+        .unwrap();
+        let t = Nanos::from_secs(1_000);
+        let mut d = allowed(50);
+        d.statuses[0].reset_after = Nanos::from_millis(30);
+        assert_eq!(
+            lapse(&p, &d, t, Nanos::from_millis(100)),
+            t.saturating_add(Nanos::from_millis(30))
+        );
+    }
+}
