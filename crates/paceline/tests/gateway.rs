@@ -532,3 +532,48 @@ fn the_jwt_example_passes_check() {
     assert!(err.contains("jwt.jwks_file"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn check_states_the_overshoot_bound_of_each_leased_policy() {
+    let dir = TempDir::new("leased");
+    let text = r#"[gateway]
+listen = "127.0.0.1:0"
+upstream = "http://127.0.0.1:9"
+watch = false
+store = "redis"
+
+[gateway.redis]
+url = "redis://127.0.0.1:9"
+
+[plans.big]
+policies = [
+  { name = "rps", algorithm = "token_bucket", q = 2000, w = 1, share = "leased", max_slice = 40 },
+]
+
+[keys]
+sk_big = "big"
+"#;
+    let file = dir.file("leased.toml", text);
+    let run = |text_file: &std::path::Path, extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+            .args(["gateway", "--check"])
+            .arg(text_file)
+            .args(extra)
+            .env("PACELINE_KEY_HASH_SECRET", "a secret of the deployment")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let out = run(&file, &["--instances", "3"]);
+    assert!(
+        out.contains("leased: plan \"big\" policy \"rps\": slices of at most 40; with 3 instances at most 240 admitted beyond exact counting over any window (12.0% of q = 2000)"),
+        "{out}"
+    );
+    assert!(run(&file, &[]).contains("with 1 instance at most 80"));
+    let memory = text
+        .replace("store = \"redis\"", "")
+        .replace("[gateway.redis]\nurl = \"redis://127.0.0.1:9\"\n", "");
+    let file = dir.file("memory.toml", &memory);
+    assert!(run(&file, &[]).contains("warning: plan \"big\" policy \"rps\" is leased"));
+}

@@ -20,6 +20,10 @@ pub(crate) struct Args {
     /// Validate this configuration file and exit.
     #[arg(long, value_name = "FILE")]
     check: Option<PathBuf>,
+    /// With `--check`: the number of gateway instances sharing the store,
+    /// for the overshoot bound printed for each leased policy.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "check")]
+    instances: u64,
     /// Listen here instead of the file's `gateway.listen`.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
@@ -32,7 +36,7 @@ pub(crate) struct Args {
 /// Runs `paceline gateway`.
 pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(path) = &args.check {
-        return Ok(check(path));
+        return Ok(check(path, args.instances.max(1)));
     }
     let path = args
         .config
@@ -66,7 +70,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn check(path: &std::path::Path) -> i32 {
+fn check(path: &std::path::Path, instances: u64) -> i32 {
     match GatewayConfig::load(path) {
         Ok(c) => {
             println!(
@@ -79,6 +83,9 @@ fn check(path: &std::path::Path) -> i32 {
             for w in &c.warnings {
                 println!("warning: {w}");
             }
+            for line in leased(&c, instances) {
+                println!("{line}");
+            }
             0
         }
         Err(e) => {
@@ -86,6 +93,38 @@ fn check(path: &std::path::Path) -> i32 {
             1
         }
     }
+}
+
+/// One line per leased policy: its slices and the overshoot bound for
+/// `instances` gateways on the shared store.
+fn leased(c: &GatewayConfig, instances: u64) -> Vec<String> {
+    let shared = c.settings.redis.is_some();
+    let mut lines = Vec::new();
+    for plan in c.limits.plans() {
+        for p in plan.policies() {
+            let paceline_core::Share::Leased { max_slice } = p.share() else {
+                continue;
+            };
+            if !shared {
+                lines.push(format!(
+                    "warning: plan {:?} policy {:?} is leased, and this gateway counts in its own memory: exact, with nothing to lease from",
+                    plan.name(),
+                    p.name()
+                ));
+                continue;
+            }
+            let bound = instances.saturating_mul(2).saturating_mul(max_slice);
+            lines.push(format!(
+                "leased: plan {:?} policy {:?}: slices of at most {max_slice}; with {instances} instance{} at most {bound} admitted beyond exact counting over any window ({:.1}% of q = {})",
+                plan.name(),
+                p.name(),
+                if instances == 1 { "" } else { "s" },
+                100.0 * bound as f64 / p.quota() as f64,
+                p.quota()
+            ));
+        }
+    }
+    lines
 }
 
 async fn serve(config: GatewayConfig) -> anyhow::Result<()> {
