@@ -65,7 +65,10 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     // the first calls connect and load the functions: not measured
     for s in &stores {
         let until = Instant::now() + Duration::from_secs(10);
-        while let Err(e) = s.check_cost(&plan, "warm", Cost::requests(1), clock.now()).await {
+        while let Err(e) = s
+            .check_cost(&plan, "warm", Cost::requests(1), clock.now())
+            .await
+        {
             if Instant::now() > until {
                 return Err(format!("Redis did not answer for 10 s: {e:?}").into());
             }

@@ -45,6 +45,10 @@ use paceline_core::{Algorithm, Decision, Denial, Nanos, Outcome, Plan, Share};
 use parking_lot::Mutex;
 
 const SHARDS: usize = 16;
+/// The most keys one shard keeps a slice for: past it, a new key's
+/// decisions take no slice (each is a lease of its own cost, as exact
+/// counting would be) until idle keys are forgotten.
+const MAX_PER_SHARD: usize = 4_096;
 /// How often slices whose time is up are looked for.
 const SWEEP_EVERY: Nanos = Nanos::from_millis(250);
 /// A key with no decision for this long is forgotten (its units given
@@ -269,6 +273,11 @@ impl Leases {
         metrics::histogram!("paceline_redis_lease_slice_units").record(units as f64);
         let lapse = lapse(plan, d, now, self.interval);
         let mut shard = self.shard(hash).lock();
+        if shard.len() >= MAX_PER_SHARD && !shard.contains_key(&(plan.identity(), hash)) {
+            // no room: the request had what it asked (a new key's slice is
+            // its own cost)
+            return;
+        }
         let s = shard
             .entry((plan.identity(), hash))
             .or_insert_with(|| Slice {
@@ -315,6 +324,9 @@ impl Leases {
         d: &Decision,
     ) -> Nanos {
         let mut shard = self.shard(hash).lock();
+        if shard.len() >= MAX_PER_SHARD && !shard.contains_key(&(plan.identity(), hash)) {
+            return now.saturating_add(wait);
+        }
         let s = shard
             .entry((plan.identity(), hash))
             .or_insert_with(|| Slice {
@@ -339,6 +351,19 @@ impl Leases {
         s.denied_until = Some(until);
         s.fetching = false;
         until
+    }
+
+    /// Gives `units` of a charge back to the key's slice, while it lives
+    /// (`false`: there is none to take them; they go back to Redis).
+    pub(crate) fn refund(&self, plan: &Plan, hash: u128, units: u64, now: Nanos) -> bool {
+        let mut shard = self.shard(hash).lock();
+        match shard.get_mut(&(plan.identity(), hash)) {
+            Some(s) if s.plan == *plan && now < s.expires => {
+                s.left = s.left.saturating_add(units);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// A lease taken ahead of need failed or was refused: the key may be
@@ -551,6 +576,22 @@ mod tests {
             Some(Local::Ask { give_back, .. }) => assert_eq!(give_back, Some((5, t))),
             _ => panic!("an expired slice decides nothing"),
         }
+    }
+
+    #[test]
+    fn a_refund_goes_back_to_a_live_slice() {
+        let p = plan(10);
+        let l = Leases::new(Nanos::from_millis(100));
+        let t = Nanos::from_secs(1_000);
+        assert!(!l.refund(&p, 9, 1, t), "no slice: back to Redis");
+        l.granted(&p, 9, 10, 10, t, &allowed(1_990));
+        assert!(l.local(&p, 10, 9, 1, t, false).is_none(), "all of it used");
+        assert!(l.refund(&p, 9, 1, t));
+        assert!(
+            matches!(l.local(&p, 10, 9, 1, t, false), Some(Local::Decided(d, _)) if d.is_allowed())
+        );
+        let late = t.saturating_add(Nanos::from_millis(100));
+        assert!(!l.refund(&p, 9, 1, late), "its time up: back to Redis");
     }
 
     #[test]

@@ -949,6 +949,13 @@ impl Store for RedisStore {
                 return Ok(());
             }
         }
+        // a leased plan's charge goes back to the slice it came from,
+        // while that slice lives: no round trip
+        if crate::lease::max_slice(plan).is_some()
+            && self.inner.leases.refund(plan, hash, cost.requests, now)
+        {
+            return Ok(());
+        }
         let op = Op::Refund {
             requests: cost.requests,
             bytes: crate::script::second(plan, cost),
