@@ -77,6 +77,7 @@ pub mod clock;
 mod decision;
 mod divide;
 mod group;
+pub mod lease;
 mod limiter;
 mod plan;
 pub mod policy;

@@ -145,7 +145,6 @@ mod config;
 mod degraded;
 mod idempotency;
 mod keys;
-mod lease;
 mod link;
 mod script;
 mod standing;

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use paceline_core::{
     check_each, Algorithm, Cost, Decision, FailMode, GroupDecision, GroupItem, MemoryStore, Nanos,
-    Outcome, Plan, Policy, Store, StoreError,
+    Plan, Policy, Store, StoreError,
 };
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -22,6 +22,7 @@ use crate::keys::KeyNamer;
 use crate::link::Link;
 use crate::script::{Op, PlanCache};
 use crate::standing::Standing;
+use paceline_core::lease::Answered;
 
 /// The longest window of a token bucket or sliding window the store
 /// takes: 30 days (its arithmetic stays exact below 2^53 nanoseconds).
@@ -82,7 +83,7 @@ struct Inner {
     degraded: Option<Degraded>,
     standing: Standing,
     idempotency_deadline: std::time::Duration,
-    leases: crate::lease::Leases,
+    leases: paceline_core::lease::Leases,
 }
 
 struct Degraded {
@@ -112,7 +113,7 @@ pub fn supports(plan: &Plan) -> Result<(), String> {
     for p in plan.policies() {
         supports_policy(p)?;
     }
-    crate::lease::leasable(plan)
+    paceline_core::lease::leasable(plan)
 }
 
 fn supports_policy(p: &Policy) -> Result<(), String> {
@@ -194,7 +195,7 @@ impl RedisStore {
                 degraded,
                 standing: Standing::new(config.standing_keys),
                 idempotency_deadline: config.idempotency_deadline,
-                leases: crate::lease::Leases::new(Nanos::new(
+                leases: paceline_core::lease::Leases::new(Nanos::new(
                     config.slice.as_nanos().min(u128::from(u64::MAX)) as u64,
                 )),
             }),
@@ -472,7 +473,7 @@ impl RedisStore {
             return Err(StoreError::Protocol(e.clone()));
         }
         let hash = i.namer.hash(key);
-        if let Some(max) = crate::lease::max_slice(plan) {
+        if let Some(max) = paceline_core::lease::max_slice(plan) {
             drop(info);
             return self.decide_leased(plan, key, hash, cost, max, now).await;
         }
@@ -527,11 +528,11 @@ impl RedisStore {
         self.give_back(leases.sweep(now), now);
         let c = cost.requests;
         let (want, give) = match leases.local(plan, max, hash, c, now, true) {
-            Some(crate::lease::Local::Decided(d, ahead)) => {
+            Some(paceline_core::lease::Local::Decided(d, ahead)) => {
                 self.note_leased(ahead, plan, hash, now);
                 return Ok(d);
             }
-            Some(crate::lease::Local::Ask { want, give_back }) => (want, give_back),
+            Some(paceline_core::lease::Local::Ask { want, give_back }) => (want, give_back),
             None => (c.max(1), None),
         };
         if let Some((n, at)) = give {
@@ -564,44 +565,22 @@ impl RedisStore {
         if c == 0 {
             return Ok(d);
         }
-        let mut got = want;
-        let long = |d: &Decision| {
-            d.denial()
-                .is_some_and(|den| den.retry_after > leases.interval())
+        // a slice that comes within a slice's time is waited for,
+        // refusing meanwhile, so a key at its limit costs a round trip per
+        // slice, not per refill
+        let mut asked = want;
+        let d = loop {
+            i.standing.put(plan, hash, now, &d);
+            match leases.answer(plan, hash, asked, c, now, d, asked == want) {
+                Answered::Done(done) => break done,
+                Answered::Retry(units) => {
+                    asked = units;
+                    d = self.take(plan, hash, units, now).await?;
+                }
+            }
         };
-        if want > c && long(&d) {
-            // a whole slice is not coming soon (a window near its end, a
-            // quota spent): take what is left, or ask for the request
-            // alone; a slice that comes within a slice's time is waited
-            // for, refusing meanwhile, so a key at its limit costs a
-            // round trip per slice, not per refill
-            let left = plan
-                .policies()
-                .iter()
-                .zip(&d.statuses)
-                .filter(|(p, _)| !p.is_shadow())
-                .map(|(_, s)| s.remaining)
-                .min()
-                .unwrap_or(0);
-            got = left.clamp(c, want);
-            d = self.take(plan, hash, got, now).await?;
-        }
-        i.standing.put(plan, hash, now, &d);
-        match &d.outcome {
-            Outcome::Allowed => {
-                leases.granted(plan, hash, got, c, now, &d);
-                for s in &mut d.statuses {
-                    s.remaining = s.remaining.saturating_add(got - c);
-                }
-            }
-            Outcome::Denied(den) => {
-                let until = leases.refused(plan, hash, now, den.retry_after, &d);
-                // the refusal's wait is the one this instance keeps
-                if let Outcome::Denied(den) = &mut d.outcome {
-                    den.retry_after = until.saturating_sub(now);
-                }
-            }
-            _ => {}
+        if d.is_allowed() {
+            metrics::histogram!("paceline_redis_lease_slice_units").record(asked as f64);
         }
         Ok(d)
     }
@@ -682,6 +661,8 @@ impl RedisStore {
                     Ok(_) => {
                         this.inner.standing.forget(&plan, hash);
                         this.inner.leases.returned(units);
+                        metrics::counter!("paceline_redis_lease_returned_units_total")
+                            .increment(units);
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, units, "a slice's units were not given back")
@@ -850,11 +831,11 @@ impl Store for RedisStore {
         now: Nanos,
     ) -> Option<Result<Decision, StoreError>> {
         let hash = self.inner.namer.hash(key);
-        if let Some(max) = crate::lease::max_slice(plan) {
+        if let Some(max) = paceline_core::lease::max_slice(plan) {
             let leases = &self.inner.leases;
             self.give_back(leases.sweep(now), now);
             return match leases.local(plan, max, hash, cost.requests, now, false) {
-                Some(crate::lease::Local::Decided(d, ahead)) => {
+                Some(paceline_core::lease::Local::Decided(d, ahead)) => {
                     self.note_leased(ahead, plan, hash, now);
                     Some(Ok(d))
                 }
@@ -951,7 +932,7 @@ impl Store for RedisStore {
         }
         // a leased plan's charge goes back to the slice it came from,
         // while that slice lives: no round trip
-        if crate::lease::max_slice(plan).is_some()
+        if paceline_core::lease::max_slice(plan).is_some()
             && self.inner.leases.refund(plan, hash, cost.requests, now)
         {
             return Ok(());

@@ -41,8 +41,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use paceline_core::{Algorithm, Decision, Denial, Nanos, Outcome, Plan, Share};
 use parking_lot::Mutex;
+
+use crate::{Algorithm, Decision, Denial, Nanos, Outcome, Plan, Share};
 
 const SHARDS: usize = 16;
 /// The most keys one shard keeps a slice for: past it, a new key's
@@ -59,7 +60,7 @@ const RATE_TAU_NS: f64 = 1e9;
 
 /// The most units one slice of `plan` may hold, when every policy that
 /// decides is leased (`None`: the plan is counted exactly).
-pub(crate) fn max_slice(plan: &Plan) -> Option<u64> {
+pub fn max_slice(plan: &Plan) -> Option<u64> {
     let mut max: Option<u64> = None;
     for p in plan.policies() {
         match p.share() {
@@ -75,7 +76,7 @@ pub(crate) fn max_slice(plan: &Plan) -> Option<u64> {
 
 /// Whether `plan` can be leased: token buckets and fixed or daily
 /// windows, counted in requests.
-pub(crate) fn leasable(plan: &Plan) -> Result<(), String> {
+pub fn leasable(plan: &Plan) -> Result<(), String> {
     for p in plan.policies() {
         if !matches!(p.share(), Share::Leased { .. }) {
             continue;
@@ -83,7 +84,7 @@ pub(crate) fn leasable(plan: &Plan) -> Result<(), String> {
         let ok = matches!(
             p.algorithm(),
             Algorithm::TokenBucket | Algorithm::FixedWindow { .. }
-        ) && p.unit() == paceline_core::Unit::Requests;
+        ) && p.unit() == crate::Unit::Requests;
         if !ok {
             return Err(format!(
                 "policy {:?}: only token buckets and fixed or daily windows counted in requests are leased",
@@ -119,7 +120,8 @@ struct Slice {
 }
 
 /// What a local look at the slices concluded.
-pub(crate) enum Local {
+#[derive(Clone, Debug)]
+pub enum Local {
     /// Decided from the slice (or its remembered refusal); `Some(want)`
     /// asks for the next slice to be taken ahead of need.
     Decided(Decision, Option<u64>),
@@ -127,22 +129,57 @@ pub(crate) enum Local {
     /// holds units left from a slice whose time is up, and when they were
     /// charged.
     Ask {
+        /// The units to take.
         want: u64,
+        /// Units to give back to the shared count, and when they were
+        /// charged there.
         give_back: Option<(u64, Nanos)>,
     },
 }
 
-/// What the leases have done, for stats and metrics.
-#[derive(Default)]
-pub(crate) struct LeaseCounters {
-    pub(crate) local: AtomicU64,
-    pub(crate) calls: AtomicU64,
-    pub(crate) granted: AtomicU64,
-    pub(crate) returned: AtomicU64,
+/// What the shared count's answer to a lease means (see
+/// [`Leases::answer`]).
+#[derive(Clone, Debug)]
+pub enum Answered {
+    /// The request's decision.
+    Done(Decision),
+    /// A whole slice is not coming soon: take this many units instead
+    /// (what is left, or the request's cost alone), and answer again.
+    Retry(u64),
 }
 
-/// Every key's slice on this instance.
-pub(crate) struct Leases {
+/// What the leases have done, for stats and metrics.
+#[derive(Debug, Default)]
+pub struct LeaseCounters {
+    /// Decisions answered from a slice or a remembered refusal.
+    pub local: AtomicU64,
+    /// Leases asked of the shared count (counted by the caller).
+    pub calls: AtomicU64,
+    /// Units granted in slices.
+    pub granted: AtomicU64,
+    /// Units given back unused.
+    pub returned: AtomicU64,
+}
+
+/// Every key's slice on this instance: the local half of leased budgets,
+/// whatever holds the shared count (the Redis store, the simulator's
+/// shared state).
+///
+/// ```
+/// use paceline_core::lease::{Answered, Leases, Local};
+/// use paceline_core::{check_words, Nanos, Plan, Policy, Share};
+///
+/// let plan = Plan::new("g", vec![Policy::token_bucket("g", 100, 1).unwrap()
+///     .with_share(Share::Leased { max_slice: 10 })]).unwrap();
+/// let mut shared = vec![0u64; plan.state_words()]; // the shared count
+/// let leases = Leases::new(Nanos::from_millis(100));
+/// let now = Nanos::from_secs(1_000);
+/// let Some(Local::Ask { want, .. }) = leases.local(&plan, 10, 1, 1, now, true) else { panic!() };
+/// let (d, _) = check_words(&plan, &mut shared, now, want);
+/// let Answered::Done(d) = leases.answer(&plan, 1, want, 1, now, d, true) else { panic!() };
+/// assert!(d.is_allowed());
+/// ```
+pub struct Leases {
     shards: Vec<Mutex<HashMap<(u64, u128), Slice>>>,
     /// A slice's time (ns).
     interval: Nanos,
@@ -150,11 +187,23 @@ pub(crate) struct Leases {
     /// Redis failed a lease: until this instant (ns) the degraded limiter
     /// answers at once, and one lease a slice's time probes Redis.
     down_until: AtomicU64,
-    pub(crate) counters: LeaseCounters,
+    /// What they have done.
+    pub counters: LeaseCounters,
+}
+
+impl std::fmt::Debug for Leases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leases")
+            .field("interval", &self.interval)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Leases {
-    pub(crate) fn new(interval: Nanos) -> Leases {
+    /// Leases whose slices live `interval` (and hold what the instance
+    /// uses of a key in that time, up to the policy's `max_slice`).
+    pub fn new(interval: Nanos) -> Leases {
         Leases {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             interval: interval.max(Nanos::from_millis(1)),
@@ -165,13 +214,13 @@ impl Leases {
     }
 
     /// A slice's time.
-    pub(crate) fn interval(&self) -> Nanos {
+    pub fn interval(&self) -> Nanos {
         self.interval
     }
 
     /// Whether Redis failed a lease within the last slice's time: the
     /// first caller after that time probes it (and is told `false`).
-    pub(crate) fn down(&self, now: Nanos) -> bool {
+    pub fn down(&self, now: Nanos) -> bool {
         let until = self.down_until.load(Ordering::Relaxed);
         if now.as_u64() < until {
             return true;
@@ -190,7 +239,7 @@ impl Leases {
     }
 
     /// Redis failed (`true`) or answered a lease.
-    pub(crate) fn failed(&self, now: Nanos, failed: bool) {
+    pub fn failed(&self, now: Nanos, failed: bool) {
         let v = match failed {
             true => now.saturating_add(self.interval).as_u64(),
             false => 0,
@@ -203,7 +252,7 @@ impl Leases {
     }
 
     /// Decides from the key's slice if it can; else what to ask Redis.
-    pub(crate) fn local(
+    pub fn local(
         &self,
         plan: &Plan,
         max: u64,
@@ -260,7 +309,7 @@ impl Leases {
 
     /// Redis granted a slice of `units` (taken at `now`, its check's
     /// decision `d`), of which `used` went to the request that asked.
-    pub(crate) fn granted(
+    pub fn granted(
         &self,
         plan: &Plan,
         hash: u128,
@@ -270,7 +319,6 @@ impl Leases {
         d: &Decision,
     ) {
         self.counters.granted.fetch_add(units, Ordering::Relaxed);
-        metrics::histogram!("paceline_redis_lease_slice_units").record(units as f64);
         let lapse = lapse(plan, d, now, self.interval);
         let mut shard = self.shard(hash).lock();
         if shard.len() >= MAX_PER_SHARD && !shard.contains_key(&(plan.identity(), hash)) {
@@ -315,14 +363,7 @@ impl Leases {
     /// slice's time), so instances racing for a key at its limit do not
     /// each ask at every refill; what they leave accumulates for the next
     /// slice. Returns the instant refusals last until.
-    pub(crate) fn refused(
-        &self,
-        plan: &Plan,
-        hash: u128,
-        now: Nanos,
-        wait: Nanos,
-        d: &Decision,
-    ) -> Nanos {
+    pub fn refused(&self, plan: &Plan, hash: u128, now: Nanos, wait: Nanos, d: &Decision) -> Nanos {
         let mut shard = self.shard(hash).lock();
         if shard.len() >= MAX_PER_SHARD && !shard.contains_key(&(plan.identity(), hash)) {
             return now.saturating_add(wait);
@@ -353,9 +394,58 @@ impl Leases {
         until
     }
 
+    /// Reads the shared count's answer `d` to a lease of `asked` units
+    /// made for a request of `cost` at `now`: a grant becomes the
+    /// key's slice (the request takes its cost of it), a refusal is
+    /// remembered (its wait lengthened after refusals in a row, and
+    /// written into the decision), and a refusal whose slice would not come
+    /// within a slice's time asks, when `may_retry`, for what is left
+    /// instead.
+    #[allow(clippy::too_many_arguments)]
+    pub fn answer(
+        &self,
+        plan: &Plan,
+        hash: u128,
+        asked: u64,
+        cost: u64,
+        now: Nanos,
+        mut d: Decision,
+        may_retry: bool,
+    ) -> Answered {
+        match &d.outcome {
+            Outcome::Allowed => {
+                self.granted(plan, hash, asked, cost.min(asked), now, &d);
+                for s in &mut d.statuses {
+                    s.remaining = s.remaining.saturating_add(asked - cost.min(asked));
+                }
+            }
+            Outcome::Denied(den) => {
+                if may_retry && asked > cost && den.retry_after > self.interval {
+                    // a window near its end, a quota spent: what is left,
+                    // or the request alone
+                    let left = plan
+                        .policies()
+                        .iter()
+                        .zip(&d.statuses)
+                        .filter(|(p, _)| !p.is_shadow())
+                        .map(|(_, s)| s.remaining)
+                        .min()
+                        .unwrap_or(0);
+                    return Answered::Retry(left.clamp(cost, asked));
+                }
+                let until = self.refused(plan, hash, now, den.retry_after, &d);
+                if let Outcome::Denied(den) = &mut d.outcome {
+                    den.retry_after = until.saturating_sub(now);
+                }
+            }
+            Outcome::CostExceedsBurst { .. } => {}
+        }
+        Answered::Done(d)
+    }
+
     /// Gives `units` of a charge back to the key's slice, while it lives
     /// (`false`: there is none to take them; they go back to Redis).
-    pub(crate) fn refund(&self, plan: &Plan, hash: u128, units: u64, now: Nanos) -> bool {
+    pub fn refund(&self, plan: &Plan, hash: u128, units: u64, now: Nanos) -> bool {
         let mut shard = self.shard(hash).lock();
         match shard.get_mut(&(plan.identity(), hash)) {
             Some(s) if s.plan == *plan && now < s.expires => {
@@ -368,7 +458,7 @@ impl Leases {
 
     /// A lease taken ahead of need failed or was refused: the key may be
     /// asked for again.
-    pub(crate) fn fetch_done(&self, plan: &Plan, hash: u128) {
+    pub fn fetch_done(&self, plan: &Plan, hash: u128) {
         if let Some(s) = self.shard(hash).lock().get_mut(&(plan.identity(), hash)) {
             s.fetching = false;
         }
@@ -377,7 +467,7 @@ impl Leases {
     /// Slices whose time is up with units left, taken out to be given
     /// back (with the instant they were charged), and keys idle for long
     /// forgotten: at most every [`SWEEP_EVERY`].
-    pub(crate) fn sweep(&self, now: Nanos) -> Vec<(Plan, u128, u64, Nanos)> {
+    pub fn sweep(&self, now: Nanos) -> Vec<(Plan, u128, u64, Nanos)> {
         let due = self.next_sweep.load(Ordering::Relaxed);
         if now.as_u64() < due
             || self
@@ -407,9 +497,8 @@ impl Leases {
     }
 
     /// Units given back.
-    pub(crate) fn returned(&self, units: u64) {
+    pub fn returned(&self, units: u64) {
         self.counters.returned.fetch_add(units, Ordering::Relaxed);
-        metrics::counter!("paceline_redis_lease_returned_units_total").increment(units);
     }
 }
 
@@ -502,7 +591,7 @@ fn lapse(plan: &Plan, d: &Decision, now: Nanos, interval: Nanos) -> Nanos {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use paceline_core::{Policy, PolicyStatus};
+    use crate::{Policy, PolicyStatus};
     use smallvec::smallvec;
 
     fn plan(max_slice: u64) -> Plan {
