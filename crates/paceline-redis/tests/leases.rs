@@ -160,7 +160,9 @@ async fn a_leased_token_bucket_overshoots_by_at_most_the_stated_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_redis_counts_is_what_was_admitted_once_unused_units_go_back() {
     let server = testing::RedisServer::start();
-    let s = RedisStore::connect(config(server.url(), None)).await.unwrap();
+    let s = RedisStore::connect(config(server.url(), None))
+        .await
+        .unwrap();
     // a thousand an hour and a half: no refill to speak of within the test
     let plan = leased(Policy::token_bucket("slow", 1_000, 5_400).unwrap());
     let t = Nanos::from_secs(1_800_000_000);
@@ -176,19 +178,31 @@ async fn what_redis_counts_is_what_was_admitted_once_unused_units_go_back() {
     assert!(held.leased > 200, "{held:?}");
     // the slice's time up: a read gives back what is left, once
     let later = t.saturating_add(Nanos::from_millis(200));
-    let _ = s.check_cost(&plan, "all", Cost::requests(0), later).await.unwrap();
+    let _ = s
+        .check_cost(&plan, "all", Cost::requests(0), later)
+        .await
+        .unwrap();
     let until = std::time::Instant::now() + Duration::from_secs(5);
     while s.stats().lease_returned == 0 && std::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let back = s.stats().lease_returned;
-    let d = s.check_cost(&plan, "all", Cost::requests(0), later).await.unwrap();
-    println!("admitted 300, gave back {back}, Redis holds {} left", d.statuses[0].remaining);
+    let d = s
+        .check_cost(&plan, "all", Cost::requests(0), later)
+        .await
+        .unwrap();
+    println!(
+        "admitted 300, gave back {back}, Redis holds {} left",
+        d.statuses[0].remaining
+    );
     assert!(back > 0, "{:?}", s.stats());
     assert_eq!(d.statuses[0].remaining, 1_000 - 300);
     // and once only: a later sweep has nothing more to give
     let much_later = later.saturating_add(Nanos::from_secs(1));
-    let _ = s.check_cost(&plan, "all", Cost::requests(0), much_later).await.unwrap();
+    let _ = s
+        .check_cost(&plan, "all", Cost::requests(0), much_later)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(s.stats().lease_returned, back);
 }

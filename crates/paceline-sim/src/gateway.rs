@@ -109,6 +109,11 @@ pub struct GatewayStats {
     pub faulted: u64,
     /// Shed at the edge.
     pub dropped: u64,
+    /// Calls to the shared count: one a decision when the instances
+    /// share one count exactly, the leases (taken, ahead of need too, and
+    /// given back) when they lease ([`Counting::Leased`]); none for a
+    /// count per instance.
+    pub round_trips: u64,
 }
 
 /// How the instances of a gateway with several count.
@@ -120,6 +125,43 @@ pub enum Counting {
     PerInstance,
     /// The instances share one count (a shared store such as Redis).
     Shared,
+    /// The instances share one count and lease slices of it (the plan's
+    /// policies with `Share::Leased`), deciding from them locally, each
+    /// slice living `slice` ([`paceline_core::lease`]).
+    Leased {
+        /// A slice's time.
+        slice: Nanos,
+    },
+}
+
+/// Each instance's slices (a clone starts with none: its units stay
+/// charged in the shared count, as an instance that restarts leaves them).
+struct InstanceLeases(Vec<paceline_core::lease::Leases>);
+
+impl InstanceLeases {
+    fn new(instances: usize, slice: Nanos) -> Self {
+        InstanceLeases(
+            (0..instances)
+                .map(|_| paceline_core::lease::Leases::new(slice))
+                .collect(),
+        )
+    }
+}
+
+impl Clone for InstanceLeases {
+    fn clone(&self) -> Self {
+        let slice = self
+            .0
+            .first()
+            .map_or(Nanos::from_millis(100), |l| l.interval());
+        InstanceLeases::new(self.0.len(), slice)
+    }
+}
+
+impl std::fmt::Debug for InstanceLeases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(&self.0).finish()
+    }
 }
 
 /// The simulated gateway for keys `0..keys`, all on one plan.
@@ -132,6 +174,9 @@ pub struct Gateway {
     instances: usize,
     counting: Counting,
     next: usize,
+    /// The balancer's order of instances, repeated (none: round robin).
+    route: Vec<usize>,
+    leases: Option<InstanceLeases>,
     edge: Option<Edge>,
     faults: Vec<Fault>,
     silent: bool,
@@ -151,6 +196,8 @@ impl Gateway {
             instances: 1,
             counting: Counting::Shared,
             next: 0,
+            route: Vec::new(),
+            leases: None,
             edge: None,
             faults: Vec::new(),
             silent: false,
@@ -186,10 +233,35 @@ impl Gateway {
         self.counting = counting;
         let copies = match counting {
             Counting::PerInstance => self.instances,
-            Counting::Shared => 1,
+            _ => 1,
         };
         self.words = vec![0; self.stride * self.keys * copies];
+        self.leases = match counting {
+            Counting::Leased { slice } => Some(InstanceLeases::new(self.instances, slice)),
+            _ => None,
+        };
         self
+    }
+
+    /// Sends the instances unequal shares of the requests: instance `i`
+    /// takes `weights[i]` of every `sum(weights)` (in turn, the same
+    /// order every cycle).
+    pub fn with_weights(mut self, weights: &[u32]) -> Self {
+        self.route = weights
+            .iter()
+            .enumerate()
+            .take(self.instances)
+            .flat_map(|(i, &w)| std::iter::repeat_n(i, w as usize))
+            .collect();
+        self
+    }
+
+    /// The instance that takes the next request.
+    fn instance(&self) -> usize {
+        match self.route.is_empty() {
+            true => self.next % self.instances,
+            false => self.route[self.next % self.route.len()],
+        }
     }
 
     /// The number of instances behind the balancer.
@@ -201,8 +273,8 @@ impl Gateway {
     /// request.
     fn state_range(&self, key: usize) -> std::ops::Range<usize> {
         let copy = match self.counting {
-            Counting::PerInstance => self.next % self.instances,
-            Counting::Shared => 0,
+            Counting::PerInstance => self.instance(),
+            _ => 0,
         };
         let at = (copy * self.keys + key) * self.stride;
         at..at + self.stride
@@ -255,8 +327,16 @@ impl Gateway {
             };
         }
         let range = self.state_range(key);
+        let instance = self.instance();
         self.next = self.next.wrapping_add(1);
-        let (d, _) = check_words(&self.plan, &mut self.words[range], now, cost);
+        let d = match self.counting {
+            Counting::Leased { .. } => self.leased(instance, key, cost, now),
+            Counting::Shared => {
+                self.stats.round_trips += 1;
+                check_words(&self.plan, &mut self.words[range], now, cost).0
+            }
+            _ => check_words(&self.plan, &mut self.words[range], now, cost).0,
+        };
         if self.silent && !d.is_allowed() {
             self.stats.faulted += 1;
             return Answer {
@@ -283,6 +363,55 @@ impl Gateway {
         Answer {
             verdict,
             decision: Some(d),
+        }
+    }
+
+    /// A decision of `instance` from its slices of `key`, taking a slice
+    /// from the shared count when they cannot answer (the same steps as
+    /// the Redis store's, on the simulator's shared state).
+    fn leased(&mut self, instance: usize, key: usize, cost: u64, now: Nanos) -> Decision {
+        use paceline_core::lease::{max_slice, Answered, Local};
+        let range = self.state_range(key);
+        let leases = &self.leases.as_ref().expect("leased counting has leases").0[instance];
+        let plan = &self.plan;
+        // slices whose time is up give back what they did not use
+        for (_, h, units, at) in leases.sweep(now) {
+            self.stats.round_trips += 1;
+            let back = paceline_core::Cost::requests(units);
+            let r = self.stride * h as usize;
+            paceline_core::refund_words(plan, &mut self.words[r..r + self.stride], back, at, now);
+            leases.returned(units);
+        }
+        let words = &mut self.words[range];
+        let hash = key as u128;
+        let max = max_slice(plan).unwrap_or(cost.max(1));
+        let (want, give_back) = match leases.local(plan, max, hash, cost, now, true) {
+            Some(Local::Decided(d, ahead)) => {
+                if let Some(want) = ahead {
+                    // taken ahead of need: in the simulator, at once
+                    self.stats.round_trips += 1;
+                    let (taken, _) = check_words(plan, words, now, want);
+                    let _ = leases.answer(plan, hash, want, 0, now, taken, false);
+                }
+                return d;
+            }
+            Some(Local::Ask { want, give_back }) => (want, give_back),
+            None => (cost.max(1), None),
+        };
+        if let Some((units, at)) = give_back {
+            self.stats.round_trips += 1;
+            let back = paceline_core::Cost::requests(units);
+            paceline_core::refund_words(plan, words, back, at, now);
+            leases.returned(units);
+        }
+        let mut asked = want;
+        loop {
+            self.stats.round_trips += 1;
+            let (d, _) = check_words(plan, words, now, asked);
+            match leases.answer(plan, hash, asked, cost, now, d, asked == want) {
+                Answered::Done(d) => return d,
+                Answered::Retry(units) => asked = units,
+            }
         }
     }
 

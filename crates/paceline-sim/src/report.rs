@@ -193,13 +193,17 @@ pub struct ThrottlePoint {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ServersReport {
-    /// Gateway instances behind the round-robin balancer.
+    /// Gateway instances behind the balancer.
     pub instances: u32,
     /// Seconds the fleet sent for.
     pub seconds: u64,
     /// What one count admits in that time: the published limit.
     pub limit: u64,
-    /// `per_instance` first, then `shared`.
+    /// Each instance's share of the requests (`None`: round robin).
+    pub weights: Option<Vec<u32>>,
+    /// The largest slice of the leased run.
+    pub max_slice: u64,
+    /// `per_instance` first, then `shared`, then `leased`.
     pub runs: Vec<ServersRun>,
     /// The seed of the run.
     pub seed: u64,
@@ -224,6 +228,10 @@ pub struct ServersRun {
     pub jobs_done: u64,
     /// Admissions in each second of the run.
     pub admitted_per_s: Vec<u64>,
+    /// Calls to the shared count (none for a count per instance).
+    pub round_trips: u64,
+    /// `round_trips` per request received.
+    pub round_trips_per_decision: f64,
 }
 
 /// Rounds to milliseconds' worth of decimals, so JSON stays short.

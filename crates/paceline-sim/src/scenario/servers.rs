@@ -13,19 +13,27 @@
 //! store) each instance grants the key that budget again, so the key gets
 //! about `instances ×` the published limit: the headers promise a limit
 //! the deployment does not enforce. With a shared count (the Redis store)
-//! the instances together admit exactly the limit.
+//! the instances together admit exactly the limit, at one round trip a
+//! decision. Leased (`share = "leased"`, slices of at most `max_slice`;
+//! [`paceline_core::lease`], the code the Redis store runs) the instances
+//! decide from slices of the shared count: the admitted count stays
+//! within the limit plus the stated bound (`instances × 2 × max_slice`),
+//! at a fraction of a round trip a decision. `weights` sends the
+//! instances unequal shares of the traffic.
 //!
 //! ```
 //! use paceline_sim::scenario::servers::{self, ServersParams};
 //!
 //! let r = servers::run(&ServersParams { seconds: 30, ..Default::default() }, 1);
 //! assert_eq!(r.limit, 320);
-//! let [alone, shared] = &r.runs[..] else { panic!() };
+//! let [alone, shared, leased] = &r.runs[..] else { panic!() };
 //! assert!((319..=320).contains(&shared.admitted));
 //! assert!(alone.admitted >= 3 * 320 - 3);
+//! assert!(leased.admitted <= 320 + 3 * 2 * 4);
+//! assert!(leased.round_trips < shared.round_trips);
 //! ```
 
-use paceline_core::{ManualClock, Nanos, Plan, Policy};
+use paceline_core::{ManualClock, Nanos, Plan, Policy, Share};
 
 use crate::fleet::{self, AnyFleet, Fleet, FleetSpec, Naive, Network};
 use crate::gateway::{Counting, Gateway};
@@ -52,6 +60,10 @@ pub struct ServersParams {
     pub retry: Nanos,
     /// One-way latency.
     pub latency: Nanos,
+    /// Each instance's share of the requests (`None`: round robin).
+    pub weights: Option<Vec<u32>>,
+    /// The largest slice of the leased run.
+    pub max_slice: u64,
 }
 
 impl Default for ServersParams {
@@ -65,6 +77,8 @@ impl Default for ServersParams {
             daily: 1_000,
             retry: Nanos::from_millis(100),
             latency: Nanos::from_millis(10),
+            weights: None,
+            max_slice: 4,
         }
     }
 }
@@ -77,12 +91,16 @@ impl ServersParams {
         self.daily.min(self.burst.saturating_add(refilled))
     }
 
-    fn plan(&self) -> Plan {
+    fn plan(&self, share: Share) -> Plan {
         Plan::new(
             "servers",
             vec![
-                Policy::token_bucket("burst", self.burst, self.window_s).expect("a valid bucket"),
-                Policy::daily("daily", self.daily).expect("a valid quota"),
+                Policy::token_bucket("burst", self.burst, self.window_s)
+                    .expect("a valid bucket")
+                    .with_share(share),
+                Policy::daily("daily", self.daily)
+                    .expect("a valid quota")
+                    .with_share(share),
             ],
         )
         .expect("two policies")
@@ -93,7 +111,10 @@ impl ServersParams {
 /// shared count.
 pub fn run(params: &ServersParams, seed: u64) -> ServersReport {
     let limit = params.limit();
-    let runs = [Counting::PerInstance, Counting::Shared]
+    let leased = Counting::Leased {
+        slice: Nanos::from_millis(100),
+    };
+    let runs = [Counting::PerInstance, Counting::Shared, leased]
         .into_iter()
         .map(|counting| one(params, counting, limit))
         .collect();
@@ -101,6 +122,8 @@ pub fn run(params: &ServersParams, seed: u64) -> ServersReport {
         instances: params.instances,
         seconds: params.seconds,
         limit,
+        weights: params.weights.clone(),
+        max_slice: params.max_slice,
         runs,
         seed,
     }
@@ -108,7 +131,17 @@ pub fn run(params: &ServersParams, seed: u64) -> ServersReport {
 
 fn one(params: &ServersParams, counting: Counting, limit: u64) -> ServersRun {
     let clock = ManualClock::new(START);
-    let mut gw = Gateway::new(params.plan(), 1).with_instances(params.instances as usize, counting);
+    let share = match counting {
+        Counting::Leased { .. } => Share::Leased {
+            max_slice: params.max_slice.max(1),
+        },
+        _ => Share::Exact,
+    };
+    let mut gw =
+        Gateway::new(params.plan(share), 1).with_instances(params.instances as usize, counting);
+    if let Some(w) = &params.weights {
+        gw = gw.with_weights(w);
+    }
     let spec = FleetSpec {
         name: "naive".into(),
         workers: params.workers,
@@ -138,9 +171,12 @@ fn one(params: &ServersParams, counting: Counting, limit: u64) -> ServersRun {
     ServersRun {
         store: match counting {
             Counting::PerInstance => "per_instance",
+            Counting::Leased { .. } => "leased",
             _ => "shared",
         }
         .into(),
+        round_trips: stats.round_trips,
+        round_trips_per_decision: round3(stats.round_trips as f64 / stats.received.max(1) as f64),
         requests: stats.received,
         admitted: stats.served,
         rejected_429: stats.limited,
@@ -164,6 +200,7 @@ pub fn svg(report: &ServersReport) -> String {
     for (i, r) in report.runs.iter().enumerate() {
         let label = match r.store.as_str() {
             "per_instance" => "a count per instance (memory store)",
+            "leased" => "one shared count, leased slices (redis store)",
             _ => "one shared count (redis store)",
         };
         let mut total = 0;
@@ -181,7 +218,7 @@ pub fn svg(report: &ServersReport) -> String {
             vec![(0.0, limit), (report.seconds as f64, limit)],
         )
         .dashed()
-        .color(2),
+        .color(3),
     );
     chart.render()
 }
@@ -196,24 +233,39 @@ pub fn table(report: &ServersReport) -> String {
             vec![
                 match r.store.as_str() {
                     "per_instance" => "a count per instance (memory)".to_string(),
+                    "leased" => "one shared count, leased (redis)".to_string(),
                     _ => "one shared count (redis)".to_string(),
                 },
                 count(r.requests),
                 count(r.admitted),
                 count(r.rejected_429),
                 format!("{:.2}×", r.admitted_per_limit),
+                format!("{:.3}", r.round_trips_per_decision),
             ]
         })
         .collect();
     let mut t = crate::table::render(
-        &["counting", "requests", "admitted", "429s", "of the limit"],
+        &[
+            "counting",
+            "requests",
+            "admitted",
+            "429s",
+            "of the limit",
+            "round trips a decision",
+        ],
         &rows,
     );
     t.push_str(&format!(
-        "\n{} instances, round robin, {} s: the published limit allows {} (burst, then the refill rate, never past the daily quota).\n",
+        "\n{} instances, {}, {} s: the published limit allows {} (burst, then the refill rate, never past the daily quota); leased slices of at most {} stay within it plus {}.\n",
         report.instances,
+        match &report.weights {
+            Some(w) => format!("weighted {w:?}"),
+            None => "round robin".to_string(),
+        },
         report.seconds,
-        count(report.limit)
+        count(report.limit),
+        report.max_slice,
+        u64::from(report.instances) * 2 * report.max_slice,
     ));
     t
 }
@@ -260,6 +312,38 @@ mod tests {
         assert!(table(&r).contains("3.00×"));
         assert_eq!(r.runs[1].admitted_per_s.iter().sum::<u64>(), 1_000);
         assert!(svg(&r).contains("the published limit"));
+    }
+
+    #[test]
+    fn leased_slices_hold_the_limit_within_the_bound_at_a_fraction_of_the_round_trips() {
+        // a global limit of 2,000 a second, offered far more, unevenly
+        let p = ServersParams {
+            seconds: 10,
+            burst: 2_000,
+            window_s: 1,
+            daily: 100_000_000,
+            workers: 100,
+            retry: Nanos::from_millis(10),
+            latency: Nanos::from_millis(5),
+            weights: Some(vec![3, 2, 1]),
+            max_slice: 40,
+            ..Default::default()
+        };
+        let r = run(&p, 1);
+        let (shared, leased) = (&r.runs[1], &r.runs[2]);
+        assert_eq!(r.limit, 22_000);
+        assert_eq!(shared.admitted, 22_000);
+        let bound = 3 * 2 * 40;
+        assert!(leased.admitted <= r.limit + bound, "{}", leased.admitted);
+        assert!(leased.admitted * 100 >= r.limit * 95, "{}", leased.admitted);
+        assert_eq!(shared.round_trips_per_decision, 1.0);
+        assert!(leased.round_trips_per_decision <= 0.05, "{leased:?}");
+        // each second within the limit's refill plus the bound, after the
+        // first (which also spends the full bucket)
+        for (s, &n) in leased.admitted_per_s.iter().enumerate().skip(1) {
+            assert!(n <= 2_000 + bound, "second {s}: {n}");
+        }
+        assert!(table(&r).contains("leased"));
     }
 
     #[test]

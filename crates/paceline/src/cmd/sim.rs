@@ -187,6 +187,13 @@ struct ServersArgs {
     /// One-way latency, in milliseconds.
     #[arg(long = "latency-ms", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     latency_ms: u64,
+    /// Each instance's share of the requests, comma-separated (`3,2,1`:
+    /// the first takes half); round robin when left out.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=1_000))]
+    weights: Option<Vec<u32>>,
+    /// The largest slice of the leased run.
+    #[arg(long = "max-slice", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_slice: u64,
 }
 
 /// Runs `paceline sim`.
@@ -272,7 +279,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
                 daily: a.daily,
                 retry: Nanos::from_millis(a.retry_ms),
                 latency: Nanos::from_millis(a.latency_ms),
+                weights: a.weights.clone(),
+                max_slice: a.max_slice,
             };
+            if let Some(w) = &p.weights {
+                if w.len() != p.instances as usize || w.iter().all(|&x| x == 0) {
+                    anyhow::bail!(
+                        "--weights: give one weight per instance ({}), not all zero",
+                        p.instances
+                    );
+                }
+            }
             let r = servers::run(&p, a.out.seed);
             emit(&a.out, &r, || servers::table(&r), || servers::svg(&r))
         }
