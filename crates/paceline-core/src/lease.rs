@@ -309,38 +309,15 @@ impl Leases {
 
     /// Redis granted a slice of `units` (taken at `now`, its check's
     /// decision `d`), of which `used` went to the request that asked.
-    pub fn granted(
-        &self,
-        plan: &Plan,
-        hash: u128,
-        units: u64,
-        used: u64,
-        now: Nanos,
-        d: &Decision,
-    ) {
+    fn granted(&self, plan: &Plan, hash: u128, units: u64, used: u64, now: Nanos, d: &Decision) {
         self.counters.granted.fetch_add(units, Ordering::Relaxed);
         let lapse = lapse(plan, d, now, self.interval);
         let mut shard = self.shard(hash).lock();
-        if shard.len() >= MAX_PER_SHARD && !shard.contains_key(&(plan.identity(), hash)) {
-            // no room: the request had what it asked (a new key's slice is
-            // its own cost)
+        // no room: the request had what it asked (a new key's slice is its
+        // own cost)
+        let Some(s) = slice_of(&mut shard, plan, hash, now, d) else {
             return;
-        }
-        let s = shard
-            .entry((plan.identity(), hash))
-            .or_insert_with(|| Slice {
-                plan: plan.clone(),
-                left: 0,
-                taken_at: now,
-                expires: now,
-                seen: d.clone(),
-                seen_at: now,
-                denied_until: None,
-                refusals: 0,
-                count: 0.0,
-                last: now,
-                fetching: false,
-            });
+        };
         s.refusals = 0;
         if used > 0 {
             s.tick(now, used);
@@ -363,26 +340,11 @@ impl Leases {
     /// slice's time), so instances racing for a key at its limit do not
     /// each ask at every refill; what they leave accumulates for the next
     /// slice. Returns the instant refusals last until.
-    pub fn refused(&self, plan: &Plan, hash: u128, now: Nanos, wait: Nanos, d: &Decision) -> Nanos {
+    fn refused(&self, plan: &Plan, hash: u128, now: Nanos, wait: Nanos, d: &Decision) -> Nanos {
         let mut shard = self.shard(hash).lock();
-        if shard.len() >= MAX_PER_SHARD && !shard.contains_key(&(plan.identity(), hash)) {
+        let Some(s) = slice_of(&mut shard, plan, hash, now, d) else {
             return now.saturating_add(wait);
-        }
-        let s = shard
-            .entry((plan.identity(), hash))
-            .or_insert_with(|| Slice {
-                plan: plan.clone(),
-                left: 0,
-                taken_at: now,
-                expires: now,
-                seen: d.clone(),
-                seen_at: now,
-                denied_until: None,
-                refusals: 0,
-                count: 0.0,
-                last: now,
-                fetching: false,
-            });
+        };
         let factor = 1u64 << s.refusals.min(8);
         let longer = Nanos::new(wait.as_u64().saturating_mul(factor)).min(self.interval.max(wait));
         let until = now.saturating_add(longer);
@@ -500,6 +462,34 @@ impl Leases {
     pub fn returned(&self, units: u64) {
         self.counters.returned.fetch_add(units, Ordering::Relaxed);
     }
+}
+
+/// The key's slice, empty when it had none; `None` when the shard has no
+/// room for another key.
+fn slice_of<'a>(
+    shard: &'a mut HashMap<(u64, u128), Slice>,
+    plan: &Plan,
+    hash: u128,
+    now: Nanos,
+    d: &Decision,
+) -> Option<&'a mut Slice> {
+    let k = (plan.identity(), hash);
+    if shard.len() >= MAX_PER_SHARD && !shard.contains_key(&k) {
+        return None;
+    }
+    Some(shard.entry(k).or_insert_with(|| Slice {
+        plan: plan.clone(),
+        left: 0,
+        taken_at: now,
+        expires: now,
+        seen: d.clone(),
+        seen_at: now,
+        denied_until: None,
+        refusals: 0,
+        count: 0.0,
+        last: now,
+        fetching: false,
+    }))
 }
 
 impl Slice {

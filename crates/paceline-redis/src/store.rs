@@ -623,17 +623,10 @@ impl RedisStore {
             match this.take(&plan, hash, want, now).await {
                 Ok(d) => {
                     this.inner.standing.put(&plan, hash, now, &d);
-                    match d.denial() {
-                        None => this.inner.leases.granted(&plan, hash, want, 0, now, &d),
-                        // refused: the slice held goes on; none is asked
-                        // for again before the wait
-                        Some(den) => {
-                            let _ =
-                                this.inner
-                                    .leases
-                                    .refused(&plan, hash, now, den.retry_after, &d);
-                        }
-                    }
+                    // refused: the slice held goes on, and none is asked
+                    // for again before the wait
+                    let leases = &this.inner.leases;
+                    let _ = leases.answer(&plan, hash, want, 0, now, d, false);
                 }
                 Err(_) => this.inner.leases.fetch_done(&plan, hash),
             }
