@@ -209,17 +209,19 @@ async fn what_redis_counts_is_what_was_admitted_once_unused_units_go_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_gone_an_instance_decides_from_its_slice_then_its_share() {
-    let mut server = testing::RedisServer::start();
+    let server = testing::RedisServer::start();
     let share = 0.1;
     let stores = stores(&server.url(), Some(share)).await;
     let plan = leased(Policy::fixed_window("global", LIMIT, 1).unwrap());
     let t0 = 1_800_000_000;
     let warm = run(&stores, &plan, t0, 2).await;
     report("before the outage", &warm);
-    server.kill();
-    let r = run(&stores, &plan, t0 + 2, 1).await;
-    println!("Redis gone: admitted per second {:?}", r.per_second);
-    // each instance: at most its slice, then its degraded share of the window
+    // stopped for 5 s (its calls go unanswered until the deadline)
+    server.pause();
+    let r = run(&stores, &plan, t0 + 2, 5).await;
+    server.resume();
+    println!("Redis stopped: admitted per second {:?}", r.per_second);
+    // each instance: at most its slices, then its degraded share of the window
     let most = INSTANCES * (2 * MAX_SLICE + (LIMIT as f64 * share) as u64);
     for (i, &n) in r.per_second.iter().enumerate() {
         assert!(n <= most, "second {i} without Redis: {n} > {most}");
@@ -227,4 +229,23 @@ async fn with_redis_gone_an_instance_decides_from_its_slice_then_its_share() {
     }
     let degraded: u64 = stores.iter().map(|s| s.stats().degraded).sum();
     assert!(degraded > 0);
+    // back: the shared count decides again, a second at a time exactly
+    let after = run(&stores, &plan, t0 + 7, 3).await;
+    println!("Redis back: admitted per second {:?}", after.per_second);
+    for (i, &n) in after.per_second.iter().enumerate().skip(1) {
+        assert!(n <= LIMIT, "second {i} after: {n}");
+        assert!(n * 100 >= LIMIT * 95, "second {i} after: {n}");
+    }
+    // and what Redis counted in the last second is what was admitted in it
+    let last = Nanos::from_secs(t0 + 9).saturating_add(Nanos::from_millis(999));
+    let d = stores[0]
+        .check_cost(&plan, "all", Cost::requests(0), last)
+        .await
+        .unwrap();
+    let held: u64 = after.per_second[2];
+    assert!(
+        LIMIT - d.statuses[0].remaining >= held,
+        "Redis counts {} of {held} admitted",
+        LIMIT - d.statuses[0].remaining
+    );
 }
