@@ -159,6 +159,9 @@ pub struct LeaseCounters {
     pub granted: AtomicU64,
     /// Units given back unused.
     pub returned: AtomicU64,
+    /// Units held unused in live slices at the last sweep: this
+    /// instance's part of the overshoot a window may see.
+    pub held: AtomicU64,
 }
 
 /// Every key's slice on this instance: the local half of leased budgets,
@@ -428,8 +431,9 @@ impl Leases {
 
     /// Slices whose time is up with units left, taken out to be given
     /// back (with the instant they were charged), and keys idle for long
-    /// forgotten: at most every [`SWEEP_EVERY`].
-    pub fn sweep(&self, now: Nanos) -> Vec<(Plan, u128, u64, Nanos)> {
+    /// forgotten: at most every [`SWEEP_EVERY`] (`None` between sweeps).
+    /// A sweep also counts the units held ([`LeaseCounters::held`]).
+    pub fn sweep(&self, now: Nanos) -> Option<Vec<(Plan, u128, u64, Nanos)>> {
         let due = self.next_sweep.load(Ordering::Relaxed);
         if now.as_u64() < due
             || self
@@ -442,9 +446,10 @@ impl Leases {
                 )
                 .is_err()
         {
-            return Vec::new();
+            return None;
         }
         let mut back = Vec::new();
+        let mut held = 0u64;
         for shard in &self.shards {
             let mut g = shard.lock();
             g.retain(|&(_, hash), s| {
@@ -452,10 +457,12 @@ impl Leases {
                     back.push((s.plan.clone(), hash, s.left, s.taken_at));
                     s.left = 0;
                 }
+                held = held.saturating_add(s.left);
                 s.fetching || now.saturating_sub(s.last) < IDLE
             });
         }
-        back
+        self.counters.held.store(held, Ordering::Relaxed);
+        Some(back)
     }
 
     /// Units given back.

@@ -536,7 +536,7 @@ impl RedisStore {
             None => (c.max(1), None),
         };
         if let Some((n, at)) = give {
-            self.give_back(vec![(plan.clone(), hash, n, at)], now);
+            self.give_back(Some(vec![(plan.clone(), hash, n, at)]), now);
         }
         if i.degraded.is_some() && leases.down(now) {
             // Redis failed a moment ago: no wait for it on every decision
@@ -635,7 +635,12 @@ impl RedisStore {
 
     /// Gives back the units of slices whose time is up (each with the
     /// instant it was charged), off the deciding path.
-    fn give_back(&self, items: Vec<(Plan, u128, u64, Nanos)>, now: Nanos) {
+    fn give_back(&self, swept: Option<Vec<(Plan, u128, u64, Nanos)>>, now: Nanos) {
+        let Some(items) = swept else {
+            return;
+        };
+        let held = self.inner.leases.counters.held.load(Ordering::Relaxed);
+        metrics::gauge!("paceline_redis_lease_units_held").set(held as f64);
         if items.is_empty() {
             return;
         }

@@ -375,7 +375,7 @@ impl Gateway {
         let leases = &self.leases.as_ref().expect("leased counting has leases").0[instance];
         let plan = &self.plan;
         // slices whose time is up give back what they did not use
-        for (_, h, units, at) in leases.sweep(now) {
+        for (_, h, units, at) in leases.sweep(now).unwrap_or_default() {
             self.stats.round_trips += 1;
             let back = paceline_core::Cost::requests(units);
             let r = self.stride * h as usize;
