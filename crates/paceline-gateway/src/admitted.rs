@@ -28,10 +28,10 @@ use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use paceline_server::idempotency::IdempotencyBody;
-use paceline_server::{Criticality, RouteInfo, UpstreamFailed};
+use paceline_server::{Criticality, HttpFuture, RouteInfo, UpstreamFailed};
 use tower_service::Service;
 
-use crate::intake::{refusal_answer, Intake, Refusal, RequestBody};
+use crate::intake::{refusal_answer, Begun, Intake, Refusal, RequestBody};
 use crate::proxy::ProxyBody;
 use crate::shed::{CurrentLimits, ShedTicket, Shedder};
 
@@ -85,48 +85,168 @@ where
 {
     type Response = Response<InnerBody>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = AdmittedFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        use http_body::Body;
+        if !req.body().is_end_stream() {
+            return self.later(req);
+        }
+        // a request without a body is handed on at once: no future of
+        // this stage's own to make, move or box
+        let this = &*self.shared;
+        let req = match this.intake.begin(req, this.peer) {
+            Ok(Begun::Taken(req)) => req,
+            Ok(Begun::Waiting(req)) => return self.wait(req),
+            Err(r) => return AdmittedFuture::answer(this.refused(r)),
+        };
+        match this.redeem(&req) {
+            Ok(ticket) => AdmittedFuture::Call {
+                call: self.inner.call(req),
+                ticket,
+            },
+            Err(r) => AdmittedFuture::answer(this.refused(r)),
+        }
+    }
+}
+
+impl<S> Admitted<S>
+where
+    S: Service<Request<RequestBody>, Response = Response<InnerBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    /// The future of a request with a body, boxed: its intake starts when
+    /// it is first polled, by when what came with the head has been read
+    /// (a body that came whole with its head then needs no receiving
+    /// place), and waits for the rest if it must.
+    fn later(&mut self, req: Request<Incoming>) -> AdmittedFuture<S::Future> {
         // the clone polled ready is the one called
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let this = self.shared.clone();
-        Box::pin(async move {
-            let req = match this.intake.take(req, this.peer).await {
-                Ok(req) => req,
-                Err(r) => return Ok(this.refused(r)),
-            };
-            // the unit of in-flight capacity the shed layer found room
-            // for from the head, taken now the body can flow; the shed
-            // layer finds it in the answer and holds it to the body's end
-            let ticket = match this.shedder.settings().max_in_flight {
-                0 => None,
-                _ => {
-                    let c = req
-                        .extensions()
-                        .get::<RouteInfo>()
-                        .map_or(Criticality::Critical, |r| r.criticality);
-                    match ShedTicket::redeem(&this.shedder, c) {
-                        Some(t) => Some(t),
-                        None => return Ok(this.refused(Refusal::Overloaded)),
-                    }
+        AdmittedFuture::Waiting {
+            fut: Box::pin(async move {
+                let req = match this.intake.begin(req, this.peer) {
+                    Ok(Begun::Taken(req)) => Ok(req),
+                    Ok(Begun::Waiting(req)) => this.intake.wait(req).await,
+                    Err(r) => Err(r),
+                };
+                let req = match req {
+                    Ok(req) => req,
+                    Err(r) => return Ok(this.refused(r)),
+                };
+                let ticket = match this.redeem(&req) {
+                    Ok(ticket) => ticket,
+                    Err(r) => return Ok(this.refused(r)),
+                };
+                let mut res = inner.call(req).await?;
+                if let Some(t) = ticket {
+                    res.extensions_mut().insert(t);
                 }
-            };
-            let mut res = inner.call(req).await?;
-            if let Some(t) = ticket {
-                res.extensions_mut().insert(t);
+                Ok(res)
+            }),
+        }
+    }
+
+    /// The future of a request whose body is still to come: it waits for
+    /// the intake in a box of its own, then goes on as [`Service::call`]
+    /// does.
+    fn wait(&mut self, req: Box<Request<RequestBody>>) -> AdmittedFuture<S::Future> {
+        // the clone polled ready is the one called
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let this = self.shared.clone();
+        AdmittedFuture::Waiting {
+            fut: Box::pin(async move {
+                let req = match this.intake.wait(req).await {
+                    Ok(req) => req,
+                    Err(r) => return Ok(this.refused(r)),
+                };
+                let ticket = match this.redeem(&req) {
+                    Ok(ticket) => ticket,
+                    Err(r) => return Ok(this.refused(r)),
+                };
+                let mut res = inner.call(req).await?;
+                if let Some(t) = ticket {
+                    res.extensions_mut().insert(t);
+                }
+                Ok(res)
+            }),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Admitted`]: a refusal ready at once, the inner call
+    /// (holding the request's unit of in-flight capacity), or a request
+    /// waiting for its body, boxed.
+    #[project = AdmittedProj]
+    pub(crate) enum AdmittedFuture<F: HttpFuture> {
+        /// Refused here.
+        Ready { res: Option<Response<F::Body>> },
+        /// Handed on.
+        Call {
+            #[pin]
+            call: F,
+            ticket: Option<ShedTicket>,
+        },
+        /// Its body still to come.
+        Waiting { fut: Pin<Box<dyn Future<Output = Result<Response<F::Body>, F::Error>> + Send>> },
+    }
+}
+
+impl<F: HttpFuture> AdmittedFuture<F> {
+    fn answer(res: Response<F::Body>) -> Self {
+        AdmittedFuture::Ready { res: Some(res) }
+    }
+}
+
+// its body and error are the inner future's (see `HttpFuture`)
+impl<F: HttpFuture> Future for AdmittedFuture<F> {
+    type Output = Result<Response<F::Body>, F::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            AdmittedProj::Ready { res } => {
+                Poll::Ready(Ok(res.take().expect("polled after completion")))
             }
-            Ok(res)
-        })
+            AdmittedProj::Call { call, ticket } => {
+                let mut res = std::task::ready!(call.poll(cx))?;
+                // the shed layer finds the unit in the answer and holds it
+                // to the body's end
+                if let Some(t) = ticket.take() {
+                    res.extensions_mut().insert(t);
+                }
+                Poll::Ready(Ok(res))
+            }
+            AdmittedProj::Waiting { fut } => fut.as_mut().poll(cx),
+        }
     }
 }
 
 impl Shared {
+    /// The unit of in-flight capacity the shed layer found room for from
+    /// the head, taken now the body can flow (none when shedding is off);
+    /// the shed layer finds it in the answer and holds it to the body's
+    /// end. `Err` when there is no room left by now.
+    fn redeem<B>(&self, req: &Request<B>) -> Result<Option<ShedTicket>, Refusal> {
+        if self.shedder.settings().max_in_flight == 0 {
+            return Ok(None);
+        }
+        let c = req
+            .extensions()
+            .get::<RouteInfo>()
+            .map_or(Criticality::Critical, |r| r.criticality);
+        match ShedTicket::redeem(&self.shedder, c) {
+            Some(t) => Ok(Some(t)),
+            None => Err(Refusal::Overloaded),
+        }
+    }
+
     /// The answer to a request refused here, marked for the limit layer.
     fn refused(&self, r: Refusal) -> Response<InnerBody> {
         let limits = (self.limits)();

@@ -113,10 +113,12 @@ impl<B: Body<Data = Bytes>> Body for Tracked<B> {
         self.project().body.poll_frame(cx)
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         self.body.is_end_stream()
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
     }

@@ -657,6 +657,7 @@ impl Intake {
 
     /// Takes `req`'s body in from client `peer`: the request to hand on,
     /// or why it is refused.
+    #[cfg(test)]
     pub(crate) async fn take<B>(
         &self,
         req: Request<B>,
@@ -666,9 +667,29 @@ impl Intake {
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
+        match self.begin(req, peer)? {
+            Begun::Taken(req) => Ok(req),
+            Begun::Waiting(waiting) => self.wait(waiting).await,
+        }
+    }
+
+    /// What of `req`'s body can be taken in from client `peer` without
+    /// waiting: the request to hand on when that was enough (no body, or
+    /// all the intake wants of it already in memory), else the request
+    /// holding its receiving place for [`wait`](Self::wait), or why it is
+    /// refused. Done from a reference, with no future: a request without
+    /// a body to wait for costs none.
+    pub(crate) fn begin<B>(&self, req: Request<B>, peer: IpAddr) -> Result<Begun<B>, Refusal>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
         let (mut parts, body) = req.into_parts();
         if body.is_end_stream() {
-            return Ok(Request::from_parts(parts, RequestBody::empty()));
+            return Ok(Begun::Taken(Request::from_parts(
+                parts,
+                RequestBody::empty(),
+            )));
         }
         let now = self.clock.now();
         let announced = body.size_hint().exact().is_some();
@@ -693,13 +714,28 @@ impl Intake {
         // what came with the head is in memory already: taken, counted
         if take_ready(&mut rb, want)? {
             read_ahead(&mut rb)?;
-            return Ok(Request::from_parts(parts, rb));
+            return Ok(Begun::Taken(Request::from_parts(parts, rb)));
         }
         // the rest has to be waited for: a place, and room for it
         rb.place = Some(self.receiving.try_take(peer).ok_or_else(|| {
             crate::metrics::intake_refused("receiving");
             Refusal::Overloaded
         })?);
+        Ok(Begun::Waiting(Box::new(Request::from_parts(parts, rb))))
+    }
+
+    /// Waits for the rest of the intake of a request [`begin`](Self::begin)
+    /// could not finish.
+    pub(crate) async fn wait<B>(
+        &self,
+        req: Box<Request<RequestBody<B>>>,
+    ) -> Result<Request<RequestBody<B>>, Refusal>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        let (parts, mut rb) = (*req).into_parts();
+        let want = self.limits.intake_bytes;
         let idle = self.timeouts.body_idle;
         while rb.rest.is_some() && rb.held < want {
             let frame = std::future::poll_fn(|cx| take_frame(&mut rb, cx, Some(want)));
@@ -714,6 +750,18 @@ impl Intake {
         read_ahead(&mut rb)?;
         Ok(Request::from_parts(parts, rb))
     }
+}
+
+/// How far [`Intake::begin`] got with a request's body.
+// the common variant is the large one, handed on at once; the rare one is
+// boxed because it moves into a future
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Begun<B> {
+    /// Taken in: the request goes on.
+    Taken(Request<RequestBody<B>>),
+    /// Its receiving place held, the rest to wait for ([`Intake::wait`]);
+    /// boxed, as it goes into the future that waits.
+    Waiting(Box<Request<RequestBody<B>>>),
 }
 
 /// A body that streams on past its intake holds its [`READ_AHEAD`] in the

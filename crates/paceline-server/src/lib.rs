@@ -127,7 +127,8 @@ pub use identity::{
 };
 pub use jwt::{Jwt, TokenError, DEFAULT_LEEWAY_S, MAX_JWT_KEY_BYTES, MIN_JWT_SECRET_BYTES};
 pub use layer::{
-    RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture, UpstreamFailed,
+    HttpFuture, RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture,
+    UpstreamFailed,
 };
 pub use limiter::RateLimiter;
 pub use paceline_wire::emit::Dialects;

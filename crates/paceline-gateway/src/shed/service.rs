@@ -478,6 +478,7 @@ impl<B: Body<Data = Bytes>> Body for ShedBody<B> {
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match self {
             ShedBody::Inner { body, .. } => body.is_end_stream(),
@@ -485,6 +486,7 @@ impl<B: Body<Data = Bytes>> Body for ShedBody<B> {
         }
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         match self {
             ShedBody::Inner { body, .. } => body.size_hint(),

@@ -90,6 +90,7 @@ where
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
@@ -98,6 +99,7 @@ where
         }
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),

@@ -40,6 +40,7 @@ use super::replay::{self, conflict, in_flight, problem};
 use super::scope::IdempotencyScope;
 use super::store::{Begin, Completed, Entry, IdempotencyStore, StoredAnswer};
 use super::{IdempotencyMode, IdempotencySettings, InFlight};
+use crate::HttpFuture;
 
 /// What every service of one layer shares.
 struct Shared<St, C> {
@@ -147,32 +148,29 @@ type Boxed<B, E> =
 pin_project! {
     /// The future of [`Idempotency`]: the inner call of a request left
     /// alone, an answer made at once, or the work of a request with a key.
-    pub struct IdempotencyFuture<F, B, E> {
+    pub struct IdempotencyFuture<F: HttpFuture> {
         #[pin]
-        kind: FutKind<F, B, E>,
+        kind: FutKind<F>,
     }
 }
 
 pin_project! {
     #[project = FutProj]
-    enum FutKind<F, B, E> {
+    enum FutKind<F: HttpFuture> {
         Pass { #[pin] fut: F },
-        Ready { res: Option<Response<IdempotencyBody<B>>> },
-        Boxed { fut: Boxed<B, E> },
+        Ready { res: Option<Response<IdempotencyBody<F::Body>>> },
+        Boxed { fut: Boxed<F::Body, F::Error> },
     }
 }
 
-impl<F, B, E> std::fmt::Debug for IdempotencyFuture<F, B, E> {
+impl<F: HttpFuture> std::fmt::Debug for IdempotencyFuture<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyFuture").finish_non_exhaustive()
     }
 }
 
-impl<F, B, E> Future for IdempotencyFuture<F, B, E>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<IdempotencyBody<B>>, E>;
+impl<F: HttpFuture> Future for IdempotencyFuture<F> {
+    type Output = Result<Response<IdempotencyBody<F::Body>>, F::Error>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             FutProj::Pass { fut } => fut
@@ -184,7 +182,7 @@ where
     }
 }
 
-impl<F, B, E> IdempotencyFuture<F, B, E> {
+impl<F: HttpFuture> IdempotencyFuture<F> {
     fn pass(fut: F) -> Self {
         IdempotencyFuture {
             kind: FutKind::Pass { fut },
@@ -219,7 +217,7 @@ where
 {
     type Response = Response<IdempotencyBody<ResB>>;
     type Error = I::Error;
-    type Future = IdempotencyFuture<I::Future, ResB, I::Error>;
+    type Future = IdempotencyFuture<I::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

@@ -107,6 +107,7 @@ where
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match self {
             RateLimitBody::Inner { body, .. } => body.is_end_stream(),
@@ -114,6 +115,7 @@ where
         }
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         match self {
             RateLimitBody::Inner { body, .. } => body.size_hint(),

@@ -41,6 +41,32 @@ pub use body::{RateLimitBody, ReleaseGuard};
 pub use layer::RateLimitLayer;
 pub use service::{RateLimit, ResponseFuture};
 
+/// A future of an HTTP response or an error, naming the response's body
+/// and the error as its own types; every such future is one.
+///
+/// The futures of the layers here that wrap an inner service's future
+/// (and hold an answer of their own or a box beside it) take their body
+/// and error types from it through this trait rather than as parameters
+/// of their own: a future that named them separately would not be
+/// provably `Send` inside a task whose types hold trait objects (a boxed
+/// body's error, say).
+pub trait HttpFuture:
+    std::future::Future<Output = Result<http::Response<Self::Body>, Self::Error>>
+{
+    /// The response's body.
+    type Body;
+    /// The error.
+    type Error;
+}
+
+impl<F, B, E> HttpFuture for F
+where
+    F: std::future::Future<Output = Result<http::Response<B>, E>>,
+{
+    type Body = B;
+    type Error = E;
+}
+
 /// Marks, in a response's extensions, an answer an inner service wrote
 /// itself because the upstream's answer never came, and says whether the
 /// request had reached the upstream: the limit layer gives the charge of

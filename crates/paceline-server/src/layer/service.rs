@@ -1,6 +1,8 @@
 //! [`RateLimit`], the service: it decides from the head before calling the
 //! inner service, and its [`ResponseFuture`] is ready at once (and
-//! allocates nothing) when the answer is made in process.
+//! allocates nothing) when the answer is made in process, and holds the
+//! inner service's future inline (allocating nothing of its own) when
+//! the request was admitted in process.
 
 use std::fmt;
 use std::future::Future;
@@ -9,55 +11,159 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use paceline_core::{Clock, Store};
+use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::RateLimitBody;
-use crate::limiter::Verdict;
+use super::{HttpFuture, RateLimitBody, ReleaseGuard};
+use crate::limiter::{Admitted, Verdict};
 use crate::respond::close_connection;
 use crate::RateLimiter;
 
 type Boxed<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send + 'static>>;
 
-/// The future of [`RateLimit`]: a rejection decided in process is ready at
-/// once and allocates nothing; anything that calls the inner service or a
-/// remote store is boxed.
-pub struct ResponseFuture<B, E> {
-    kind: Kind<B, E>,
+pin_project! {
+    /// The future of [`RateLimit`]: a rejection decided in process is
+    /// ready at once and allocates nothing; a request passed or admitted
+    /// in process holds the inner service's future `F` inline (with what
+    /// its answer needs from the limiter: `S` and `C` are the limiter's
+    /// store and clock); only a decision the store makes remotely, or an
+    /// answer that settles or gives back its charge, is boxed.
+    pub struct ResponseFuture<F: HttpFuture, S, C> {
+        #[pin]
+        kind: Kind<F, S, C>,
+    }
 }
 
-enum Kind<B, E> {
-    Ready(Option<Response<RateLimitBody<B>>>),
-    Boxed(Boxed<B, E>),
+pin_project! {
+    #[project = KindProj]
+    #[project_replace = KindReplace]
+    enum Kind<F: HttpFuture, S, C> {
+        Ready { res: Option<Response<RateLimitBody<F::Body>>> },
+        Call {
+            #[pin]
+            fut: F,
+            // `None` for a request no limit applies to; boxed (a small
+            // block) so that the future every request moves, a refused
+            // one's too, stays small
+            admit: Option<Box<(Admit<S, C>, Finisher<S, C, F::Body, F::Error>)>>,
+        },
+        Boxed { fut: Boxed<F::Body, F::Error> },
+    }
 }
 
-// Nothing inside is ever pinned in place: the ready response is moved out
-// and the boxed future is pinned on the heap.
-impl<B, E> Unpin for ResponseFuture<B, E> {}
+/// Boxes [`Admit::finish`]: made where the store and clock are known to
+/// be [`Store`] and [`Clock`], so that polling needs no bounds of its own.
+type Finisher<S, C, B, E> = fn(Admit<S, C>, Response<B>) -> Boxed<B, E>;
 
-impl<B, E> ResponseFuture<B, E> {
-    fn ready(res: Response<RateLimitBody<B>>) -> Self {
+/// What an admitted request's answer needs once it is there: the
+/// decision's fields, the units held, and the limiter to settle or give
+/// back its charge.
+struct Admit<S, C> {
+    limiter: RateLimiter<S, C>,
+    admitted: Admitted,
+    guard: Option<ReleaseGuard>,
+}
+
+impl<S, C> Admit<S, C> {
+    /// The answer, decorated, when nothing is left to do with the store;
+    /// else the answer and this back, for [`finish`](Self::finish).
+    // inlined into its one caller, which takes the parts at once: nothing
+    // large is returned through memory
+    #[allow(clippy::result_large_err)]
+    fn try_finish<B>(
+        self,
+        res: Response<B>,
+    ) -> Result<Response<RateLimitBody<B>>, (Self, Response<B>)> {
+        let failed = res.extensions().get::<super::UpstreamFailed>().is_some();
+        if failed || self.admitted.reports_usage() {
+            return Err((self, res));
+        }
+        let Admit {
+            admitted, guard, ..
+        } = self;
+        let mut res = res;
+        admitted.decorate(res.headers_mut());
+        Ok(res.map(|b| RateLimitBody::guarded(b, guard, None)))
+    }
+}
+
+impl<S: Store, C: Clock> Admit<S, C> {
+    /// The answer, its charge given back (the upstream's answer never
+    /// came) or settled from its head (or by a meter on its body), then
+    /// decorated.
+    async fn finish<B>(self, mut res: Response<B>) -> Response<RateLimitBody<B>> {
+        let Admit {
+            limiter,
+            mut admitted,
+            guard,
+        } = self;
+        let mut meter = None;
+        if let Some(&failed) = res.extensions().get::<super::UpstreamFailed>() {
+            // the answer never came: the charge may go back
+            limiter.refund(&mut admitted, failed).await;
+        } else if admitted.reports_usage() {
+            // a charge the answer reports: settled from its head, or from
+            // its body as it goes by
+            let head = res.headers();
+            meter = limiter.settle_head(&mut admitted, head).await;
+        }
+        admitted.decorate(res.headers_mut());
+        res.map(|b| RateLimitBody::guarded(b, guard, meter))
+    }
+
+    /// [`finish`](Self::finish), boxed.
+    fn boxed<B, E>(self, res: Response<B>) -> Boxed<B, E>
+    where
+        B: Send + 'static,
+    {
+        Box::pin(async move { Ok(self.finish(res).await) })
+    }
+}
+
+impl<F: HttpFuture, S, C> ResponseFuture<F, S, C> {
+    fn ready(res: Response<RateLimitBody<F::Body>>) -> Self {
         ResponseFuture {
-            kind: Kind::Ready(Some(res)),
+            kind: Kind::Ready { res: Some(res) },
         }
     }
 }
 
-impl<B, E> Future for ResponseFuture<B, E> {
-    type Output = Result<Response<RateLimitBody<B>>, E>;
+impl<F: HttpFuture, S, C> Future for ResponseFuture<F, S, C> {
+    type Output = Result<Response<RateLimitBody<F::Body>>, F::Error>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.get_mut().kind {
-            Kind::Ready(r) => Poll::Ready(Ok(r.take().expect("polled after completion"))),
-            Kind::Boxed(f) => f.as_mut().poll(cx),
-        }
+        let mut kind = self.project().kind;
+        let mut fut = match kind.as_mut().project() {
+            KindProj::Ready { res } => {
+                return Poll::Ready(Ok(res.take().expect("polled after completion")))
+            }
+            KindProj::Boxed { fut } => return fut.as_mut().poll(cx),
+            KindProj::Call { fut, admit } => {
+                let res = std::task::ready!(fut.poll(cx))?;
+                let Some(admit) = admit.take() else {
+                    return Poll::Ready(Ok(res.map(RateLimitBody::inner)));
+                };
+                let (admit, finisher) = *admit;
+                match admit.try_finish(res) {
+                    Ok(res) => return Poll::Ready(Ok(res)),
+                    Err((admit, res)) => finisher(admit, res),
+                }
+            }
+        };
+        // rarely: the store to hear from before the answer goes on, in a
+        // box of its own so the common future carries none of its state
+        let polled = fut.as_mut().poll(cx);
+        kind.project_replace(Kind::Boxed { fut });
+        polled
     }
 }
 
-impl<B, E> fmt::Debug for ResponseFuture<B, E> {
+impl<F: HttpFuture, S, C> fmt::Debug for ResponseFuture<F, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.kind {
-            Kind::Ready(_) => "ready",
-            Kind::Boxed(_) => "boxed",
+            Kind::Ready { .. } => "ready",
+            Kind::Call { .. } => "call",
+            Kind::Boxed { .. } => "boxed",
         };
         f.debug_struct("ResponseFuture")
             .field("kind", &kind)
@@ -126,7 +232,7 @@ where
 {
     type Response = Response<RateLimitBody<ResB>>;
     type Error = I::Error;
-    type Future = ResponseFuture<ResB, I::Error>;
+    type Future = ResponseFuture<I::Future, S, C>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -173,7 +279,7 @@ impl<I, S, C> RateLimit<I, S, C> {
         &mut self,
         req: Request<ReqB>,
         route: crate::RouteInfo,
-    ) -> ResponseFuture<ResB, I::Error>
+    ) -> ResponseFuture<I::Future, S, C>
     where
         I: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
         I::Future: Send + 'static,
@@ -197,7 +303,7 @@ impl<I, S, C> RateLimit<I, S, C> {
         &self,
         req: Request<ReqB>,
         route: Option<crate::RouteInfo>,
-    ) -> ResponseFuture<ResB, I::Error>
+    ) -> ResponseFuture<I::Future, S, C>
     where
         I: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
         I::Future: Send + 'static,
@@ -214,7 +320,7 @@ impl<I, S, C> RateLimit<I, S, C> {
         &mut self,
         req: Request<ReqB>,
         given: Option<crate::RouteInfo>,
-    ) -> ResponseFuture<ResB, I::Error>
+    ) -> ResponseFuture<I::Future, S, C>
     where
         I: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
         I::Future: Send + 'static,
@@ -246,7 +352,7 @@ fn serve<I, S, C, ReqB, ResB>(
     mut req: Request<ReqB>,
     given: Option<crate::RouteInfo>,
     take_inner: impl FnOnce() -> I,
-) -> ResponseFuture<ResB, I::Error>
+) -> ResponseFuture<I::Future, S, C>
 where
     I: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
     I::Future: Send + 'static,
@@ -256,72 +362,90 @@ where
     S: Store,
     C: Clock,
 {
-    {
-        let prepared = limiter.prepare(&req, peer, given);
-        prepared.strip_untrusted(req.headers_mut());
-        let now = limiter.decide_now(&prepared);
-        match now {
-            // answered without the inner service; the request and its
-            // unread body are dropped here, the inner readiness is kept
-            Ok(Verdict::Respond(r)) => return ResponseFuture::ready(r.map(RateLimitBody::full)),
-            Ok(Verdict::Reject(mut r)) => {
+    let mut prepared = limiter.prepare(&req, peer, given);
+    prepared.strip_untrusted(req.headers_mut());
+    let later = match limiter.decide_now(&prepared) {
+        // answered without the inner service; the request and its unread
+        // body are dropped here, the inner readiness is kept
+        Ok(Verdict::Respond(r)) => return ResponseFuture::ready(r.map(RateLimitBody::full)),
+        Ok(Verdict::Reject(mut r)) => {
+            if prepared.close {
+                close_connection(&mut r);
+            }
+            return ResponseFuture::ready(r.map(RateLimitBody::full));
+        }
+        // a classification found in the extensions stays; one made here
+        // is left for the handlers after this layer
+        Ok(Verdict::Pass) => {
+            if let Some(route) = prepared.route.take() {
+                req.extensions_mut().insert(route);
+            }
+            let fut = take_inner().call(req);
+            return ResponseFuture {
+                kind: Kind::Call { fut, admit: None },
+            };
+        }
+        Ok(Verdict::Admit(admitted)) => {
+            // held units go back when the response body is done, or with
+            // this future if the call fails or is cancelled
+            let guard = limiter.release_guard(&admitted);
+            if let Some(route) = prepared.route.take() {
+                req.extensions_mut().insert(route);
+            }
+            let fut = take_inner().call(req);
+            let admit = Admit {
+                limiter: limiter.clone(),
+                admitted,
+                guard,
+            };
+            return ResponseFuture {
+                kind: Kind::Call {
+                    fut,
+                    admit: Some(Box::new((admit, Admit::boxed))),
+                },
+            };
+        }
+        Err(later) => later,
+    };
+    // the store answers remotely: the clone stays for the next call; the
+    // ready one serves this one
+    let mut inner = take_inner();
+    let limiter = limiter.clone();
+    let fut = async move {
+        let verdict = limiter.decide_later(&prepared, later).await;
+        match verdict {
+            Verdict::Pass => {
+                if let Some(route) = prepared.route {
+                    req.extensions_mut().insert(route);
+                }
+                Ok(inner.call(req).await?.map(RateLimitBody::inner))
+            }
+            Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
+            Verdict::Reject(mut r) => {
                 if prepared.close {
                     close_connection(&mut r);
                 }
-                return ResponseFuture::ready(r.map(RateLimitBody::full));
+                Ok(r.map(RateLimitBody::full))
             }
-            _ => {}
-        }
-        // the clone stays for the next call; the ready one serves this one
-        let mut inner = take_inner();
-        let limiter = limiter.clone();
-        let fut = async move {
-            let verdict = match now {
-                Ok(v) => v,
-                Err(later) => limiter.decide_later(&prepared, later).await,
-            };
-            match verdict {
-                Verdict::Pass => {
-                    if let Some(route) = prepared.route {
-                        req.extensions_mut().insert(route);
-                    }
-                    Ok(inner.call(req).await?.map(RateLimitBody::inner))
+            Verdict::Admit(admitted) => {
+                let guard = limiter.release_guard(&admitted);
+                if let Some(route) = prepared.route {
+                    req.extensions_mut().insert(route);
                 }
-                Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
-                Verdict::Reject(mut r) => {
-                    if prepared.close {
-                        close_connection(&mut r);
-                    }
-                    Ok(r.map(RateLimitBody::full))
-                }
-                Verdict::Admit(mut admitted) => {
-                    // held units go back when the response body is done,
-                    // or here if the call fails or is cancelled
-                    let guard = limiter.release_guard(&admitted);
-                    // a classification found in the extensions stays; one
-                    // made here is left for the handlers after this layer
-                    if let Some(route) = prepared.route {
-                        req.extensions_mut().insert(route);
-                    }
-                    let mut res = inner.call(req).await?;
-                    let mut meter = None;
-                    if let Some(&failed) = res.extensions().get::<super::UpstreamFailed>() {
-                        // the answer never came: the charge may go back
-                        limiter.refund(&mut admitted, failed).await;
-                    } else if admitted.reports_usage() {
-                        // a charge the answer reports: settled from its
-                        // head, or from its body as it goes by (boxed: a
-                        // request without it carries none of its state)
-                        let head = res.headers();
-                        meter = Box::pin(limiter.settle_head(&mut admitted, head)).await;
-                    }
-                    admitted.decorate(res.headers_mut());
-                    Ok(res.map(|b| RateLimitBody::guarded(b, guard, meter)))
-                }
+                let res = inner.call(req).await?;
+                let admit = Admit {
+                    limiter,
+                    admitted,
+                    guard,
+                };
+                Ok(match admit.try_finish(res) {
+                    Ok(res) => res,
+                    Err((admit, res)) => Box::pin(admit.finish(res)).await,
+                })
             }
-        };
-        ResponseFuture {
-            kind: Kind::Boxed(Box::pin(fut)),
         }
+    };
+    ResponseFuture {
+        kind: Kind::Boxed { fut: Box::pin(fut) },
     }
 }
