@@ -176,15 +176,20 @@ async fn what_redis_counts_is_what_was_admitted_once_unused_units_go_back() {
     assert_eq!(admitted, 300);
     let held = s.stats();
     assert!(held.leased > 200, "{held:?}");
-    // the slice's time up: a read gives back what is left, once
+    // a slice taken ahead of need may still be on its way: let it land
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // the slice's time up: a read gives back what is left
     let later = t.saturating_add(Nanos::from_millis(200));
     let _ = s
         .check_cost(&plan, "all", Cost::requests(0), later)
         .await
         .unwrap();
+    // until the count of units given back stands still
     let until = std::time::Instant::now() + Duration::from_secs(5);
-    while s.stats().lease_returned == 0 && std::time::Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut seen = u64::MAX;
+    while s.stats().lease_returned != seen && std::time::Instant::now() < until {
+        seen = s.stats().lease_returned;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let back = s.stats().lease_returned;
     let d = s
