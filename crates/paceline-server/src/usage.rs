@@ -509,6 +509,53 @@ mod tests {
     }
 
     #[test]
+    fn a_meter_settles_once_with_what_the_body_told() {
+        use std::sync::Mutex;
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let settler = |got: &Arc<Mutex<Vec<u64>>>| -> Settler {
+            let got = got.clone();
+            Box::new(move |n| {
+                Box::pin(async move {
+                    got.lock().unwrap().push(n);
+                })
+            })
+        };
+        let none = HeaderMap::new();
+        // a trailer of the header's name, once, whatever follows
+        let header = Arc::new(UsageSource::header("x-used").unwrap());
+        let mut m = Meter::new(header, &none, settler(&got)).unwrap();
+        m.data(b"hello");
+        let mut t = HeaderMap::new();
+        t.insert("x-used", HeaderValue::from_static("42"));
+        m.trailers(&t);
+        m.finish();
+        drop(m);
+        // a JSON answer in two frames, its meter dropped once it is whole
+        let json = Arc::new(UsageSource::json("usage.total_tokens").unwrap());
+        let mut m = Meter::new(json.clone(), &none, settler(&got)).unwrap();
+        m.data(b"{\"usage\":{\"total");
+        m.data(b"_tokens\":7}}");
+        drop(m);
+        // a body cut short, or longer than the bound, tells nothing
+        let mut m = Meter::new(json.clone(), &none, settler(&got)).unwrap();
+        m.data(b"{\"usage\":{\"total_tokens\":9");
+        drop(m);
+        let mut long = HeaderMap::new();
+        long.insert(
+            CONTENT_LENGTH,
+            HeaderValue::from(MAX_USAGE_BYTES as u64 + 1),
+        );
+        let mut m = Meter::new(json.clone(), &long, settler(&got)).unwrap();
+        m.data(b"{\"usage\":{\"total_tokens\":11}}");
+        drop(m);
+        // a compressed answer is not read at all
+        let mut gz = HeaderMap::new();
+        gz.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(Meter::new(json, &gz, settler(&got)).is_none());
+        assert_eq!(*got.lock().unwrap(), vec![42, 7]);
+    }
+
+    #[test]
     fn an_event_past_the_bound_is_skipped_and_the_next_read() {
         let p = json("usage.total_tokens");
         let mut scan = EventScan::default();
