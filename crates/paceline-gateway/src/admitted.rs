@@ -114,6 +114,32 @@ where
     }
 }
 
+/// What a boxed stage does once the body's intake has answered: the
+/// refusal's answer, or the in-flight unit taken and the inner call made
+/// (the unit left in the answer for the shed layer).
+async fn go_on<S>(
+    this: &Shared,
+    inner: &mut S,
+    req: Result<Request<RequestBody>, Refusal>,
+) -> Result<Response<InnerBody>, S::Error>
+where
+    S: Service<Request<RequestBody>, Response = Response<InnerBody>>,
+{
+    let req = match req {
+        Ok(req) => req,
+        Err(r) => return Ok(this.refused(r)),
+    };
+    let ticket = match this.redeem(&req) {
+        Ok(ticket) => ticket,
+        Err(r) => return Ok(this.refused(r)),
+    };
+    let mut res = inner.call(req).await?;
+    if let Some(t) = ticket {
+        res.extensions_mut().insert(t);
+    }
+    Ok(res)
+}
+
 impl<S> Admitted<S>
 where
     S: Service<Request<RequestBody>, Response = Response<InnerBody>> + Clone + Send + 'static,
@@ -135,19 +161,7 @@ where
                     Ok(Begun::Waiting(req)) => this.intake.wait(req).await,
                     Err(r) => Err(r),
                 };
-                let req = match req {
-                    Ok(req) => req,
-                    Err(r) => return Ok(this.refused(r)),
-                };
-                let ticket = match this.redeem(&req) {
-                    Ok(ticket) => ticket,
-                    Err(r) => return Ok(this.refused(r)),
-                };
-                let mut res = inner.call(req).await?;
-                if let Some(t) = ticket {
-                    res.extensions_mut().insert(t);
-                }
-                Ok(res)
+                go_on(&this, &mut inner, req).await
             }),
         }
     }
@@ -162,19 +176,8 @@ where
         let this = self.shared.clone();
         AdmittedFuture::Waiting {
             fut: Box::pin(async move {
-                let req = match this.intake.wait(req).await {
-                    Ok(req) => req,
-                    Err(r) => return Ok(this.refused(r)),
-                };
-                let ticket = match this.redeem(&req) {
-                    Ok(ticket) => ticket,
-                    Err(r) => return Ok(this.refused(r)),
-                };
-                let mut res = inner.call(req).await?;
-                if let Some(t) = ticket {
-                    res.extensions_mut().insert(t);
-                }
-                Ok(res)
+                let req = this.intake.wait(req).await;
+                go_on(&this, &mut inner, req).await
             }),
         }
     }
