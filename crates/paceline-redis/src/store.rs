@@ -586,7 +586,7 @@ impl RedisStore {
     }
 
     /// Takes a slice of `units` of a leased plan's budget: a check of
-    /// that cost, counted as a lease call.
+    /// that cost, counted as a lease call (0 units: a read, not counted).
     async fn take(
         &self,
         plan: &Plan,
@@ -594,9 +594,12 @@ impl RedisStore {
         units: u64,
         now: Nanos,
     ) -> Result<Decision, StoreError> {
-        let counters = &self.inner.leases.counters;
-        counters.calls.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("paceline_redis_lease_calls_total").increment(1);
+        // a read of the standing (0 units) is no lease
+        if units > 0 {
+            let counters = &self.inner.leases.counters;
+            counters.calls.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("paceline_redis_lease_calls_total").increment(1);
+        }
         let op = Op::Check {
             requests: units,
             bytes: 0,
