@@ -172,7 +172,7 @@ pub(crate) fn overrun(policy: &Policy, words: &mut [u64], now: u64, cost: u64) {
     match policy.algorithm() {
         Algorithm::TokenBucket => {
             let t = policy.emission_ns();
-            let cap = now.saturating_add(policy.window_ns().saturating_mul(2));
+            let cap = now.saturating_add(policy.capacity_ns().saturating_mul(2));
             let tat = words[0].max(now).saturating_add(cost.saturating_mul(t));
             words[0] = tat.min(cap).max(words[0]);
         }
@@ -213,7 +213,7 @@ pub(crate) fn at_rest(policy: &Policy, words: &[u64], now: u64) -> bool {
 #[inline]
 fn gcra_peek(policy: &Policy, tat: u64, now: u64, cost: u64) -> Peek {
     let t = policy.emission_ns();
-    let w = policy.window_ns();
+    let w = policy.capacity_ns();
     let base = tat.max(now);
     let new_tat = base.saturating_add(cost.saturating_mul(t));
     let used_after = new_tat - now;

@@ -46,7 +46,7 @@ pub fn check_words(
     }
     if let Some(i) = policies
         .iter()
-        .position(|p| cost.of(p) > p.quota() && !p.is_shadow())
+        .position(|p| cost.of(p) > p.burst() && !p.is_shadow())
     {
         return cost_exceeds(plan, words, now_ns, i, cost.of(plan.policy(i)));
     }
@@ -57,7 +57,7 @@ pub fn check_words(
     for (i, (p, &(a, b))) in policies.iter().zip(spans).enumerate() {
         let slice = &words[a..b];
         let cost = cost.of(p);
-        let pk = if cost > p.quota() {
+        let pk = if cost > p.burst() {
             // a shadow policy that could never fit: report it, charge nothing
             Peek {
                 admit: false,
@@ -275,7 +275,7 @@ fn check_single(
     cost: u64,
     plan: &Plan,
 ) -> (Decision, Nanos) {
-    if cost > p.quota() {
+    if cost > p.burst() {
         if !p.is_shadow() {
             return cost_exceeds(plan, words, now_ns, 0, cost);
         }
@@ -387,7 +387,7 @@ fn status(pk: Peek) -> PolicyStatus {
 /// reset of 0, not its state's: that state's own reset is taken then.
 #[inline]
 fn rest_of(p: &crate::Policy, words: &[u64], now: u64, cost: u64, st: &PolicyStatus) -> u64 {
-    if cost > p.quota() {
+    if cost > p.burst() {
         let own = status(algorithm::peek(p, words, now, 0));
         return rest_instant(p, words, now, &own);
     }

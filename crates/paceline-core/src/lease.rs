@@ -567,7 +567,7 @@ fn want(count: f64, interval: Nanos, cost: u64, max: u64, plan: &Plan) -> u64 {
         .policies()
         .iter()
         .filter(|p| !p.is_shadow())
-        .map(|p| p.quota())
+        .map(|p| p.burst())
         .min()
         .unwrap_or(u64::MAX);
     need.min(max).max(cost).max(1).min(holds.max(cost))

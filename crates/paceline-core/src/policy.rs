@@ -248,6 +248,9 @@ pub enum PolicyError {
     /// A unit's name is empty, too long, or not lowercase letters, digits,
     /// `-`, `_` or `.` after a first letter.
     BadUnit(String),
+    /// A burst is given to a policy other than a token bucket, is zero,
+    /// or would take longer than [`MAX_WINDOW_SECS`] to refill.
+    BadBurst(&'static str),
 }
 
 impl fmt::Display for PolicyError {
@@ -276,6 +279,7 @@ impl fmt::Display for PolicyError {
                 "unit {u:?} must be 1-{} characters: a lowercase letter, then lowercase letters, digits, '-', '_' or '.'",
                 UnitName::MAX_LEN
             ),
+            PolicyError::BadBurst(why) => write!(f, "burst: {why}"),
             PolicyError::UnitMismatch => f.write_str(
                 "the concurrency algorithm goes with unit concurrent-requests, and only it",
             ),
@@ -297,8 +301,14 @@ pub struct Policy {
     fail_mode: FailMode,
     shadow: bool,
     share: Share,
+    /// The most units at once: a token bucket's capacity (the quota
+    /// unless [`Policy::with_burst`] set it), the quota otherwise.
+    burst: u64,
     // derived
     window_ns: u64,
+    /// A token bucket's capacity in time: `burst` emission intervals (the
+    /// window itself when the burst is the quota).
+    capacity_ns: u64,
     emission_ns: u64,
     window_div: Divisor,
     emission_div: Divisor,
@@ -358,7 +368,9 @@ impl Policy {
             fail_mode: FailMode::Open,
             shadow: false,
             share: Share::Exact,
+            burst: quota,
             window_ns,
+            capacity_ns: window_ns,
             emission_ns: window_ns / quota,
             window_div: Divisor::new(window_ns),
             // quota <= window_ns (checked above): the interval is at least 1
@@ -416,6 +428,51 @@ impl Policy {
         Ok(self)
     }
 
+    /// A token bucket that refills `q` every `w` seconds but holds at most
+    /// `burst` units: "5,000 a second with bursts of 500" is
+    /// `token_bucket(name, 5_000, 1)` with a burst of 500. The policy
+    /// still publishes `q` and `w` (its rate); what is left (`r`) is
+    /// never more than the burst, and a cost over it cannot be admitted.
+    ///
+    /// ```
+    /// use paceline_core::{MemoryStore, Nanos, Plan, Policy};
+    ///
+    /// let p = Policy::token_bucket("rps", 5_000, 1).unwrap().with_burst(500).unwrap();
+    /// assert_eq!((p.quota(), p.burst()), (5_000, 500));
+    /// let plan = Plan::new("big", vec![p]).unwrap();
+    /// let store = MemoryStore::new();
+    /// let t = Nanos::from_secs(10);
+    /// let admitted = (0..1_000)
+    ///     .filter(|_| store.check_sync(&plan, "k", 1, t).unwrap().is_allowed())
+    ///     .count();
+    /// assert_eq!(admitted, 500);
+    /// // a tenth of a second later, 500 more have refilled
+    /// let t = t.saturating_add(Nanos::from_millis(100));
+    /// let d = store.check_sync(&plan, "k", 0, t).unwrap();
+    /// assert_eq!(d.statuses[0].remaining, 500);
+    /// ```
+    pub fn with_burst(mut self, burst: u64) -> Result<Policy, PolicyError> {
+        if self.algorithm != Algorithm::TokenBucket {
+            return Err(PolicyError::BadBurst("only a token bucket takes a burst"));
+        }
+        if burst == 0 {
+            return Err(PolicyError::BadBurst("must be at least 1"));
+        }
+        let capacity = burst
+            .checked_mul(self.emission_ns)
+            .filter(|&c| c <= MAX_WINDOW_SECS * 1_000_000_000)
+            .ok_or(PolicyError::BadBurst(
+                "refilling it would take longer than ten years",
+            ))?;
+        self.burst = burst;
+        self.capacity_ns = if burst == self.quota {
+            self.window_ns
+        } else {
+            capacity
+        };
+        Ok(self)
+    }
+
     /// Overrides the burst/quota classification.
     pub fn with_kind(mut self, kind: PolicyKind) -> Policy {
         self.kind = kind;
@@ -452,6 +509,18 @@ impl Policy {
     pub fn quota(&self) -> u64 {
         self.quota
     }
+    /// The most units admitted at once: a token bucket's burst (the
+    /// quota unless [`with_burst`](Self::with_burst) set another), the
+    /// quota for every other algorithm. A cost above it can never be
+    /// admitted.
+    #[inline]
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+    /// Whether a token bucket's burst differs from its quota.
+    pub fn has_own_burst(&self) -> bool {
+        self.burst != self.quota
+    }
     /// The window `w` in seconds.
     pub fn window_s(&self) -> u64 {
         self.window_s
@@ -486,6 +555,11 @@ impl Policy {
     }
     pub(crate) fn window_ns(&self) -> u64 {
         self.window_ns
+    }
+    /// A token bucket's capacity in nanoseconds (see `capacity_ns`).
+    #[inline]
+    pub(crate) fn capacity_ns(&self) -> u64 {
+        self.capacity_ns
     }
     pub(crate) fn emission_ns(&self) -> u64 {
         self.emission_ns
@@ -632,5 +706,61 @@ mod tests {
             Policy::concurrency("c", 5).unwrap().kind(),
             PolicyKind::Burst
         );
+    }
+
+    #[test]
+    fn a_burst_is_a_token_buckets_alone_and_bounded() {
+        let tb = Policy::token_bucket("b", 5_000, 1).unwrap();
+        assert_eq!(tb.burst(), 5_000);
+        assert!(!tb.has_own_burst());
+        let small = tb.clone().with_burst(500).unwrap();
+        assert_eq!(
+            (small.quota(), small.window_s(), small.burst()),
+            (5_000, 1, 500)
+        );
+        assert_eq!(small.capacity_ns(), 100_000_000);
+        // a burst equal to q is the plain bucket, to the nanosecond
+        assert_eq!(tb.clone().with_burst(5_000).unwrap(), tb);
+        let large = Policy::token_bucket("b", 10, 1)
+            .unwrap()
+            .with_burst(100)
+            .unwrap();
+        assert_eq!(large.capacity_ns(), 10_000_000_000);
+        for bad in [
+            Policy::fixed_window("f", 5, 1).unwrap().with_burst(2),
+            tb.clone().with_burst(0),
+            Policy::token_bucket("b", 1, MAX_WINDOW_SECS)
+                .unwrap()
+                .with_burst(2),
+        ] {
+            assert!(matches!(bad, Err(PolicyError::BadBurst(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_small_burst_admits_at_once_only_what_it_holds() {
+        let p = Policy::token_bucket("b", 10, 1)
+            .unwrap()
+            .with_burst(3)
+            .unwrap();
+        let plan = crate::Plan::new("p", vec![p]).unwrap();
+        let store = crate::MemoryStore::new();
+        let t = Nanos::from_secs(5);
+        let n = (0..10)
+            .filter(|_| store.check_sync(&plan, "k", 1, t).unwrap().is_allowed())
+            .count();
+        assert_eq!(n, 3);
+        // refills at 10 a second: one every 100 ms
+        let d = store
+            .check_sync(&plan, "k", 1, t.saturating_add(Nanos::from_millis(99)))
+            .unwrap();
+        assert!(!d.is_allowed());
+        let d = store
+            .check_sync(&plan, "k", 1, t.saturating_add(Nanos::from_millis(100)))
+            .unwrap();
+        assert!(d.is_allowed());
+        // a cost above the burst can never be admitted
+        let d = store.check_sync(&plan, "j", 4, t).unwrap();
+        assert!(!d.is_allowed());
     }
 }

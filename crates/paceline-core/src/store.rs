@@ -985,7 +985,7 @@ fn cas_one(slot: &[AtomicU64; 2], plan: &Plan, cost: Cost, now: Nanos) -> Decisi
     let now_ns = now.as_u64();
     let p = plan.policy(0);
     let units = cost.of(p);
-    if units <= p.quota() {
+    if units <= p.burst() {
         // the usual step: the decision is built once, from the peek that won
         loop {
             let old = slot[1].load(Ordering::Acquire);

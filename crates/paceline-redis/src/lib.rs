@@ -48,7 +48,7 @@
 //!     │      server), each cut at the deadline; a lone decision with
 //!     │      nothing in flight is sent at once)
 //!     ▼
-//!  link.rs (FCALL paceline_v6_run, FUNCTION LOAD on demand;
+//!  link.rs (FCALL paceline_v7_run, FUNCTION LOAD on demand;
 //!     │     EVALSHA + EVAL on NOSCRIPT for servers without functions)
 //!     ▼
 //!  lua/core.lua (every decision of the batch: the core's algorithms on

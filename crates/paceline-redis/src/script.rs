@@ -24,7 +24,9 @@
 //! are: a group sent to a version 4 library would be decided decision by
 //! decision, hence the new name. Version 6 settles (a check's cost made
 //! good from its answer, see `core.lua`: op `s`), an operation version 5
-//! does not know; its rows are version 5's.
+//! does not know; its rows are version 5's. Version 7 reads a token
+//! bucket's own burst (see [`plan_spec`]), which version 6 would take for
+//! a bucket as large as its quota; its rows are version 6's.
 //!
 //! What a plan needs on the client (its spec string, whether the store can
 //! hold it) is worked out once per plan and kept ([`PlanCache`]).
@@ -44,9 +46,9 @@ use paceline_core::StoreError;
 const CORE: &str = include_str!("lua/core.lua");
 
 /// The function library's name.
-pub(crate) const LIBRARY: &str = "paceline_v6";
+pub(crate) const LIBRARY: &str = "paceline_v7";
 /// The function a batch calls.
-pub(crate) const FUNCTION: &str = "paceline_v6_run";
+pub(crate) const FUNCTION: &str = "paceline_v7_run";
 
 /// The library source for `FUNCTION LOAD`.
 pub(crate) fn library_source() -> String {
@@ -118,7 +120,9 @@ pub(crate) fn second(plan: &Plan, cost: paceline_core::Cost) -> u64 {
 
 /// A plan's spec string: `algo,q,window_s,offset_s,shadow,unit;…`, unit
 /// `b` for the plan's one unit besides requests (content bytes or a named
-/// unit: see [`second`]), `r` otherwise.
+/// unit: see [`second`]), `r` otherwise. A token bucket has no offset:
+/// that field carries its burst when it has one of its own (0 when its
+/// burst is its quota).
 pub(crate) fn plan_spec(plan: &Plan) -> String {
     let mut s = String::new();
     for (i, p) in plan.policies().iter().enumerate() {
@@ -126,6 +130,7 @@ pub(crate) fn plan_spec(plan: &Plan) -> String {
             s.push(';');
         }
         let (a, off) = match p.algorithm() {
+            Algorithm::TokenBucket if p.has_own_burst() => ('t', p.burst()),
             Algorithm::TokenBucket => ('t', 0),
             Algorithm::FixedWindow { offset_s } => ('f', offset_s),
             Algorithm::SlidingCounter => ('c', 0),

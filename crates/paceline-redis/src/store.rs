@@ -121,7 +121,12 @@ fn supports_policy(p: &Policy) -> Result<(), String> {
         p.algorithm(),
         Algorithm::TokenBucket | Algorithm::SlidingLog | Algorithm::SlidingCounter
     );
-    if sliding && p.window_s() > MAX_SLIDING_WINDOW_SECS {
+    let capacity_s = p
+        .emission_interval()
+        .as_u64()
+        .saturating_mul(p.burst())
+        .div_ceil(1_000_000_000);
+    if sliding && p.window_s().max(capacity_s) > MAX_SLIDING_WINDOW_SECS {
         return Err(format!(
             "policy {:?}: a {} over Redis may span at most {MAX_SLIDING_WINDOW_SECS} s (30 days); use a fixed window for longer quotas",
             p.name(),
@@ -812,6 +817,12 @@ fn scale(plan: &Plan, share: f64) -> Option<Plan> {
             let q = ((p.quota() as f64 * share).floor() as u64).max(1);
             let s = Policy::new(p.name(), p.algorithm(), q, p.window_s()).ok()?;
             let s = s.with_unit(p.unit()).ok()?;
+            let s = match p.has_own_burst() {
+                true => s
+                    .with_burst(((p.burst() as f64 * share).floor() as u64).max(1))
+                    .ok()?,
+                false => s,
+            };
             Some(
                 s.with_kind(p.kind())
                     .with_fail_mode(p.fail_mode())

@@ -16,7 +16,11 @@ use proptest::prelude::*;
 fn policy(kind: u8, a: u64, b: u64, shadow: bool, i: usize) -> Policy {
     let name = format!("p{i}");
     let p = match kind % 9 {
-        0 => Policy::token_bucket(&name, 1 + a % 30, 1 + b % 5),
+        // half of them with a burst of their own, smaller or larger than q
+        0 => Policy::token_bucket(&name, 1 + a % 30, 1 + b % 5).and_then(|p| match a >> 63 {
+            1 => p.with_burst(1 + (a >> 8) % 60),
+            _ => Ok(p),
+        }),
         1 => Policy::fixed_window(&name, 1 + a % 10, 1 + b % 10),
         2 => Policy::daily_at(&name, 1 + a % 50, b % 86_400),
         3 => Policy::sliding_counter(&name, 1 + a % 20, 1 + b % 10),

@@ -266,6 +266,10 @@ fn renamed(
         .find(|n| unique(n))
         .unwrap_or_else(|| format!("{base}.{i}"));
     let q = paceline_core::Policy::new(&name, p.algorithm(), p.quota(), p.window_s()).ok()?;
+    let q = match p.has_own_burst() {
+        true => q.with_burst(p.burst()).ok()?,
+        false => q,
+    };
     let q = match p.kind() {
         PolicyKind::Quota => q.with_kind(PolicyKind::Quota),
         PolicyKind::Burst => q.with_kind(PolicyKind::Burst),

@@ -257,3 +257,41 @@ policies = [
     let e = err(r#"share = "leased" },"#, r#"share = "shared" },"#);
     assert!(e.contains("use exact or leased"), "{e}");
 }
+
+#[test]
+fn a_bucket_with_a_burst_of_its_own_reads_and_bounds_its_slices() {
+    let ok = r#"
+[plans.big]
+policies = [
+  { name = "rps", algorithm = "token_bucket", q = 5000, w = 1, burst = 500, share = "leased" },
+]
+"#;
+    let limits = toml::from_str::<LimitsConfig>(ok).unwrap().build().unwrap();
+    let p = limits.plan("big").unwrap().policy(0).clone();
+    assert_eq!((p.quota(), p.window_s(), p.burst()), (5000, 1, 500));
+    // a tenth of the burst, not a fiftieth of q (100)
+    assert_eq!(p.share(), paceline_core::Share::Leased { max_slice: 50 });
+    let err = |from: &str, to: &str| {
+        let text = ok.replace(from, to);
+        toml::from_str::<LimitsConfig>(&text)
+            .unwrap()
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(
+        r#"share = "leased""#,
+        r#"share = "leased", max_slice = 501"#,
+    );
+    assert!(
+        e.starts_with("plans.big.policies[0].max_slice") && e.contains("the burst (500)"),
+        "{e}"
+    );
+    let e = err("burst = 500", "burst = 0");
+    assert!(e.starts_with("plans.big.policies[0].burst"), "{e}");
+    let e = err(r#""token_bucket""#, r#""fixed_window""#);
+    assert!(
+        e.starts_with("plans.big.policies[0].burst") && e.contains("only a token bucket"),
+        "{e}"
+    );
+}

@@ -148,7 +148,13 @@ local function make()
     for a, q, ws, off, sh, u in string.gmatch(spec, "(%a),(%d+),(%d+),(%d+),(%d),(%a)") do
       local p = {a = a, q = tonumber(q), ws = tonumber(ws), off = tonumber(off), shadow = sh == "1", bytes = u == "b"}
       p.w = p.ws * E9
-      if a == "t" then p.t = idiv(p.w, p.q) end
+      if a == "t" then
+        p.t = idiv(p.w, p.q)
+        -- a burst of its own (in the offset field): a bucket of that many
+        -- units refilling one each t; what follows reads q and w as the
+        -- bucket's size and its span in time
+        if p.off > 0 then p.q = p.off; p.w = p.off * p.t; p.off = 0 end
+      end
       plan[#plan + 1] = p
     end
     -- token buckets and fixed windows (under 104 days: every duration a

@@ -527,7 +527,7 @@ fn check_cost(i: usize, r: &Route, anon: Option<usize>, plans: &[Plan]) -> Resul
     let holds = |p: &Plan| {
         p.policies()
             .iter()
-            .all(|q| q.is_shadow() || cost.of(q) <= q.quota())
+            .all(|q| q.is_shadow() || cost.of(q) <= q.burst())
     };
     if candidates.is_empty() || candidates.iter().any(|p| holds(p)) {
         return Ok(());
@@ -535,15 +535,15 @@ fn check_cost(i: usize, r: &Route, anon: Option<usize>, plans: &[Plan]) -> Resul
     let smallest = candidates
         .iter()
         .flat_map(|p| p.policies().iter().map(move |q| (p, q)))
-        .filter(|(_, q)| !q.is_shadow() && cost.of(q) > q.quota())
-        .min_by_key(|(_, q)| q.quota());
+        .filter(|(_, q)| !q.is_shadow() && cost.of(q) > q.burst())
+        .min_by_key(|(_, q)| q.burst());
     let amount = smallest.map_or(r.cost(), |(_, q)| cost.of(q));
     let what = smallest.map_or(String::new(), |(p, q)| {
         format!(
             " (policy {:?} of plan {:?} holds {})",
             q.name(),
             p.name(),
-            q.quota()
+            q.burst()
         )
     });
     Err(ConfigError::new(

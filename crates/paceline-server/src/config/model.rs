@@ -291,6 +291,11 @@ pub struct PolicyConfig {
     /// The window in seconds (not for `daily` or `concurrency`).
     #[serde(default)]
     pub w: Option<u64>,
+    /// For `token_bucket`: the most units it holds, when not `q`. A
+    /// bucket of `q = 5000, w = 1, burst = 500` admits 5,000 a second
+    /// and at most 500 at once (see [`Policy::with_burst`]).
+    #[serde(default)]
+    pub burst: Option<u64>,
     /// For `daily`: the time of day (UTC, `HH:MM`) the quota resets.
     #[serde(default)]
     pub reset_at: Option<String>,
@@ -313,7 +318,8 @@ pub struct PolicyConfig {
     #[serde(default)]
     pub share: Option<String>,
     /// With `share = "leased"`: the most units one slice holds (default
-    /// a fiftieth of the quota, at least 1). With `N` instances the
+    /// a fiftieth of the quota and at most a tenth of the burst, at least
+    /// 1). With `N` instances the
     /// admitted count over any window exceeds exact mode's by at most
     /// `N × 2 × max_slice`.
     #[serde(default)]
@@ -901,6 +907,11 @@ fn build_policy(field: &str, p: &PolicyConfig) -> Result<Policy, ConfigError> {
         };
         err(f, e.to_string())
     })?;
+    if let Some(b) = p.burst {
+        policy = policy
+            .with_burst(b)
+            .map_err(|e| err("burst", e.to_string()))?;
+    }
     if let Some(u) = &p.unit {
         // requests, content-bytes, concurrent-requests, or any other
         // unit by name (published as `qu`); the near misses of the first
@@ -959,11 +970,18 @@ fn build_policy(field: &str, p: &PolicyConfig) -> Result<Policy, ConfigError> {
                     "a leased policy counts requests: a slice is a number of requests".into(),
                 ));
             }
-            let max_slice = max.unwrap_or((p.q / 50).max(1));
-            if max_slice == 0 || max_slice > p.q {
+            // a fiftieth of the quota, and at most a tenth of a burst of
+            // its own (the bound, N × 2 slices, stays a fraction of it)
+            let holds = policy.burst();
+            let max_slice = max.unwrap_or((p.q / 50).min(holds / 10).max(1));
+            if max_slice == 0 || max_slice > holds {
+                let what = match policy.has_own_burst() {
+                    true => "the burst",
+                    false => "q",
+                };
                 return Err(err(
                     "max_slice",
-                    format!("{max_slice}: a slice holds 1 to q ({}) units", p.q),
+                    format!("{max_slice}: a slice holds 1 to {what} ({holds}) units"),
                 ));
             }
             Share::Leased { max_slice }
