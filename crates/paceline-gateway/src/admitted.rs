@@ -11,6 +11,9 @@
 //! head, left in the answer for the shed layer to hold), so slow senders
 //! still hold none and a refused request costs no ticket.
 //!
+//! First of all, before the body is touched, the request is charged to
+//! the global plan when one is in force (`global.rs`): past it, `503`.
+//!
 //! An admitted request refused here never went anywhere: its answer is
 //! marked [`UpstreamFailed`], so the limit layer gives its charge back. A
 //! body that never arrives (`408`) or cannot be read (`400`) counts as
@@ -31,8 +34,10 @@ use paceline_server::idempotency::IdempotencyBody;
 use paceline_server::{Criticality, HttpFuture, RouteInfo, UpstreamFailed};
 use tower_service::Service;
 
+use crate::global::{GlobalLimit, Said};
 use crate::intake::{refusal_answer, Begun, Intake, Refusal, RequestBody};
 use crate::proxy::ProxyBody;
+use crate::server::GatewayLimiter;
 use crate::shed::{CurrentLimits, ShedTicket, Shedder};
 
 /// The answer body of the stages after this one.
@@ -54,6 +59,9 @@ struct Shared {
     peer: IpAddr,
     limits: CurrentLimits,
     retry_after_s: u64,
+    /// The global plan, and the limiter whose store and clock count it.
+    global: Arc<GlobalLimit>,
+    limiter: GatewayLimiter,
 }
 
 impl<S> Admitted<S> {
@@ -64,6 +72,7 @@ impl<S> Admitted<S> {
         peer: IpAddr,
         limits: CurrentLimits,
         retry_after_s: u64,
+        (global, limiter): (Arc<GlobalLimit>, GatewayLimiter),
     ) -> Self {
         Admitted {
             inner,
@@ -73,10 +82,15 @@ impl<S> Admitted<S> {
                 peer,
                 limits,
                 retry_after_s,
+                global,
+                limiter,
             }),
         }
     }
 }
+
+/// A global charge the store must be asked for, before anything else.
+type Pending = Option<(paceline_core::Plan, paceline_core::Nanos)>;
 
 impl<S> Service<Request<Incoming>> for Admitted<S>
 where
@@ -93,12 +107,24 @@ where
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         use http_body::Body;
-        if !req.body().is_end_stream() {
-            return self.later(req);
+        let body = !req.body().is_end_stream();
+        let this = &*self.shared;
+        let mut pending = None;
+        if let Some(plan) = this.global.plan() {
+            let now = this.limiter.clock().now();
+            let base = (this.limits)();
+            let base = base.problem_base();
+            match crate::global::check_now(&this.limiter, &plan, now, base, body) {
+                Some(Said::Pass) => {}
+                Some(Said::Refuse(res)) => return AdmittedFuture::answer(this.shed(res)),
+                None => pending = Some((plan, now)),
+            }
+        }
+        if body || pending.is_some() {
+            return self.later(req, pending);
         }
         // a request without a body is handed on at once: no future of
         // this stage's own to make, move or box
-        let this = &*self.shared;
         let req = match this.intake.begin(req, this.peer) {
             Ok(Begun::Taken(req)) => req,
             Ok(Begun::Waiting(req)) => return self.wait(req),
@@ -149,13 +175,24 @@ where
     /// it is first polled, by when what came with the head has been read
     /// (a body that came whole with its head then needs no receiving
     /// place), and waits for the rest if it must.
-    fn later(&mut self, req: Request<Incoming>) -> AdmittedFuture<S::Future> {
+    fn later(&mut self, req: Request<Incoming>, pending: Pending) -> AdmittedFuture<S::Future> {
         // the clone polled ready is the one called
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let this = self.shared.clone();
         AdmittedFuture::Waiting {
             fut: Box::pin(async move {
+                if let Some((plan, now)) = pending {
+                    use http_body::Body;
+                    let close = !req.body().is_end_stream();
+                    let limits = (this.limits)();
+                    let base = limits.problem_base();
+                    let said =
+                        crate::global::check_later(&this.limiter, &plan, now, base, close).await;
+                    if let Said::Refuse(res) = said {
+                        return Ok(this.shed(res));
+                    }
+                }
                 let req = match this.intake.begin(req, this.peer) {
                     Ok(Begun::Taken(req)) => Ok(req),
                     Ok(Begun::Waiting(req)) => this.intake.wait(req).await,
@@ -254,13 +291,24 @@ impl Shared {
     fn refused(&self, r: Refusal) -> Response<InnerBody> {
         let limits = (self.limits)();
         let res = refusal_answer(r, limits.problem_base(), self.retry_after_s);
-        let mut res = res.map(|b: Bytes| IdempotencyBody::whole(b));
         let failed = match r {
             Refusal::Overloaded => UpstreamFailed::Shed,
             Refusal::Timeout | Refusal::Broken => UpstreamFailed::NeverSent,
         };
-        res.extensions_mut().insert(failed);
-        crate::proxy::mark_gateway_answer(&mut res);
-        res
+        mark(res, failed)
     }
+
+    /// The global plan's refusal, marked shed for the limit layer (the
+    /// key's charge is given back).
+    fn shed(&self, res: Response<Bytes>) -> Response<InnerBody> {
+        mark(res, UpstreamFailed::Shed)
+    }
+}
+
+/// `res` as this stage's answer, marked for the limit layer.
+fn mark(res: Response<Bytes>, failed: UpstreamFailed) -> Response<InnerBody> {
+    let mut res = res.map(|b: Bytes| IdempotencyBody::whole(b));
+    res.extensions_mut().insert(failed);
+    crate::proxy::mark_gateway_answer(&mut res);
+    res
 }

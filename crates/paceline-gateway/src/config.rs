@@ -423,6 +423,12 @@ pub struct Settings {
     pub upstream_protocol: UpstreamProtocol,
     /// API keys looked up in Redis (`[gateway.keys_redis]`).
     pub keys_redis: Option<KeysRedisSettings>,
+    /// The plan of `[plans]` charged once for every request the limiter
+    /// passes, under one key for all gateways on the store
+    /// (`gateway.global_plan`): "at most 5,000 requests a second reach
+    /// the upstream". Past it a request is answered `503 overloaded` and
+    /// its key's charge given back. Applied on reload.
+    pub global_plan: Option<String>,
 }
 
 /// The `[gateway.keys_redis]` table: API keys not listed in the file (nor
@@ -634,6 +640,8 @@ struct GatewayModel {
     upstream_protocol: Option<String>,
     #[serde(default)]
     keys_redis: Option<KeysRedisModel>,
+    #[serde(default)]
+    global_plan: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -974,6 +982,19 @@ impl GatewayConfig {
                 "Redis looks up API keys: it needs key = \"api_key\" (the default) or key = \"header:<name>\"",
             ));
         }
+        if let Some(name) = &settings.global_plan {
+            if limits.plan(name).is_none() {
+                let known: Vec<&str> = limits.plans().map(|p| p.name()).collect();
+                return Err(src.at_field(
+                    Kind::UnknownPlan,
+                    "gateway.global_plan",
+                    format!(
+                        "{name:?} is not a plan of [plans] (there are: {})",
+                        known.join(", ")
+                    ),
+                ));
+            }
+        }
         sources.extend(limit_files);
         sources.extend(settings.tls.iter().flat_map(|t| {
             [
@@ -1130,6 +1151,7 @@ fn settings(
             .as_ref()
             .map(|k| keys_redis(src, k, store))
             .transpose()?,
+        global_plan: g.global_plan.clone(),
         upstream_protocol: match g.upstream_protocol.as_deref() {
             None | Some("http1") => UpstreamProtocol::Http1,
             Some("http2") => UpstreamProtocol::Http2,

@@ -108,6 +108,7 @@ pub mod check;
 mod config;
 mod edge;
 mod front;
+mod global;
 mod idempotency;
 mod idle;
 mod intake;
@@ -132,6 +133,7 @@ pub use config::{
     DEFAULT_MAX_HEAD_BYTES, DEFAULT_TLS_HANDSHAKE, KEY_HASH_SECRET_ENV, MAX_MAX_HEAD_BYTES,
     MIN_MAX_BUFFERED_BYTES, MIN_MAX_HEAD_BYTES,
 };
+pub use global::GLOBAL_KEY;
 pub use keys::MAX_LOOKUP_KEY;
 pub use server::{
     serve_metrics, shutdown_signal, Gateway, GatewayHandle, GatewayLimiter, ReloadCallback,

@@ -11,6 +11,7 @@
 //! | `paceline_gateway_intake_refused_total` | counter | `reason` (`receiving`, `memory`, `idle`) |
 //! | `paceline_gateway_tls_handshakes_total` | counter | `outcome` (`ok`, `failed`, `deadline`, `displaced`, `memory`) |
 //! | `paceline_gateway_key_lookups_total` | counter | `outcome` (`found`, `not_found`, `stale`, `unavailable`) |
+//! | `paceline_gateway_global_refused_total` | counter | `reason` (`limit`, `store`) |
 //!
 //! plus every series of [`paceline_server::telemetry`].
 
@@ -34,6 +35,14 @@ pub const INTAKE_REFUSED: &str = "paceline_gateway_intake_refused_total";
 
 /// Keys looked up in Redis (`[gateway.keys_redis]`), by outcome.
 pub const KEY_LOOKUPS: &str = "paceline_gateway_key_lookups_total";
+
+/// Requests the global plan refused (`[gateway] global_plan`), by reason:
+/// its limit, or a store failure under `fail = "closed"`.
+pub const GLOBAL_REFUSED: &str = "paceline_gateway_global_refused_total";
+
+pub(crate) fn global_refused(reason: &'static str) {
+    metrics::counter!(GLOBAL_REFUSED, "reason" => reason).increment(1);
+}
 
 /// TLS handshakes with clients, by outcome.
 pub const TLS_HANDSHAKES: &str = "paceline_gateway_tls_handshakes_total";

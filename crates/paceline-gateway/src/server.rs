@@ -137,6 +137,8 @@ struct HandleInner {
     /// Keys looked up in Redis before the limiter, with
     /// `[gateway.keys_redis]`.
     keys: crate::keys::Keys,
+    /// The plan charged for every request passed on (`global_plan`).
+    global: Arc<crate::global::GlobalLimit>,
     stop: watch::Sender<bool>,
 }
 
@@ -203,6 +205,7 @@ impl Gateway {
             )),
             None => None,
         };
+        let global = crate::global::GlobalLimit::new(global_plan(&s, &config.limits));
         let (stop, _) = watch::channel(false);
         let handle = GatewayHandle {
             inner: Arc::new(HandleInner {
@@ -214,6 +217,7 @@ impl Gateway {
                 file: config.file.clone(),
                 tls: RwLock::new(tls),
                 keys,
+                global,
                 stop,
             }),
         };
@@ -421,6 +425,7 @@ impl Serving {
             peer.ip(),
             current_limits(h),
             retry,
+            (h.inner.global.clone(), h.inner.limiter.clone()),
         );
         let limited = RateLimit::new(admitted, h.inner.limiter.clone());
         let stack = self.shed.layer(h.inner.keys.layer(limited.with_peer(peer)));
@@ -518,6 +523,14 @@ fn shed_layer(h: &GatewayHandle) -> LoadShedLayer {
 }
 
 /// The limits in force at each call, reloads included.
+/// The plan `global_plan` names, from `limits` (checked to be there when
+/// the configuration was read).
+fn global_plan(s: &Settings, limits: &Limits) -> Option<paceline_core::Plan> {
+    s.global_plan
+        .as_deref()
+        .and_then(|name| limits.plan(name).cloned())
+}
+
 fn current_limits(h: &GatewayHandle) -> CurrentLimits {
     let limiter = h.inner.limiter.clone();
     Arc::new(move || limiter.limits())
@@ -599,6 +612,7 @@ impl GatewayHandle {
                 None => self.inner.limiter.clear_soft_limit_hook(),
             }
         }
+        self.inner.global.set(global_plan(&new, &cfg.limits));
         self.inner.limiter.reload(cfg.limits);
         self.inner.shedder.set_settings(new.shedding);
         let mut notes = notes;
@@ -616,6 +630,7 @@ impl GatewayHandle {
         s.shedding = new.shedding;
         s.soft_limit_webhook = new.soft_limit_webhook;
         s.watch = new.watch;
+        s.global_plan = new.global_plan;
         if s.tls.is_some() && new.tls.is_some() {
             s.tls = new.tls;
         }
@@ -697,6 +712,8 @@ fn restart_notes(
         upstream_tls,
         upstream_protocol,
         keys_redis,
+        // applied: the global limit's plan is replaced
+        global_plan: _,
     } = new;
     let mut notes = Vec::new();
     let mut note = |name: &str, changed: bool| {
