@@ -117,6 +117,8 @@ struct Slice {
     last: Nanos,
     /// A lease is in flight for this key.
     fetching: bool,
+    /// Units past what one instance may hold, to be given back.
+    excess: u64,
 }
 
 /// What a local look at the slices concluded.
@@ -285,12 +287,18 @@ impl Leases {
         if now < s.expires && s.left >= cost {
             s.left -= cost;
             self.counters.local.fetch_add(1, Ordering::Relaxed);
-            // no slice ahead while Redis refuses them
-            let ahead =
-                (!s.fetching && !refused && s.left < want.div_ceil(2) && want > cost).then(|| {
-                    s.fetching = true;
-                    want
-                });
+            // the next slice ahead of need: when less than half of one is
+            // left, or in the last quarter of the slice's time (a key in
+            // use then never finds its slice lapsed, and its callers do not
+            // all ask at once); none while Redis refuses them
+            let ending = now
+                >= s.expires
+                    .saturating_sub(Nanos::new(self.interval.as_u64() / 4));
+            let low = s.left < want.div_ceil(2) && want > cost;
+            let ahead = (!s.fetching && !refused && (low || ending)).then(|| {
+                s.fetching = true;
+                want
+            });
             return Some(Local::Decided(s.admitted(now), ahead));
         }
         if let Some(until) = s.denied_until {
@@ -329,7 +337,9 @@ impl Leases {
             s.taken_at = now;
             s.left = 0;
         }
-        s.left += units - used;
+        // a slice renewed before its time is up holds at most two (what
+        // the stated bound counts); the rest goes back at the next sweep
+        s.hold(s.left + units - used);
         // units of the window just ended never reach the next one
         s.expires = lapse;
         s.seen = d.clone();
@@ -338,12 +348,31 @@ impl Leases {
         s.fetching = false;
     }
 
-    /// Redis refused a lease whose units come back after `wait`: refuse
-    /// locally until then, and longer after refusals in a row (up to a
-    /// slice's time), so instances racing for a key at its limit do not
-    /// each ask at every refill; what they leave accumulates for the next
-    /// slice. Returns the instant refusals last until.
-    fn refused(&self, plan: &Plan, hash: u128, now: Nanos, wait: Nanos, d: &Decision) -> Nanos {
+    /// Redis refused a lease of `asked` units whose units come back after
+    /// `wait`: refuse locally until then, and at least as long as a token
+    /// bucket takes to refill the whole slice (a bucket a few units short
+    /// of it answers a wait of a fraction of a millisecond), and longer
+    /// after refusals in a row (up to a slice's time), so instances racing
+    /// for a key at its limit do not each ask at every refill; what they
+    /// leave accumulates for the next slice. Returns the instant refusals
+    /// last until.
+    fn refused(
+        &self,
+        plan: &Plan,
+        hash: u128,
+        asked: u64,
+        now: Nanos,
+        wait: Nanos,
+        d: &Decision,
+    ) -> Nanos {
+        let refill = plan
+            .policies()
+            .iter()
+            .filter(|p| !p.is_shadow() && p.algorithm() == Algorithm::TokenBucket)
+            .map(|p| p.emission_interval().as_u64().saturating_mul(asked))
+            .max()
+            .unwrap_or(0);
+        let wait = wait.max(Nanos::new(refill).min(self.interval));
         let mut shard = self.shard(hash).lock();
         let Some(s) = slice_of(&mut shard, plan, hash, now, d) else {
             return now.saturating_add(wait);
@@ -398,7 +427,7 @@ impl Leases {
                         .unwrap_or(0);
                     return Answered::Retry(left.clamp(cost, asked));
                 }
-                let until = self.refused(plan, hash, now, den.retry_after, &d);
+                let until = self.refused(plan, hash, asked, now, den.retry_after, &d);
                 if let Outcome::Denied(den) = &mut d.outcome {
                     den.retry_after = until.saturating_sub(now);
                 }
@@ -414,7 +443,7 @@ impl Leases {
         let mut shard = self.shard(hash).lock();
         match shard.get_mut(&(plan.identity(), hash)) {
             Some(s) if s.plan == *plan && now < s.expires => {
-                s.left = s.left.saturating_add(units);
+                s.hold(s.left.saturating_add(units));
                 true
             }
             _ => false,
@@ -453,6 +482,10 @@ impl Leases {
         for shard in &self.shards {
             let mut g = shard.lock();
             g.retain(|&(_, hash), s| {
+                if s.excess > 0 {
+                    back.push((s.plan.clone(), hash, s.excess, s.taken_at));
+                    s.excess = 0;
+                }
                 if s.left > 0 && now >= s.expires {
                     back.push((s.plan.clone(), hash, s.left, s.taken_at));
                     s.left = 0;
@@ -496,10 +529,18 @@ fn slice_of<'a>(
         count: 0.0,
         last: now,
         fetching: false,
+        excess: 0,
     }))
 }
 
 impl Slice {
+    /// Keeps `units` to admit here, at most two slices' worth; the rest
+    /// is set aside to be given back.
+    fn hold(&mut self, units: u64) {
+        self.left = units.min(held_at_most(&self.plan));
+        self.excess = self.excess.saturating_add(units - self.left);
+    }
+
     /// Brings the rate up to `now` and counts `cost` more.
     fn tick(&mut self, now: Nanos, cost: u64) {
         let dt = now.saturating_sub(self.last).as_u64() as f64;
@@ -571,6 +612,12 @@ fn want(count: f64, interval: Nanos, cost: u64, max: u64, plan: &Plan) -> u64 {
         .min()
         .unwrap_or(u64::MAX);
     need.min(max).max(cost).max(1).min(holds.max(cost))
+}
+
+/// The most units one instance holds of a key: two slices (the one in
+/// use and the next, taken ahead of need).
+fn held_at_most(plan: &Plan) -> u64 {
+    max_slice(plan).map_or(u64::MAX, |m| m.saturating_mul(2))
 }
 
 /// When a slice taken at `now` lapses: after one slice time, or at the
@@ -681,6 +728,39 @@ mod tests {
     }
 
     #[test]
+    fn a_slice_in_use_is_renewed_before_its_time_is_up_and_holds_at_most_two() {
+        let p = plan(10);
+        let l = Leases::new(Nanos::from_millis(100));
+        let t = Nanos::from_secs(1_000);
+        assert!(matches!(
+            l.answer(&p, 5, 10, 1, t, allowed(100), true),
+            Answered::Done(_)
+        ));
+        // plenty left, the slice young: nothing asked ahead
+        match l.local(&p, 10, 5, 1, t.saturating_add(Nanos::from_millis(10)), true) {
+            Some(Local::Decided(d, None)) => assert!(d.is_allowed()),
+            other => panic!("{other:?}"),
+        }
+        // plenty left, the slice in its last quarter: the next one asked
+        let late = t.saturating_add(Nanos::from_millis(80));
+        let ahead = match l.local(&p, 10, 5, 1, late, true) {
+            Some(Local::Decided(d, Some(want))) => {
+                assert!(d.is_allowed());
+                want
+            }
+            other => panic!("{other:?}"),
+        };
+        // it lands: 7 left + 10, within two slices (20)
+        let _ = l.answer(&p, 5, ahead, 0, late, allowed(100), false);
+        // refunds past two slices are set aside and go back at the sweep
+        // (with the slice's own units, its time up by then)
+        assert!(l.refund(&p, 5, 50, late));
+        let back = l.sweep(late.saturating_add(SWEEP_EVERY)).unwrap();
+        let given: Vec<u64> = back.iter().map(|(_, _, n, _)| *n).collect();
+        assert_eq!(given, [7 + ahead + 50 - 20, 20]);
+    }
+
+    #[test]
     fn a_refusal_is_remembered_until_its_wait() {
         let p = plan(10);
         let l = Leases::new(Nanos::from_millis(100));
@@ -691,8 +771,15 @@ mod tests {
             kind: p.policy(0).kind(),
             retry_after: Nanos::from_millis(40),
         });
-        let until = l.refused(&p, 3, t, Nanos::from_millis(40), &d);
+        let until = l.refused(&p, 3, 10, t, Nanos::from_millis(40), &d);
         assert_eq!(until, t.saturating_add(Nanos::from_millis(40)));
+        // a bucket a unit short answers a tiny wait: the refusal lasts at
+        // least as long as the whole slice takes to refill (10 × 0.5 ms),
+        // doubled for the second refusal in a row
+        let short = l.refused(&p, 4, 10, t, Nanos::new(500_000), &d);
+        assert_eq!(short, t.saturating_add(Nanos::from_millis(5)));
+        let again = l.refused(&p, 4, 10, t, Nanos::new(500_000), &d);
+        assert_eq!(again, t.saturating_add(Nanos::from_millis(10)));
         let mid = t.saturating_add(Nanos::from_millis(15));
         match l.local(&p, 10, 3, 1, mid, false) {
             Some(Local::Decided(d, None)) => {
