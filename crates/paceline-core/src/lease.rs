@@ -22,7 +22,10 @@
 //! mode admits by at most `N × 2 × max_slice` for `N` instances. A slice
 //! of a plan with fixed or daily windows lapses at the end of the window
 //! it was charged in, so in every such window the admitted count stays
-//! within the quota itself when the instances read one clock.
+//! within the quota itself when the instances read one clock; a sliding
+//! counter's slice lapses with the sub-window it was charged in. A slice
+//! in use is renewed in the last quarter of its time, and what it holds
+//! beyond two slices (refunds into it) is given back.
 //!
 //! **Unused units go back**: when a slice's time is up with units left,
 //! they are given back (a refund of a charge made when the slice was
@@ -74,8 +77,8 @@ pub fn max_slice(plan: &Plan) -> Option<u64> {
     max
 }
 
-/// Whether `plan` can be leased: token buckets and fixed or daily
-/// windows, counted in requests.
+/// Whether `plan` can be leased: token buckets, fixed or daily windows and
+/// sliding counters, counted in requests.
 pub fn leasable(plan: &Plan) -> Result<(), String> {
     for p in plan.policies() {
         if !matches!(p.share(), Share::Leased { .. }) {
@@ -83,11 +86,11 @@ pub fn leasable(plan: &Plan) -> Result<(), String> {
         }
         let ok = matches!(
             p.algorithm(),
-            Algorithm::TokenBucket | Algorithm::FixedWindow { .. }
+            Algorithm::TokenBucket | Algorithm::FixedWindow { .. } | Algorithm::SlidingCounter
         ) && p.unit() == crate::Unit::Requests;
         if !ok {
             return Err(format!(
-                "policy {:?}: only token buckets and fixed or daily windows counted in requests are leased",
+                "policy {:?}: only token buckets, fixed or daily windows and sliding counters counted in requests are leased",
                 p.name()
             ));
         }
@@ -621,12 +624,21 @@ fn held_at_most(plan: &Plan) -> u64 {
 }
 
 /// When a slice taken at `now` lapses: after one slice time, or at the
-/// end of the shortest fixed window it was charged in.
+/// end of the shortest window it was charged in (a fixed window, or a
+/// sliding counter's current sub-window: a unit charged in one and
+/// spent in the next would weigh in the next only by the share of the
+/// one it was charged in).
 fn lapse(plan: &Plan, d: &Decision, now: Nanos, interval: Nanos) -> Nanos {
     let mut end = now.saturating_add(interval);
     for (p, st) in plan.policies().iter().zip(&d.statuses) {
-        if matches!(p.algorithm(), Algorithm::FixedWindow { .. }) {
-            end = end.min(now.saturating_add(st.reset_after));
+        match p.algorithm() {
+            Algorithm::FixedWindow { .. } => end = end.min(now.saturating_add(st.reset_after)),
+            Algorithm::SlidingCounter => {
+                let w = p.window().as_u64();
+                let next = (now.as_u64() / w).saturating_add(1).saturating_mul(w);
+                end = end.min(Nanos::new(next));
+            }
+            _ => {}
         }
     }
     end

@@ -6,6 +6,8 @@
 //!
 //! - a fixed window: every second admits at most its 2,000 (a slice
 //!   lapses with the window it was charged in) and at least 95% of it;
+//! - a sliding counter: every second at most 2,000 plus the stated bound,
+//!   and the ten seconds at least 95% of the limit;
 //! - a token bucket: every second after the first admits at most 2,000
 //!   plus the stated bound (3 instances × 2 slices × `max_slice`), and
 //!   the ten seconds at least 95% of what exact mode would;
@@ -155,6 +157,23 @@ async fn a_leased_token_bucket_overshoots_by_at_most_the_stated_bound() {
     let total: u64 = r.per_second.iter().sum();
     let exact = LIMIT + 10 * LIMIT;
     assert!(total * 100 >= exact * 95, "{total} of {exact}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_sliding_counter_overshoots_by_at_most_the_stated_bound() {
+    let server = testing::RedisServer::start();
+    let stores = stores(&server.url(), None).await;
+    let plan = leased(Policy::sliding_counter("global", LIMIT, 1).unwrap());
+    let r = run(&stores, &plan, 1_800_000_000, 10).await;
+    report("sliding counter", &r);
+    let bound = INSTANCES * 2 * MAX_SLICE;
+    // each second is one sub-window: the counter's estimate there is
+    // what it holds plus a share of the one before, at most the limit
+    for (i, &n) in r.per_second.iter().enumerate() {
+        assert!(n <= LIMIT + bound, "second {i}: {n}");
+    }
+    let total: u64 = r.per_second.iter().sum();
+    assert!(total * 100 >= 10 * LIMIT * 95, "{total}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

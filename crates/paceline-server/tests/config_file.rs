@@ -243,8 +243,18 @@ policies = [
         e.starts_with("plans.global.policies[0].share") && e.contains("concurrency"),
         "{e}"
     );
+    let counter = ok.replace(
+        r#""token_bucket", q = 2000"#,
+        r#""sliding_counter", q = 2000"#,
+    );
+    let limits = toml::from_str::<LimitsConfig>(&counter)
+        .unwrap()
+        .build()
+        .unwrap();
+    let p = limits.plan("global").unwrap().policy(0).clone();
+    assert_eq!(p.share(), Share::Leased { max_slice: 40 });
     let e = err(r#""token_bucket", q = 2000"#, r#""sliding_log", q = 2000"#);
-    assert!(e.contains("only token buckets"), "{e}");
+    assert!(e.contains("a sliding log stamps each unit"), "{e}");
     let e = err("max_slice = 500", "max_slice = 2000000");
     assert!(e.starts_with("plans.global.policies[1].max_slice"), "{e}");
     let e = err(r#", share = "leased", max_slice"#, ", max_slice");

@@ -956,8 +956,8 @@ fn build_policy(field: &str, p: &PolicyConfig) -> Result<Policy, ConfigError> {
                 Algorithm::Concurrency => Some(
                     "a concurrency cap cannot be leased: its units come back one by one as requests end, so a slice of them means nothing",
                 ),
-                Algorithm::SlidingLog | Algorithm::SlidingCounter => Some(
-                    "only token buckets and fixed or daily windows are leased; count this one exactly",
+                Algorithm::SlidingLog => Some(
+                    "a sliding log stamps each unit with its instant, and a slice's units would all carry the instant it was taken: use a sliding_counter, or count this one exactly",
                 ),
                 _ => None,
             };
