@@ -161,7 +161,9 @@ pub struct RedisSettings {
     pub prefix: String,
     /// The degraded limiter's share of each quota, if wanted.
     pub degraded_share: Option<f64>,
-    /// How long a slice of a leased policy's budget lives (`slice_ms`).
+    /// How long a slice of a leased policy's budget lives, and how long
+    /// after a failed call decisions skip Redis before one probes it
+    /// (`slice_ms`).
     pub slice: Duration,
     /// The most keys whose last answer is kept for a shed answer's fields
     /// (`standing_keys`; 0: none).

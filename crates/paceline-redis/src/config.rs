@@ -90,7 +90,9 @@ pub struct RedisStoreConfig {
     /// How long a slice of a leased policy's budget lives (and how much
     /// a slice holds: what the instance uses of the key in that time, up
     /// to the policy's `max_slice`). Between 1 ms and 10 s; 100 ms by
-    /// default.
+    /// default. Also how long, after a call fails, decisions are answered
+    /// without Redis (the degraded limiter, or each policy's fail mode)
+    /// before one probes it again.
     pub slice: Duration,
     /// The degraded local limiter, when wanted.
     pub degraded: Option<Degraded>,

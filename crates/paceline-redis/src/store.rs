@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -84,6 +84,56 @@ struct Inner {
     standing: Standing,
     idempotency_deadline: std::time::Duration,
     leases: paceline_core::lease::Leases,
+    /// Exact decisions answered without Redis for a while after it
+    /// failed a call (see `decide`).
+    breaker: Breaker,
+}
+
+/// After Redis fails a call, exact decisions are answered at once (the
+/// degraded limiter, or each policy's fail mode) for one probe interval
+/// instead of each waiting out the deadline; then one decision probes
+/// Redis, and a success closes it. Read on tokio's clock, as the
+/// deadline is.
+struct Breaker {
+    open: AtomicBool,
+    /// Until when decisions skip Redis, and what it last failed with.
+    until: parking_lot::Mutex<(Option<tokio::time::Instant>, String)>,
+    interval: std::time::Duration,
+}
+
+impl Breaker {
+    /// Whether to answer without Redis now (`false` for the one caller
+    /// a period that probes it).
+    fn skip(&self) -> Option<String> {
+        if !self.open.load(Ordering::Relaxed) {
+            return None;
+        }
+        let now = tokio::time::Instant::now();
+        let mut g = self.until.lock();
+        match g.0 {
+            Some(until) if now < until => Some(g.1.clone()),
+            _ => {
+                g.0 = Some(now + self.interval);
+                None
+            }
+        }
+    }
+
+    fn record(&self, failure: Option<&str>) {
+        match failure {
+            Some(m) => {
+                let mut g = self.until.lock();
+                g.0 = Some(tokio::time::Instant::now() + self.interval);
+                m.clone_into(&mut g.1);
+                self.open.store(true, Ordering::Relaxed);
+            }
+            None if self.open.load(Ordering::Relaxed) => {
+                self.open.store(false, Ordering::Relaxed);
+                self.until.lock().0 = None;
+            }
+            None => {}
+        }
+    }
 }
 
 struct Degraded {
@@ -203,6 +253,11 @@ impl RedisStore {
                 leases: paceline_core::lease::Leases::new(Nanos::new(
                     config.slice.as_nanos().min(u128::from(u64::MAX)) as u64,
                 )),
+                breaker: Breaker {
+                    open: AtomicBool::new(false),
+                    until: parking_lot::Mutex::new((None, String::new())),
+                    interval: config.slice.max(std::time::Duration::from_millis(1)),
+                },
             }),
         })
     }
@@ -491,7 +546,24 @@ impl RedisStore {
         };
         let spec = info.spec.clone();
         drop(info);
-        match self.send(plan, spec, hash, op, now).await {
+        // Redis failed a call a moment ago: answer at once (the degraded
+        // limiter, or the policies' fail mode) instead of making every
+        // decision wait out the deadline; one decision a slice's time
+        // probes it
+        if let Some(why) = i.breaker.skip() {
+            return match self.degraded(plan, key, cost, now) {
+                Some(d) => Ok(d),
+                None => Err(StoreError::Unavailable(format!(
+                    "{why} (a moment ago; Redis is probed again shortly)"
+                ))),
+            };
+        }
+        let sent = self.send(plan, spec, hash, op, now).await;
+        i.breaker.record(match &sent {
+            Err(StoreError::Unavailable(m)) => Some(m),
+            _ => None,
+        });
+        match sent {
             Ok(Some(d)) => {
                 self.recovered();
                 i.cache.put(

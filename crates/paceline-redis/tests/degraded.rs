@@ -243,3 +243,33 @@ async fn a_settle_goes_only_to_the_side_that_charged() {
     let wait = d.denial().expect("in debt").retry_after;
     assert_eq!(wait, Nanos::from_secs(5_400), "{d:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_hung_exact_decisions_wait_out_the_deadline_once_not_each() {
+    let server = testing::RedisServer::start();
+    let s = RedisStore::connect(RedisStoreConfig {
+        urls: vec![server.url()],
+        deadline: Duration::from_millis(300),
+        key_secret: b"test".to_vec(),
+        degraded: Some(Degraded { share: 0.5 }),
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let plan = burst(1_000);
+    reachable(&s, &plan).await;
+    server.pause();
+    let t = Instant::now();
+    for i in 0..20 {
+        assert!(allowed(&s, &plan, &format!("k:{i}"), at(1)).await);
+    }
+    let took = t.elapsed();
+    server.resume();
+    // the first decision waits out the deadline; the rest are answered by
+    // the degraded limiter at once, but for a probe each 100 ms (the slice
+    // time), which waits too: 20 deadlines without the breaker
+    assert!(took < Duration::from_millis(1_500), "{took:?}");
+    assert_eq!(s.stats().degraded, 20);
+    // back: decided by Redis again
+    reachable(&s, &plan).await;
+}
