@@ -118,8 +118,9 @@ struct Slice {
     /// was last brought up to date.
     count: f64,
     last: Nanos,
-    /// A lease is in flight for this key.
+    /// A lease is in flight for this key, since then.
     fetching: bool,
+    fetch_since: Nanos,
     /// Units past what one instance may hold, to be given back.
     excess: u64,
 }
@@ -130,6 +131,10 @@ pub enum Local {
     /// Decided from the slice (or its remembered refusal); `Some(want)`
     /// asks for the next slice to be taken ahead of need.
     Decided(Decision, Option<u64>),
+    /// A slice for the key is on its way: wait for it to land (not long:
+    /// see [`Leases::fetch_done`]), then look again; still waiting after
+    /// that, ask for the request's own cost.
+    Wait,
     /// The slice cannot decide: take a slice of `want` units; `give_back`
     /// holds units left from a slice whose time is up, and when they were
     /// charged.
@@ -300,6 +305,7 @@ impl Leases {
             let low = s.left < want.div_ceil(2) && want > cost;
             let ahead = (!s.fetching && !refused && (low || ending)).then(|| {
                 s.fetching = true;
+                s.fetch_since = now;
                 want
             });
             return Some(Local::Decided(s.admitted(now), ahead));
@@ -314,10 +320,17 @@ impl Leases {
         if !may_ask {
             return None;
         }
+        // a slice on its way (for at most a slice's time: a lease whose
+        // caller gave up never answers): wait for it rather than each ask
+        if s.fetching && now < s.fetch_since.saturating_add(self.interval) {
+            return Some(Local::Wait);
+        }
         let give_back = (s.left > 0 && now >= s.expires).then_some((s.left, s.taken_at));
         if give_back.is_some() || now >= s.expires {
             s.left = 0;
         }
+        s.fetching = true;
+        s.fetch_since = now;
         Some(Local::Ask { want, give_back })
     }
 
@@ -355,10 +368,11 @@ impl Leases {
     /// `wait`: refuse locally until then, and at least as long as a token
     /// bucket takes to refill the whole slice (a bucket a few units short
     /// of it answers a wait of a fraction of a millisecond), and longer
-    /// after refusals in a row (up to a slice's time), so instances racing
-    /// for a key at its limit do not each ask at every refill; what they
-    /// leave accumulates for the next slice. Returns the instant refusals
-    /// last until.
+    /// after refusals in a row (up to a slice's time, and at most half the
+    /// time a token bucket takes to fill from empty, lest the instances all
+    /// wait while it overflows), so instances racing for a key at its limit
+    /// do not each ask at every refill; what they leave accumulates for the
+    /// next slice. Returns the instant refusals last until.
     fn refused(
         &self,
         plan: &Plan,
@@ -376,12 +390,20 @@ impl Leases {
             .max()
             .unwrap_or(0);
         let wait = wait.max(Nanos::new(refill).min(self.interval));
+        let fill = plan
+            .policies()
+            .iter()
+            .filter(|p| !p.is_shadow() && p.algorithm() == Algorithm::TokenBucket)
+            .map(|p| p.capacity_ns() / 2)
+            .min()
+            .unwrap_or(u64::MAX);
+        let most = Nanos::new(self.interval.as_u64().min(fill)).max(wait);
         let mut shard = self.shard(hash).lock();
         let Some(s) = slice_of(&mut shard, plan, hash, now, d) else {
             return now.saturating_add(wait);
         };
         let factor = 1u64 << s.refusals.min(8);
-        let longer = Nanos::new(wait.as_u64().saturating_mul(factor)).min(self.interval.max(wait));
+        let longer = Nanos::new(wait.as_u64().saturating_mul(factor)).min(most);
         let until = now.saturating_add(longer);
         s.refusals = s.refusals.saturating_add(1);
         s.seen = d.clone();
@@ -435,7 +457,7 @@ impl Leases {
                     den.retry_after = until.saturating_sub(now);
                 }
             }
-            Outcome::CostExceedsBurst { .. } => {}
+            Outcome::CostExceedsBurst { .. } => self.fetch_done(plan, hash),
         }
         Answered::Done(d)
     }
@@ -453,8 +475,8 @@ impl Leases {
         }
     }
 
-    /// A lease taken ahead of need failed or was refused: the key may be
-    /// asked for again.
+    /// A lease (taken ahead of need or not) failed, or came to nothing to
+    /// keep: the key may be asked for again.
     pub fn fetch_done(&self, plan: &Plan, hash: u128) {
         if let Some(s) = self.shard(hash).lock().get_mut(&(plan.identity(), hash)) {
             s.fetching = false;
@@ -532,6 +554,7 @@ fn slice_of<'a>(
         count: 0.0,
         last: now,
         fetching: false,
+        fetch_since: now,
         excess: 0,
     }))
 }

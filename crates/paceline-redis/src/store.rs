@@ -84,6 +84,8 @@ struct Inner {
     standing: Standing,
     idempotency_deadline: std::time::Duration,
     leases: paceline_core::lease::Leases,
+    /// Woken when a lease's answer lands (see `decide_leased`).
+    landed: tokio::sync::Notify,
     /// Exact decisions answered without Redis for a while after it
     /// failed a call (see `decide`).
     breaker: Breaker,
@@ -253,6 +255,7 @@ impl RedisStore {
                 leases: paceline_core::lease::Leases::new(Nanos::new(
                     config.slice.as_nanos().min(u128::from(u64::MAX)) as u64,
                 )),
+                landed: tokio::sync::Notify::new(),
                 breaker: Breaker {
                     open: AtomicBool::new(false),
                     until: parking_lot::Mutex::new((None, String::new())),
@@ -600,18 +603,60 @@ impl RedisStore {
         max: u64,
         now: Nanos,
     ) -> Result<Decision, StoreError> {
+        use paceline_core::lease::Local;
         let i = &self.inner;
         let leases = &i.leases;
         self.give_back(leases.sweep(now), now);
         let c = cost.requests;
-        let (want, give) = match leases.local(plan, max, hash, c, now, true) {
-            Some(paceline_core::lease::Local::Decided(d, ahead)) => {
+        // another decision's slice on its way: wait for it to land (once,
+        // at most the deadline; armed before looking again, so a landing in
+        // between is not missed) and look again, so the callers of a key
+        // whose slice ran out do not each ask
+        let mut looked = leases.local(plan, max, hash, c, now, true);
+        if let Some(Local::Wait) = looked {
+            let landed = i.landed.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            looked = leases.local(plan, max, hash, c, now, true);
+            if let Some(Local::Wait) = looked {
+                let _ = tokio::time::timeout(i.deadline, landed).await;
+                looked = leases.local(plan, max, hash, c, now, true);
+            }
+        }
+        let (want, give) = match looked {
+            Some(Local::Decided(d, ahead)) => {
                 self.note_leased(ahead, plan, hash, now);
                 return Ok(d);
             }
-            Some(paceline_core::lease::Local::Ask { want, give_back }) => (want, give_back),
-            None => (c.max(1), None),
+            Some(Local::Ask { want, give_back }) => (want, give_back),
+            Some(Local::Wait) | None => (c.max(1), None),
         };
+        let r = self
+            .lease_call(plan, key, hash, cost, want, give, now)
+            .await;
+        // whatever came of it, the key's slice is no longer on its way
+        leases.fetch_done(plan, hash);
+        i.landed.notify_waiters();
+        r
+    }
+
+    /// The round trip of [`decide_leased`](Self::decide_leased): gives
+    /// back what a lapsed slice held, takes a slice of `want` units, and
+    /// reads the answer into the key's slice.
+    #[allow(clippy::too_many_arguments)]
+    async fn lease_call(
+        &self,
+        plan: &Plan,
+        key: &str,
+        hash: u128,
+        cost: Cost,
+        want: u64,
+        give: Option<(u64, Nanos)>,
+        now: Nanos,
+    ) -> Result<Decision, StoreError> {
+        let i = &self.inner;
+        let leases = &i.leases;
+        let c = cost.requests;
         if let Some((n, at)) = give {
             self.give_back(Some(vec![(plan.clone(), hash, n, at)]), now);
         }
@@ -710,6 +755,7 @@ impl RedisStore {
                 }
                 Err(_) => this.inner.leases.fetch_done(&plan, hash),
             }
+            this.inner.landed.notify_waiters();
         });
     }
 

@@ -396,7 +396,8 @@ impl Gateway {
                 return d;
             }
             Some(Local::Ask { want, give_back }) => (want, give_back),
-            None => (cost.max(1), None),
+            // (a slice is answered at once here: never on its way)
+            Some(Local::Wait) | None => (cost.max(1), None),
         };
         if let Some((units, at)) = give_back {
             self.stats.round_trips += 1;
