@@ -29,17 +29,9 @@ N=${N:-200000}
 PROFILE=${PROFILE:-release}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 ROUNDS=${ROUNDS:-3}
-PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
-
-for c in redis-server redis-cli redis-benchmark; do
-    command -v "$c" >/dev/null || { echo "$c is missing: apt-get install redis-server redis-tools" >&2; exit 1; }
-done
-
-dir=$(mktemp -d)
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize no --loglevel warning >/dev/null 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 100); do redis-cli -p "$PORT" PING >/dev/null 2>&1 && break; sleep 0.05; done
+# shellcheck source=scripts/redis-bench-common.sh
+. scripts/redis-bench-common.sh
+redis_bench_start
 
 # the minimal GCRA: one key, TIME, GET, SET with a TTL
 GCRA='local t = redis.call("TIME")
@@ -53,56 +45,16 @@ redis.call("SET", KEYS[1], tat + e, "PX", math.ceil(w / 1000))
 return 1'
 SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$GCRA")
 
-if [ "$PROFILE" = release ]; then
-    cargo build --release -q -p paceline-redis --example bench-redis
-    BIN=target/release/examples/bench-redis
-else
-    cargo build -q -p paceline-redis --example bench-redis
-    BIN=target/debug/examples/bench-redis
-fi
+build_bench_redis
 
 rps() { # the requests per second redis-benchmark printed
     awk -F'"' '/,/ { print $4 }' | tail -1
-}
-
-cli() { redis-cli -p "$PORT" "$@"; }
-
-stat() { # FIELD COMMAND: usec (5) or usec_per_call (7) in INFO commandstats
-    cli INFO commandstats | tr -d '\r' | awk -F'[:,=]' -v c="cmdstat_$2" -v f="$1" '$1 == c { print $f; x=1 } END { if (!x) print 0 }'
-}
-usec() { stat 5 "$1"; }
-upc() { stat 7 "$1"; }
-
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
-
-per() { # usec per decision: total usec / decisions
-    awk -v u="$1" -v n="$2" 'BEGIN { if (n > 0) printf "%.2f", u / n; else print "-" }'
 }
 
 bench_ref() { # CALLERS ARGS...: redis-benchmark's rate and the server's usec
     local c=$1; shift
     cli CONFIG RESETSTAT >/dev/null
     redis-benchmark -p "$PORT" -n "$N" -c "$c" -r 100000 --csv "$@" | rps
-}
-
-ours() { # CALLERS: "rate decisions calls usec cpu" of the paceline store
-    cli CONFIG RESETSTAT >/dev/null
-    local out
-    out=$("$BIN" "redis://127.0.0.1:$PORT" "$1" "$SECONDS_PER_RUN")
-    echo "$out" >&2
-    local rate n calls cpu
-    rate=$(sed 's/.*per_second=\([0-9]*\).*/\1/' <<<"$out")
-    n=$(sed 's/.*decisions=\([0-9]*\).*/\1/' <<<"$out")
-    calls=$(sed 's/.* calls=\([0-9]*\).*/\1/' <<<"$out")
-    cpu=$(sed 's/.*cpu_us=\([0-9.]*\).*/\1/' <<<"$out")
-    echo "$rate $n $calls $(usec fcall) $cpu"
-}
-
-ticks() { # the server's CPU time so far (user + system), in clock ticks
-    awk '{ print $14 + $15 }' "/proc/$pid/stat"
-}
-tick_us() { # TICKS_BEFORE TICKS_AFTER DECISIONS: the server's CPU us per decision
-    awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN { if (n > 0) printf "%.2f", (b - a) * 1e6 / hz / n; else print "-" }'
 }
 
 # The server side alone, driven by redis-benchmark (whose client costs far
@@ -123,13 +75,6 @@ batched() { # ARGS...: decisions per second (calls per second x B)
     cli CONFIG RESETSTAT >/dev/null
     redis-benchmark -p "$PORT" -n "$((N / B))" -c 4 -r 100000 --csv "$@" | rps |
         awk -v b="$B" '{ printf "%d", $1 * b }'
-}
-
-declare -A M # metric -> its value in each round, space-separated
-put() { M[$1]="${M[$1]:-} $2"; }
-med() { # the median of a metric's rounds
-    tr ' ' '\n' <<<"${M[$1]:-}" | grep -v '^$' | grep -v '^-$' | sort -g |
-        awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 echo "load before: $(uptime)"
