@@ -576,4 +576,24 @@ sk_big = "big"
         .replace("[gateway.redis]\nurl = \"redis://127.0.0.1:9\"\n", "");
     let file = dir.file("memory.toml", &memory);
     assert!(run(&file, &[]).contains("warning: plan \"big\" policy \"rps\" is leased"));
+    // a global plan: said, and warned of when every request would be a
+    // round trip to one key
+    let global = text.replace(
+        "store = \"redis\"",
+        "store = \"redis\"\nglobal_plan = \"up\"",
+    );
+    let exact = format!(
+        "{global}\n[plans.up]\npolicies = [{{ name = \"up\", algorithm = \"token_bucket\", q = 5000, w = 1 }}]\n"
+    );
+    let out = run(&dir.file("exact.toml", &exact), &[]);
+    assert!(
+        out.contains("warning: global_plan \"up\" is counted exactly"),
+        "{out}"
+    );
+    let leased = exact.replace("w = 1 }]", "w = 1, share = \"leased\" }]");
+    let out = run(&dir.file("global.toml", &leased), &[]);
+    assert!(
+        out.contains("global: every request passed on is charged to plan \"up\""),
+        "{out}"
+    );
 }

@@ -124,6 +124,19 @@ fn leased(c: &GatewayConfig, instances: u64) -> Vec<String> {
             ));
         }
     }
+    if let Some(name) = &c.settings.global_plan {
+        let exact = c.limits.plan(name).is_some_and(|p| {
+            p.policies()
+                .iter()
+                .any(|q| !q.is_shadow() && q.share() == paceline_core::Share::Exact)
+        });
+        lines.push(match (shared, exact) {
+            (true, true) => format!(
+                "warning: global_plan {name:?} is counted exactly: every request passed on is a round trip to one Redis key, shared by every gateway; share = \"leased\" in its policies decides almost all of them locally"
+            ),
+            _ => format!("global: every request passed on is charged to plan {name:?}, once for all gateways on the store"),
+        });
+    }
     lines
 }
 
