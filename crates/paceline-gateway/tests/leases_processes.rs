@@ -370,6 +370,41 @@ async fn lease_counts(gws: &[Proc]) -> Phase {
     }
 }
 
+/// Offers three times `limit` for 10 s through `conns` connections a
+/// gateway and checks the windows, the total and the round trips.
+async fn steady(
+    gws: &[Proc],
+    seen: &Mutex<Vec<(Instant, u8)>>,
+    name: &str,
+    (limit, burst, bound): (u64, u64, u64),
+    key: &'static str,
+    conns: u64,
+) {
+    seen.lock().unwrap().clear();
+    let before = lease_counts(gws).await;
+    let (t0, counts) = offer(gws, 3 * limit, 10, key, conns).await;
+    let after = lease_counts(gws).await;
+    let (most, least) = windows(&seen.lock().unwrap(), t0, 1.0, 10.0, &[0, 1, 2]);
+    let admitted = seen.lock().unwrap().len() as u64;
+    let decisions = after.decisions - before.decisions;
+    let calls = after.calls - before.calls;
+    let without = 1.0 - calls / answered(&counts);
+    println!(
+        "{name}: answers {counts:?} (200, 503, 429, other); admitted {admitted} in 10 s; 1 s windows {least}..{most} (bound {}); {decisions} decisions from slices, {calls} lease calls: {:.2}% of the requests without a round trip",
+        limit + burst + bound,
+        100.0 * without
+    );
+    assert_eq!(counts[3], 0, "every request answered: {counts:?}");
+    let answered = counts[0] + counts[1] + counts[2];
+    assert!(
+        answered >= 3 * limit * 10 * 9 / 10,
+        "the load was offered: {counts:?}"
+    );
+    assert!(most <= limit + burst + bound, "{most}");
+    assert!(admitted * 100 >= limit * 10 * 95, "{admitted}");
+    assert!(without >= 0.95, "{without}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "offers 15,000 requests a second: run in release (scripts/test.sh does)"]
 async fn three_gateway_processes_share_leased_limits_within_the_stated_bound() {
@@ -394,28 +429,8 @@ sk_big = "big"
     let path = config(&dir, up, &redis.url(), plans);
     let gws: Vec<Proc> = (0..3).map(|_| spawn(&path)).collect();
     let (limit, burst, bound) = (2_000u64, 200u64, 3 * 2 * 40u64);
-    let before = lease_counts(&gws).await;
-    let (t0, counts) = offer(&gws, 3 * limit, 10, "sk_big", 8).await;
-    let after = lease_counts(&gws).await;
+    steady(&gws, &seen, "global", (limit, burst, bound), "sk_big", 8).await;
     let all = [0u8, 1, 2];
-    let (most, least) = windows(&seen.lock().unwrap(), t0, 1.0, 10.0, &all);
-    let admitted = seen.lock().unwrap().len() as u64;
-    let decisions = after.decisions - before.decisions;
-    let calls = after.calls - before.calls;
-    let without = 1.0 - calls / answered(&counts);
-    println!(
-        "global: answers {counts:?} (200, 503, 429, other); admitted {admitted} in 10 s; 1 s windows {least}..{most} (bound {}); {decisions} decisions from slices, {calls} lease calls: {:.2}% of the requests without a round trip",
-        limit + burst + bound,
-        100.0 * without
-    );
-    assert_eq!(counts[3], 0, "every request answered: {counts:?}");
-    assert!(
-        counts[0] + counts[1] >= 3 * limit * 10 * 9 / 10,
-        "the load was offered: {counts:?}"
-    );
-    assert!(most <= limit + burst + bound, "{most}");
-    assert!(admitted * 100 >= limit * 10 * 95, "{admitted}");
-    assert!(without >= 0.95, "{without}");
 
     // ---- Redis stopped for 5 s under the same load, then resumed ----
     seen.lock().unwrap().clear();
@@ -463,25 +478,8 @@ sk_large = "large"
 "#;
     let path = config(&dir, up, &redis.url(), plans);
     let gws: Vec<Proc> = (0..3).map(|_| spawn(&path)).collect();
-    seen.lock().unwrap().clear();
-    let (limit, burst, bound) = (5_000u64, 500u64, 3 * 2 * 50u64);
-    let before = lease_counts(&gws).await;
-    let (t0, counts) = offer(&gws, 3 * limit, 10, "sk_large", 16).await;
-    let after = lease_counts(&gws).await;
-    let (most, least) = windows(&seen.lock().unwrap(), t0, 1.0, 10.0, &all);
-    let admitted = seen.lock().unwrap().len() as u64;
-    let decisions = after.decisions - before.decisions;
-    let calls = after.calls - before.calls;
-    let without = 1.0 - calls / answered(&counts);
-    println!(
-        "large key: answers {counts:?}; admitted {admitted} in 10 s; 1 s windows {least}..{most} (bound {}); {decisions} decisions from slices, {calls} lease calls: {:.2}% of the requests without a round trip",
-        limit + burst + bound,
-        100.0 * without
-    );
-    assert_eq!(counts[3], 0, "every request answered: {counts:?}");
-    assert!(most <= limit + burst + bound, "{most}");
-    assert!(admitted * 100 >= limit * 10 * 95, "{admitted}");
-    assert!(without >= 0.95, "{without}");
+    let limits = (5_000u64, 500u64, 3 * 2 * 50u64);
+    steady(&gws, &seen, "large key", limits, "sk_large", 16).await;
     drop(gws);
     let _ = std::fs::remove_dir_all(&dir);
 }
