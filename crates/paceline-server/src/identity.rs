@@ -302,7 +302,8 @@ fn prefix_eq(a: u128, b: u128, prefix: u8, bits: u8) -> bool {
     (a >> shift) == (b >> shift)
 }
 
-fn canonical(ip: IpAddr) -> IpAddr {
+/// An IPv4-mapped IPv6 address as the IPv4 one; any other as it is.
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6
             .to_ipv4_mapped()

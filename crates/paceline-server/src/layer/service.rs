@@ -15,7 +15,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{HttpFuture, RateLimitBody, ReleaseGuard};
-use crate::limiter::{Admitted, Verdict};
+use crate::limiter::{Admitted, Peer, Verdict};
 use crate::respond::close_connection;
 use crate::RateLimiter;
 
@@ -176,7 +176,7 @@ impl<F: HttpFuture, S, C> fmt::Debug for ResponseFuture<F, S, C> {
 pub struct RateLimit<I, S, C> {
     inner: I,
     limiter: RateLimiter<S, C>,
-    peer: Option<std::net::IpAddr>,
+    peer: Option<Peer>,
 }
 
 impl<I, S, C> RateLimit<I, S, C> {
@@ -193,7 +193,7 @@ impl<I, S, C> RateLimit<I, S, C> {
     /// server that builds a service per connection then need not insert
     /// the address into every request.
     pub fn with_peer(mut self, peer: std::net::SocketAddr) -> Self {
-        self.peer = Some(peer.ip());
+        self.peer = Some(Peer::new(peer.ip()));
         self
     }
     /// The limiter.
@@ -207,7 +207,7 @@ impl<I: Clone, S, C> Clone for RateLimit<I, S, C> {
         RateLimit {
             inner: self.inner.clone(),
             limiter: self.limiter.clone(),
-            peer: self.peer,
+            peer: self.peer.clone(),
         }
     }
 }
@@ -259,7 +259,7 @@ impl<I, S: Store, C: Clock> RateLimit<I, S, C> {
         req: &Request<B>,
         route: Option<crate::RouteInfo>,
     ) -> Option<http::HeaderMap> {
-        self.limiter.standing(req, self.peer, route)
+        self.limiter.standing(req, self.peer.as_ref(), route)
     }
 }
 
@@ -313,7 +313,9 @@ impl<I, S, C> RateLimit<I, S, C> {
         S: Store,
         C: Clock,
     {
-        serve(&self.limiter, self.peer, req, route, || self.inner.clone())
+        serve(&self.limiter, self.peer.as_ref(), req, route, || {
+            self.inner.clone()
+        })
     }
 
     fn serve<ReqB, ResB>(
@@ -336,7 +338,7 @@ impl<I, S, C> RateLimit<I, S, C> {
             peer,
         } = self;
         // the clone polled ready is the one called
-        serve(limiter, *peer, req, given, || {
+        serve(limiter, peer.as_ref(), req, given, || {
             let clone = inner.clone();
             std::mem::replace(inner, clone)
         })
@@ -348,7 +350,7 @@ impl<I, S, C> RateLimit<I, S, C> {
 /// service taken and called once the limiter admits.
 fn serve<I, S, C, ReqB, ResB>(
     limiter: &RateLimiter<S, C>,
-    peer: Option<std::net::IpAddr>,
+    peer: Option<&Peer>,
     mut req: Request<ReqB>,
     given: Option<crate::RouteInfo>,
     take_inner: impl FnOnce() -> I,
