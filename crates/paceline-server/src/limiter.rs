@@ -199,7 +199,14 @@ impl Who {
         KeyHash(self.hash.0 ^ plan.rotate_left(29))
     }
     fn key<'a>(&'a self, lim: &'a LimitsInner) -> &'a str {
-        match &self.key {
+        self.key.of(lim)
+    }
+}
+
+impl StoreKey {
+    /// The key as the store knows it, by the limits it was made under.
+    fn of<'a>(&'a self, lim: &'a LimitsInner) -> &'a str {
+        match self {
             StoreKey::Configured(i) => &lim.key_entries[*i].stored,
             StoreKey::Owned(k) => k,
             StoreKey::Shared(k) => k,
@@ -347,11 +354,15 @@ pub(crate) struct Admitted {
     decision: Decision,
     publish: bool,
     warning: Option<HeaderValue>,
-    release: Option<(String, u64)>,
-    /// What to give back if the upstream's answer never comes: the key,
-    /// the cost and when it was charged (none when the plan charges
-    /// upstream failures, or nothing was charged).
-    refund: Option<(String, Cost, Nanos)>,
+    /// The key the request was counted under, moved out of the decision
+    /// (no copy is made for a release or a refund that may never come).
+    key: StoreKey,
+    /// The concurrency units to give back when the answer is done.
+    release: Option<u64>,
+    /// What to give back if the upstream's answer never comes: the cost
+    /// and when it was charged (none when the plan charges upstream
+    /// failures, or nothing was charged).
+    refund: Option<(Cost, Nanos)>,
     /// Where the answer reports the request's real use of the named unit,
     /// to settle the charge (see [`crate::usage`]).
     reported: Option<Arc<crate::usage::UsageSource>>,
@@ -580,7 +591,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// memory store always; a remote one from its local cache, as for a
     /// key over its limit): no future and no allocation for it. Otherwise
     /// the question for [`decide_later`](Self::decide_later).
-    pub(crate) fn decide_now(&self, p: &Prepared) -> Result<Verdict, Later> {
+    pub(crate) fn decide_now(&self, p: &mut Prepared) -> Result<Verdict, Later> {
         let span = self.span(p);
         let _entered = span.enter();
         match self.stage(p) {
@@ -607,7 +618,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
 
     /// Decides what [`decide_now`](Self::decide_now) could not, asking the
     /// store.
-    pub(crate) async fn decide_later(&self, p: &Prepared, later: Later) -> Verdict {
+    pub(crate) async fn decide_later(&self, p: &mut Prepared, later: Later) -> Verdict {
         let Later(ask, span) = later;
         let r = self
             .shared
@@ -681,7 +692,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     }
 
     /// Everything after the store: escalation, metrics, logs, the answer.
-    fn conclude(&self, p: &Prepared, ask: Ask, result: Result<Decision, StoreError>) -> Verdict {
+    fn conclude(
+        &self,
+        p: &mut Prepared,
+        ask: Ask,
+        result: Result<Decision, StoreError>,
+    ) -> Verdict {
         let lim = &p.limits.inner;
         let who = p.who.as_ref().expect("the store is asked only for someone");
         let compiled = &lim.plans[who.plan];
@@ -788,19 +804,19 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 true => self.soft_limits(p, who, &d, now),
                 false => None,
             };
-            let release = plan
-                .has_concurrency()
-                .then(|| (who.key(lim).to_string(), p.cost));
+            let release = plan.has_concurrency().then_some(p.cost);
             let cost = p.charge();
             // what was charged, should the answer never come
-            let refund = (ask.hold.is_none() && ask.cost == cost)
-                .then(|| (who.key(lim).to_string(), cost, now));
+            let refund = (ask.hold.is_none() && ask.cost == cost).then_some((cost, now));
+            let (plan, publish) = (who.plan, who.publish);
+            let key = p.who.take().expect("asked for someone").key;
             return Verdict::Admit(Admitted {
                 limits: p.limits.clone(),
-                plan: who.plan,
+                plan,
                 decision: d,
-                publish: who.publish,
+                publish,
                 warning,
+                key,
                 release,
                 refund,
                 reported: p.reported.clone(),
@@ -865,8 +881,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
 
     /// A guard that gives back an admitted request's concurrency units.
     pub(crate) fn release_guard(&self, a: &Admitted) -> Option<ReleaseGuard> {
-        let (key, cost) = a.release.clone()?;
+        let cost = a.release?;
         let plan = a.limits.inner.plans[a.plan].plan.clone();
+        let key = a.key.of(&a.limits.inner).to_string();
         let this = self.clone();
         Some(ReleaseGuard::new(async move {
             let sh = &*this.shared;
@@ -884,7 +901,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// reached it, only if its plan refunds those too. The fields of the
     /// answer then tell the budget as it stands after.
     pub(crate) async fn refund(&self, a: &mut Admitted, failed: crate::UpstreamFailed) {
-        let Some((key, cost, charged)) = a.refund.clone() else {
+        let Some((cost, charged)) = a.refund else {
             return;
         };
         let limits = a.limits.clone();
@@ -901,7 +918,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         }
         let sh = &*self.shared;
         let now = sh.clock.now();
-        let given = sh.store.refund(&compiled.plan, &key, cost, charged, now);
+        let key = a.key.of(&limits.inner);
+        let given = sh.store.refund(&compiled.plan, key, cost, charged, now);
         if let Err(e) = given.await {
             tracing::warn!(error = %e, "giving back an upstream failure's charge failed");
             return;
@@ -910,7 +928,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         // read without charging, for the answer's fields
         let standing = sh
             .store
-            .check_cost(&compiled.plan, &key, Cost::requests(0), now);
+            .check_cost(&compiled.plan, key, Cost::requests(0), now);
         if let Ok(d) = standing.await {
             a.decision = d;
         }
@@ -927,7 +945,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// charge went back (an upstream failure).
     pub(crate) async fn settle_head(&self, a: &mut Admitted, head: &HeaderMap) -> Option<Meter> {
         let source = a.reported.take()?;
-        let (key, charged, at) = a.refund.clone()?;
+        let (charged, at) = a.refund?;
+        let key = a.key.of(&a.limits.inner).to_string();
         let compiled = &a.limits.inner.plans[a.plan];
         let (plan, name) = (compiled.plan.clone(), compiled.name.clone());
         if let Some(used) = source.read_headers(head) {
@@ -1381,8 +1400,8 @@ mod tests {
             .body(())
             .unwrap();
         for _ in 0..3 {
-            let p = limiter.prepare(&req, None, None);
-            assert!(limiter.decide_now(&p).is_ok());
+            let mut p = limiter.prepare(&req, None, None);
+            assert!(limiter.decide_now(&mut p).is_ok());
         }
         assert_eq!(left(&limiter), (5, Nanos::from_millis(750)));
         assert!(limiter.peek_key("sk_unknown").is_none());

@@ -366,7 +366,7 @@ where
 {
     let mut prepared = limiter.prepare(&req, peer, given);
     prepared.strip_untrusted(req.headers_mut());
-    let later = match limiter.decide_now(&prepared) {
+    let later = match limiter.decide_now(&mut prepared) {
         // answered without the inner service; the request and its unread
         // body are dropped here, the inner readiness is kept
         Ok(Verdict::Respond(r)) => return ResponseFuture::ready(r.map(RateLimitBody::full)),
@@ -414,7 +414,7 @@ where
     let mut inner = take_inner();
     let limiter = limiter.clone();
     let fut = async move {
-        let verdict = limiter.decide_later(&prepared, later).await;
+        let verdict = limiter.decide_later(&mut prepared, later).await;
         match verdict {
             Verdict::Pass => {
                 if let Some(route) = prepared.route {
