@@ -135,11 +135,16 @@ impl Proxy {
         self
     }
 
-    /// Forwards one request.
-    pub(crate) async fn forward(&self, req: Request<ClientBody>) -> Response<ProxyBody> {
+    /// Forwards one request, its head and body apart: the future holds
+    /// them once (an `async fn` taking the request would hold it beside
+    /// its parts, and a future calling it the request again).
+    async fn forward(
+        self,
+        parts: http::request::Parts,
+        body: ClientBody,
+    ) -> Result<Response<ProxyBody>, Infallible> {
         let this = &*self.inner;
         // (a CONNECT never gets here: `front.rs` answers it)
-        let (parts, body) = req.into_parts();
         // how much of a body still coming was in when the upstream was
         // first waited for
         let progress = parts.extensions.get::<Arc<BodyProgress>>().cloned();
@@ -171,7 +176,8 @@ impl Proxy {
             true => UpstreamFailed::AfterSending,
             false => UpstreamFailed::NeverSent,
         };
-        match tokio::time::timeout(this.timeouts.upstream_header, exchange).await {
+        let answer = tokio::time::timeout(this.timeouts.upstream_header, exchange).await;
+        Ok(match answer {
             Ok(Ok(answer)) => {
                 let Answer {
                     status,
@@ -243,7 +249,7 @@ impl Proxy {
                     failed(&reached),
                 )
             }
-        }
+        })
     }
 }
 
@@ -314,8 +320,8 @@ impl Service<Request<ClientBody>> for Proxy {
     }
 
     fn call(&mut self, req: Request<ClientBody>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.forward(req).await) })
+        let (parts, body) = req.into_parts();
+        Box::pin(self.clone().forward(parts, body))
     }
 }
 

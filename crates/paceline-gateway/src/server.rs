@@ -47,7 +47,7 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use paceline_core::{Clock, MemoryStore, SystemClock};
 
 use crate::store::GatewayStore;
-use paceline_server::{Limits, RateLimit, RateLimiter};
+use paceline_server::{Limits, RateLimit, RateLimiter, RouteWanted};
 use parking_lot::RwLock;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -296,6 +296,7 @@ impl Gateway {
             .initial_stream_window_size(H2_STREAM_WINDOW);
         let graceful = GracefulShutdown::new();
         let serving = Arc::new(Serving {
+            route_wanted: route_wanted(&h.inner.shedder),
             h: h.clone(),
             proxy,
             shed,
@@ -383,9 +384,22 @@ struct Serving {
     proxy: Proxy,
     shed: LoadShedLayer,
     idempotency: crate::idempotency::GatewayIdempotency,
+    /// Which requests the limit layer leaves their route to.
+    route_wanted: RouteWanted,
     builder: auto::Builder<TokioExecutor>,
     max_head: usize,
     bound: Duration,
+}
+
+/// Whether a stage after the limit layer reads a request's route: the
+/// idempotency layer, on the methods it looks at, and the admitted stage,
+/// for the criticality its unit of in-flight capacity is taken at, while
+/// shedding is on (asked per request: a reload may turn it on).
+fn route_wanted(shedder: &Shedder) -> RouteWanted {
+    let shedder = shedder.clone();
+    Arc::new(move |method: &http::Method| {
+        paceline_server::idempotency::applies_to(method) || shedder.settings().max_in_flight > 0
+    })
 }
 
 /// How a client connection came in.
@@ -427,7 +441,8 @@ impl Serving {
             retry,
             (h.inner.global.clone(), h.inner.limiter.clone()),
         );
-        let limited = RateLimit::new(admitted, h.inner.limiter.clone());
+        let limited = RateLimit::new(admitted, h.inner.limiter.clone())
+            .route_extension_if(self.route_wanted.clone());
         let stack = self.shed.layer(h.inner.keys.layer(limited.with_peer(peer)));
         let activity = Activity::new();
         let watched = activity.clone();

@@ -302,7 +302,8 @@ fn prefix_eq(a: u128, b: u128, prefix: u8, bits: u8) -> bool {
     (a >> shift) == (b >> shift)
 }
 
-fn canonical(ip: IpAddr) -> IpAddr {
+/// An IPv4-mapped IPv6 address as the IPv4 one; any other as it is.
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6
             .to_ipv4_mapped()
@@ -536,13 +537,24 @@ fn trim_spaces(mut b: &[u8]) -> &[u8] {
 /// RFC 6750's `b64token`: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" /
 /// "+" / "/" ) *"="`.
 fn is_b64token(b: &[u8]) -> bool {
-    let body = b.iter().position(|&c| c == b'=').unwrap_or(b.len());
-    body > 0
-        && b[..body]
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || b"-._~+/".contains(&c))
-        && b[body..].iter().all(|&c| c == b'=')
+    let body = b
+        .iter()
+        .position(|&c| !B64TOKEN[usize::from(c)])
+        .unwrap_or(b.len());
+    body > 0 && b[body..].iter().all(|&c| c == b'=')
 }
+
+/// The characters of a `b64token` before its `=` padding, by byte.
+const B64TOKEN: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let c = i as u8;
+        t[i] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b'+' | b'/');
+        i += 1;
+    }
+    t
+};
 
 /// The user part of a `Basic` credential: base64 of `user:password`, the
 /// user non-empty visible ASCII.
@@ -986,6 +998,18 @@ mod tests {
         assert_eq!(field(IpPrefixes { v4: 0, v6: 64 }), "ipv4_prefix");
         assert_eq!(field(IpPrefixes { v4: 32, v6: 129 }), "ipv6_prefix");
         assert_eq!(field(IpPrefixes { v4: 33, v6: 0 }), "ipv4_prefix");
+    }
+
+    #[test]
+    fn the_b64token_table_holds_its_characters() {
+        for c in 0..=255u8 {
+            let class = c.is_ascii_alphanumeric() || b"-._~+/".contains(&c);
+            assert_eq!(B64TOKEN[usize::from(c)], class, "{c:#04x}");
+        }
+        assert!(is_b64token(b"a.b-c_d~e+f/g=="));
+        for bad in [&b""[..], b"=", b"a=b", b"a b", b"a,b", b"\xc2\xa0"] {
+            assert!(!is_b64token(bad), "{bad:?}");
+        }
     }
 
     proptest! {

@@ -128,7 +128,7 @@ pub use identity::{
 pub use jwt::{Jwt, TokenError, DEFAULT_LEEWAY_S, MAX_JWT_KEY_BYTES, MIN_JWT_SECRET_BYTES};
 pub use layer::{
     HttpFuture, RateLimit, RateLimitBody, RateLimitLayer, ReleaseGuard, ResponseFuture,
-    UpstreamFailed,
+    RouteWanted, UpstreamFailed,
 };
 pub use limiter::RateLimiter;
 pub use paceline_wire::emit::Dialects;

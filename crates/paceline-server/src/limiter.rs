@@ -2,7 +2,8 @@
 //! warn, and say what to do with the request.
 
 use std::fmt;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 
@@ -88,6 +89,74 @@ enum StoreKey {
     Configured(usize),
     /// Any other key (default plan, client addresses), built per request.
     Owned(String),
+    /// The per-IP key of a connection's peer, made once for the connection
+    /// (see [`Peer`]).
+    Shared(Arc<str>),
+}
+
+/// The socket peer of the one connection a service serves, and the per-IP
+/// key its requests are counted under: made at the first request that
+/// needs it, for the limits then in force (a request decided by limits
+/// since replaced makes its own), so that the requests of a keep-alive
+/// connection neither write the address nor hash it again.
+#[derive(Clone, Debug)]
+pub(crate) struct Peer {
+    /// The address as [`client_ip`] reads it (an IPv4-mapped IPv6 address
+    /// as the IPv4 one).
+    ip: IpAddr,
+    key: OnceLock<PeerKey>,
+}
+
+/// The per-IP key of a [`Peer`], by the limits of one generation.
+#[derive(Clone, Debug)]
+struct PeerKey {
+    generation: u64,
+    /// The configured key the address itself is, with `key = "ip"`.
+    exact: Option<usize>,
+    /// `ip:` and the address's network (see [`ip_key`]).
+    key: Arc<str>,
+    hash: KeyHash,
+}
+
+impl Peer {
+    pub(crate) fn new(ip: IpAddr) -> Peer {
+        Peer {
+            ip: crate::identity::canonical(ip),
+            key: OnceLock::new(),
+        }
+    }
+
+    /// The socket peer's address.
+    pub(crate) fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    /// The per-IP key of `ip` under `lim`, when `ip` is this peer's and
+    /// the key was (or is now) made by the same limits.
+    fn key(&self, ip: IpAddr, lim: &LimitsInner) -> Option<&PeerKey> {
+        if ip != self.ip {
+            return None;
+        }
+        let k = self.key.get_or_init(|| {
+            let key: Arc<str> = ip_key(ip, &lim.ip_prefixes).into();
+            PeerKey {
+                generation: lim.generation,
+                exact: configured_ip(lim, ip),
+                hash: lim.hasher.hash(&key),
+                key,
+            }
+        });
+        (k.generation == lim.generation).then_some(k)
+    }
+}
+
+/// The configured key an address is, with `key = "ip"` (looked up in its
+/// `Display` text).
+fn configured_ip(lim: &LimitsInner, ip: IpAddr) -> Option<usize> {
+    if lim.keys.is_empty() {
+        return None;
+    }
+    paceline_wire::ip::with_ip(ip, |text| lim.keys.get(text).copied())
 }
 
 impl Who {
@@ -108,6 +177,19 @@ impl Who {
             publish,
         }
     }
+    /// Counted under the per-IP key of `ip`: the connection's own when
+    /// `ip` is its peer's, else one made now.
+    fn ip(ip: IpAddr, peer: Option<&Peer>, plan: usize, publish: bool, lim: &LimitsInner) -> Who {
+        match peer.and_then(|p| p.key(ip, lim)) {
+            Some(k) => Who {
+                key: StoreKey::Shared(k.key.clone()),
+                hash: k.hash,
+                plan,
+                publish,
+            },
+            None => Who::owned(ip_key(ip, &lim.ip_prefixes), plan, publish, &lim.hasher),
+        }
+    }
     /// What escalation counts strikes under: the key within its plan, so
     /// an address's strikes on one plan (a login route's) do not hold it
     /// on another (the anonymous plan's), where others behind the same
@@ -117,9 +199,17 @@ impl Who {
         KeyHash(self.hash.0 ^ plan.rotate_left(29))
     }
     fn key<'a>(&'a self, lim: &'a LimitsInner) -> &'a str {
-        match &self.key {
+        self.key.of(lim)
+    }
+}
+
+impl StoreKey {
+    /// The key as the store knows it, by the limits it was made under.
+    fn of<'a>(&'a self, lim: &'a LimitsInner) -> &'a str {
+        match self {
             StoreKey::Configured(i) => &lim.key_entries[*i].stored,
             StoreKey::Owned(k) => k,
+            StoreKey::Shared(k) => k,
         }
     }
 }
@@ -264,11 +354,15 @@ pub(crate) struct Admitted {
     decision: Decision,
     publish: bool,
     warning: Option<HeaderValue>,
-    release: Option<(String, u64)>,
-    /// What to give back if the upstream's answer never comes: the key,
-    /// the cost and when it was charged (none when the plan charges
-    /// upstream failures, or nothing was charged).
-    refund: Option<(String, Cost, Nanos)>,
+    /// The key the request was counted under, moved out of the decision
+    /// (no copy is made for a release or a refund that may never come).
+    key: StoreKey,
+    /// The concurrency units to give back when the answer is done.
+    release: Option<u64>,
+    /// What to give back if the upstream's answer never comes: the cost
+    /// and when it was charged (none when the plan charges upstream
+    /// failures, or nothing was charged).
+    refund: Option<(Cost, Nanos)>,
     /// Where the answer reports the request's real use of the named unit,
     /// to settle the charge (see [`crate::usage`]).
     reported: Option<Arc<crate::usage::UsageSource>>,
@@ -351,11 +445,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     ) -> Option<String> {
         let limits = self.limits();
         let fields = HeadFields::of(&parts.headers);
+        let peer = peer.map(Peer::new);
         let (who, _) = who(
             &limits,
             &parts.headers,
             &parts.extensions,
-            peer,
+            peer.as_ref(),
             &fields,
             route,
             false,
@@ -375,7 +470,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     pub(crate) fn prepare<B>(
         &self,
         req: &Request<B>,
-        peer: Option<std::net::IpAddr>,
+        peer: Option<&Peer>,
         given: Option<RouteInfo>,
     ) -> Prepared {
         let limits = self.limits();
@@ -409,7 +504,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         // consumer headers are believed from trusted proxies alone
         let strip = lim.consumer.is_some()
             && !peer_ip(req.extensions())
-                .or(peer)
+                .or(peer.map(Peer::ip))
                 .is_some_and(|p| lim.trusted.contains(p));
         let (cost, units) = (route.cost, route.units);
         let reported = route.usage.clone();
@@ -439,7 +534,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     pub(crate) fn standing<B>(
         &self,
         req: &Request<B>,
-        peer: Option<std::net::IpAddr>,
+        peer: Option<&Peer>,
         given: Option<RouteInfo>,
     ) -> Option<HeaderMap> {
         let p = self.prepare(req, peer, given);
@@ -496,7 +591,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// memory store always; a remote one from its local cache, as for a
     /// key over its limit): no future and no allocation for it. Otherwise
     /// the question for [`decide_later`](Self::decide_later).
-    pub(crate) fn decide_now(&self, p: &Prepared) -> Result<Verdict, Later> {
+    pub(crate) fn decide_now(&self, p: &mut Prepared) -> Result<Verdict, Later> {
         let span = self.span(p);
         let _entered = span.enter();
         match self.stage(p) {
@@ -523,7 +618,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
 
     /// Decides what [`decide_now`](Self::decide_now) could not, asking the
     /// store.
-    pub(crate) async fn decide_later(&self, p: &Prepared, later: Later) -> Verdict {
+    pub(crate) async fn decide_later(&self, p: &mut Prepared, later: Later) -> Verdict {
         let Later(ask, span) = later;
         let r = self
             .shared
@@ -597,7 +692,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     }
 
     /// Everything after the store: escalation, metrics, logs, the answer.
-    fn conclude(&self, p: &Prepared, ask: Ask, result: Result<Decision, StoreError>) -> Verdict {
+    fn conclude(
+        &self,
+        p: &mut Prepared,
+        ask: Ask,
+        result: Result<Decision, StoreError>,
+    ) -> Verdict {
         let lim = &p.limits.inner;
         let who = p.who.as_ref().expect("the store is asked only for someone");
         let compiled = &lim.plans[who.plan];
@@ -704,19 +804,19 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
                 true => self.soft_limits(p, who, &d, now),
                 false => None,
             };
-            let release = plan
-                .has_concurrency()
-                .then(|| (who.key(lim).to_string(), p.cost));
+            let release = plan.has_concurrency().then_some(p.cost);
             let cost = p.charge();
             // what was charged, should the answer never come
-            let refund = (ask.hold.is_none() && ask.cost == cost)
-                .then(|| (who.key(lim).to_string(), cost, now));
+            let refund = (ask.hold.is_none() && ask.cost == cost).then_some((cost, now));
+            let (plan, publish) = (who.plan, who.publish);
+            let key = p.who.take().expect("asked for someone").key;
             return Verdict::Admit(Admitted {
                 limits: p.limits.clone(),
-                plan: who.plan,
+                plan,
                 decision: d,
-                publish: who.publish,
+                publish,
                 warning,
+                key,
                 release,
                 refund,
                 reported: p.reported.clone(),
@@ -781,8 +881,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
 
     /// A guard that gives back an admitted request's concurrency units.
     pub(crate) fn release_guard(&self, a: &Admitted) -> Option<ReleaseGuard> {
-        let (key, cost) = a.release.clone()?;
+        let cost = a.release?;
         let plan = a.limits.inner.plans[a.plan].plan.clone();
+        let key = a.key.of(&a.limits.inner).to_string();
         let this = self.clone();
         Some(ReleaseGuard::new(async move {
             let sh = &*this.shared;
@@ -800,7 +901,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// reached it, only if its plan refunds those too. The fields of the
     /// answer then tell the budget as it stands after.
     pub(crate) async fn refund(&self, a: &mut Admitted, failed: crate::UpstreamFailed) {
-        let Some((key, cost, charged)) = a.refund.clone() else {
+        let Some((cost, charged)) = a.refund else {
             return;
         };
         let limits = a.limits.clone();
@@ -817,7 +918,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         }
         let sh = &*self.shared;
         let now = sh.clock.now();
-        let given = sh.store.refund(&compiled.plan, &key, cost, charged, now);
+        let key = a.key.of(&limits.inner);
+        let given = sh.store.refund(&compiled.plan, key, cost, charged, now);
         if let Err(e) = given.await {
             tracing::warn!(error = %e, "giving back an upstream failure's charge failed");
             return;
@@ -826,7 +928,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         // read without charging, for the answer's fields
         let standing = sh
             .store
-            .check_cost(&compiled.plan, &key, Cost::requests(0), now);
+            .check_cost(&compiled.plan, key, Cost::requests(0), now);
         if let Ok(d) = standing.await {
             a.decision = d;
         }
@@ -843,7 +945,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// charge went back (an upstream failure).
     pub(crate) async fn settle_head(&self, a: &mut Admitted, head: &HeaderMap) -> Option<Meter> {
         let source = a.reported.take()?;
-        let (key, charged, at) = a.refund.clone()?;
+        let (charged, at) = a.refund?;
+        let key = a.key.of(&a.limits.inner).to_string();
         let compiled = &a.limits.inner.plans[a.plan];
         let (plan, name) = (compiled.plan.clone(), compiled.name.clone());
         if let Some(used) = source.read_headers(head) {
@@ -987,7 +1090,7 @@ fn who(
     limits: &Limits,
     headers: &HeaderMap,
     extensions: &http::Extensions,
-    peer: Option<std::net::IpAddr>,
+    peer: Option<&Peer>,
     fields: &HeadFields<'_>,
     route: &RouteInfo,
     usage: bool,
@@ -998,17 +1101,12 @@ fn who(
     if route.unlimited && !usage {
         return (None, None);
     }
-    let ip = || {
-        let peer = peer_ip(extensions).or(peer);
-        client_ip(headers, peer, &lim.trusted)
+    let socket_peer = || peer_ip(extensions).or(peer.map(Peer::ip));
+    let ip = || client_ip(headers, socket_peer(), &lim.trusted);
+    let anonymous = |plan: usize| match ip() {
+        Some(ip) => Who::ip(ip, peer, plan, false, lim),
+        None => Who::owned("ip:unknown".to_string(), plan, false, &lim.hasher),
     };
-    let anon_key = || {
-        ip().map_or_else(
-            || "ip:unknown".to_string(),
-            |ip| ip_key(ip, &lim.ip_prefixes),
-        )
-    };
-    let anonymous = |plan: usize| Who::owned(anon_key(), plan, false, &lim.hasher);
     if route.anonymous {
         // the build makes sure an anonymous route has a plan
         return (
@@ -1046,21 +1144,15 @@ fn who(
                 return stranger(Stranger::Missing);
             };
             // a configured address first, then its network's bucket
-            let mut exact = String::with_capacity(39);
-            paceline_wire::ip::push_ip(&mut exact, ip);
-            if let Some(&i) = lim.keys.get(&exact) {
+            let exact = match peer.and_then(|p| p.key(ip, lim)) {
+                Some(k) => k.exact,
+                None => configured_ip(lim, ip),
+            };
+            if let Some(i) = exact {
                 return (Some(Who::configured(lim, i)), None);
             }
             return match lim.default_plan {
-                Some(plan) => (
-                    Some(Who::owned(
-                        ip_key(ip, &lim.ip_prefixes),
-                        plan,
-                        true,
-                        &lim.hasher,
-                    )),
-                    None,
-                ),
+                Some(plan) => (Some(Who::ip(ip, peer, plan, true, lim)), None),
                 None => stranger(Stranger::Unknown),
             };
         }
@@ -1092,10 +1184,7 @@ fn who(
                 return stranger(Stranger::Unknown);
             };
             // from anyone but a trusted proxy, the headers say nothing
-            if !peer_ip(extensions)
-                .or(peer)
-                .is_some_and(|p| lim.trusted.contains(p))
-            {
+            if !socket_peer().is_some_and(|p| lim.trusted.contains(p)) {
                 return stranger(Stranger::Missing);
             }
             match one_field(headers, &c.headers.key) {
@@ -1219,6 +1308,76 @@ mod tests {
     }
 
     #[test]
+    fn a_connections_per_ip_key_is_made_once_and_only_for_its_peer() {
+        use super::{Peer, RateLimiter, StoreKey};
+        use crate::{KeySource, PeerAddr, TrustedProxies};
+        use paceline_core::{ManualClock, MemoryStore, Plan, Policy};
+        let limits = |trusted: &str| {
+            let plan = Plan::new("ip", vec![Policy::token_bucket("b", 8, 2).unwrap()]).unwrap();
+            crate::Limits::builder()
+                .plan(plan.clone())
+                .key_source(KeySource::ClientIp)
+                .default_plan("ip")
+                .key("10.0.0.9", "ip")
+                .trusted_proxies(TrustedProxies::parse([trusted]).unwrap())
+                .build()
+                .unwrap()
+        };
+        let clock = ManualClock::at_unix_secs(1_790_000_000);
+        let limiter = RateLimiter::new(limits("10.0.0.1"), MemoryStore::new(), clock);
+        let key = |p: &super::Prepared| {
+            let who = p.who.as_ref().unwrap();
+            let shared = match &who.key {
+                StoreKey::Shared(k) => Some(k.clone()),
+                _ => None,
+            };
+            (who.key(&p.limits.inner).to_string(), who.hash, shared)
+        };
+        let get = || http::Request::get("/").body(()).unwrap();
+        // an IPv4-mapped peer is its IPv4 address
+        let peer = Peer::new("::ffff:203.0.113.7".parse().unwrap());
+        let (k1, h1, s1) = key(&limiter.prepare(&get(), Some(&peer), None));
+        let (k2, h2, s2) = key(&limiter.prepare(&get(), Some(&peer), None));
+        assert_eq!(
+            (k1.as_str(), h1),
+            ("ip:203.0.113.7", limiter.limits().key_hasher().hash(&k1))
+        );
+        assert_eq!((k2, h2), (k1.clone(), h1));
+        assert!(
+            std::sync::Arc::ptr_eq(&s1.unwrap(), &s2.unwrap()),
+            "made once"
+        );
+        // the same key as a request without the connection's peer gets
+        let alone = http::Request::get("/")
+            .extension(PeerAddr("203.0.113.7:9".parse().unwrap()))
+            .body(())
+            .unwrap();
+        let (k, h, s) = key(&limiter.prepare(&alone, None, None));
+        assert_eq!((k.as_str(), h, s.is_none()), ("ip:203.0.113.7", h1, true));
+        // another client behind a trusted proxy: its own key
+        let proxy = Peer::new("10.0.0.1".parse().unwrap());
+        let fwd = http::Request::get("/")
+            .header("x-forwarded-for", "198.51.100.4")
+            .body(())
+            .unwrap();
+        let (k, _, s) = key(&limiter.prepare(&fwd, Some(&proxy), None));
+        assert_eq!((k.as_str(), s.is_none()), ("ip:198.51.100.4", true));
+        let (k, _, _) = key(&limiter.prepare(&get(), Some(&proxy), None));
+        assert_eq!(k, "ip:10.0.0.1");
+        // a configured address is its configured key
+        let listed = Peer::new("10.0.0.9".parse().unwrap());
+        let p = limiter.prepare(&get(), Some(&listed), None);
+        assert!(matches!(
+            p.who.as_ref().unwrap().key,
+            StoreKey::Configured(_)
+        ));
+        // limits reloaded: their own key, the same text
+        limiter.reload(limits("10.0.0.2"));
+        let (k, h, s) = key(&limiter.prepare(&get(), Some(&peer), None));
+        assert_eq!((k, h, s.is_none()), (k1, h1, true));
+    }
+
+    #[test]
     fn peek_key_reads_a_configured_key_without_charging() {
         use paceline_core::{ManualClock, MemoryStore, Nanos, Plan, Policy};
         let clock = ManualClock::at_unix_secs(1_790_000_000);
@@ -1241,8 +1400,8 @@ mod tests {
             .body(())
             .unwrap();
         for _ in 0..3 {
-            let p = limiter.prepare(&req, None, None);
-            assert!(limiter.decide_now(&p).is_ok());
+            let mut p = limiter.prepare(&req, None, None);
+            assert!(limiter.decide_now(&mut p).is_ok());
         }
         assert_eq!(left(&limiter), (5, Nanos::from_millis(750)));
         assert!(limiter.peek_key("sk_unknown").is_none());

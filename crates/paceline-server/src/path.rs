@@ -136,21 +136,32 @@ pub fn normalize_path<'a>(path: &'a str, rules: &PathRules) -> Result<Cow<'a, st
 }
 
 /// Whether `p` (starting with `/`) needs no work: no `%`, no `\`, no dot
-/// segment and, when merging, no empty segment but a trailing one.
+/// segment and, when merging, no empty segment but a trailing one. One
+/// pass over the bytes: it runs for every request.
 fn is_normal(p: &[u8], merge: bool) -> bool {
-    if p.iter().any(|&b| b == b'%' || b == b'\\') {
-        return false;
-    }
-    let mut segments = p[1..].split(|&b| b == b'/').peekable();
-    while let Some(seg) = segments.next() {
-        let last = segments.peek().is_none();
-        match seg {
-            b"." | b".." => return false,
-            b"" if merge && !last => return false,
+    // where the segment being read starts (after its `/`)
+    let mut start = 1;
+    for (i, &b) in p.iter().enumerate().skip(1) {
+        match b {
+            b'%' | b'\\' => return false,
+            // a segment that is not the last
+            b'/' => {
+                let seg = &p[start..i];
+                if (seg.is_empty() && merge) || is_dots(seg) {
+                    return false;
+                }
+                start = i + 1;
+            }
             _ => {}
         }
     }
-    true
+    // the last segment: empty (a trailing `/`) is normal
+    !is_dots(&p[start.min(p.len())..])
+}
+
+/// `.` or `..`.
+fn is_dots(seg: &[u8]) -> bool {
+    matches!(seg, b"." | b"..")
 }
 
 /// One segment with its safe encodings decoded and the rest in upper case.
@@ -247,6 +258,27 @@ mod tests {
             ..PathRules::default()
         };
         assert_eq!(normalize_path("/a%2fb", &keep).unwrap(), "/a%2Fb");
+    }
+
+    /// The one-pass check, against the definition it stands for.
+    fn is_normal_by_segments(p: &[u8], merge: bool) -> bool {
+        if p.iter().any(|&b| b == b'%' || b == b'\\') {
+            return false;
+        }
+        let segments: Vec<&[u8]> = p[1..].split(|&b| b == b'/').collect();
+        segments.iter().enumerate().all(|(i, seg)| match *seg {
+            b"." | b".." => false,
+            b"" => !merge || i == segments.len() - 1,
+            _ => true,
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_quick_check_is_the_segment_one(rest in "[a./%\\\\]{0,8}", merge in any::<bool>()) {
+            let p = format!("/{rest}");
+            prop_assert_eq!(is_normal(p.as_bytes(), merge), is_normal_by_segments(p.as_bytes(), merge), "{}", p);
+        }
     }
 
     #[test]

@@ -191,3 +191,34 @@ async fn a_classification_handed_over_is_used_and_left_for_handlers() {
     assert_eq!(remaining(&res), 12);
     assert_eq!(seen.unwrap(), l.classify(&get("/v1/rates")));
 }
+
+#[tokio::test]
+async fn the_route_is_left_only_where_a_stage_after_wants_it() {
+    let l = limiter(limits(3));
+    let seen = Arc::new(Mutex::new(None));
+    let kept = seen.clone();
+    let handler = tower::service_fn(move |req: Request<()>| {
+        *kept.lock().unwrap() = Some(req.extensions().get::<RouteInfo>().cloned());
+        async { Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new())) }
+    });
+    let posts = |m: &http::Method| *m == http::Method::POST;
+    let svc =
+        paceline_server::RateLimit::new(handler, l.clone()).route_extension_if(Arc::new(posts));
+    let mut take = || seen.lock().unwrap().take().expect("the handler was called");
+    // a GET nobody after reads the route of: decided the same, left bare
+    let res = svc.clone().oneshot(get("/v1/rates")).await.unwrap();
+    assert_eq!(remaining(&res.map(|_| ())), 17);
+    assert_eq!(take(), None);
+    // handed over: still decided with, and not passed on
+    let mut info = l.classify(&get("/v1/rates"));
+    info.cost = 6;
+    let res = svc.clone().call_classified(get("/v1/rates"), info).await;
+    assert_eq!(remaining(&res.unwrap().map(|_| ())), 11);
+    assert_eq!(take(), None);
+    // a POST, which a stage after reads it for: passed on
+    let login = Request::post("/v1/login").body(()).unwrap();
+    let res = svc.clone().oneshot(login).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let info = take().expect("left for the stage after");
+    assert_eq!(info.pattern.as_deref(), Some("/v1/login"));
+}

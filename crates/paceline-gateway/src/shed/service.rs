@@ -206,9 +206,9 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        match self.step(req) {
-            Step::Shed(f) => f,
-            Step::Go(req, route, passed) => {
+        match self.step(&req) {
+            Err(shed) => shed,
+            Ok((route, passed)) => {
                 let started = passed.start();
                 let call = match route {
                     Some(route) => self.inner.call_classified(req, route),
@@ -229,9 +229,9 @@ impl<S> LoadShed<S> {
         S: CallClassified<ReqB, Response = Response<ResB>> + Clone,
         ResB: OwnAnswer,
     {
-        match self.step(req) {
-            Step::Shed(f) => f,
-            Step::Go(req, route, passed) => {
+        match self.step(&req) {
+            Err(shed) => shed,
+            Ok((route, passed)) => {
                 let started = passed.start();
                 started.future(self.inner.call_shared(req, route))
             }
@@ -239,8 +239,14 @@ impl<S> LoadShed<S> {
     }
 
     /// The shed layer's decision, from the head: the answer if shed, else
-    /// the request (with its classification) and how it passed.
-    fn step<ReqB, ResB>(&self, req: Request<ReqB>) -> Step<ReqB, S::Future>
+    /// the request's classification (when shedding is on) and how it
+    /// passed. (The request is not moved in and out: it is a few hundred
+    /// bytes, copied at each move.)
+    #[allow(clippy::type_complexity)]
+    fn step<ReqB, ResB>(
+        &self,
+        req: &Request<ReqB>,
+    ) -> Result<(Option<RouteInfo>, Passed), ShedFuture<S::Future>>
     where
         S: CallClassified<ReqB, Response = Response<ResB>>,
         ResB: OwnAnswer,
@@ -252,7 +258,7 @@ impl<S> LoadShed<S> {
             0 => None,
             _ => {
                 let limits = (layer.limits)();
-                let info = limits.classify(&req);
+                let info = limits.classify(req);
                 Some((limits, info))
             }
         };
@@ -261,7 +267,7 @@ impl<S> LoadShed<S> {
             .map_or(Criticality::Critical, |(_, info)| info.criticality);
         // over the requests-per-second capacity: dropped before it holds
         // a unit of the in-flight one (see `rate.rs`)
-        let passed = layer.shedder.admit_rate(&settings, &req);
+        let passed = layer.shedder.admit_rate(&settings, req);
         let admitted = match (passed, layer.deferred && settings.max_in_flight > 0) {
             (false, _) => None,
             // room now, from the head; the unit is taken later
@@ -280,7 +286,7 @@ impl<S> LoadShed<S> {
             // that charges nothing)
             let standing = classified
                 .as_ref()
-                .and_then(|(_, info)| self.inner.standing(&req, info));
+                .and_then(|(_, info)| self.inner.standing(req, info));
             let limits = match classified {
                 Some((limits, _)) => limits,
                 None => (layer.limits)(),
@@ -293,16 +299,10 @@ impl<S> LoadShed<S> {
                     }
                 }
             }
-            return Step::Shed(ShedFuture::Shed { res: Some(res) });
+            return Err(ShedFuture::Shed { res: Some(res) });
         };
-        Step::Go(req, classified.map(|(_, route)| route), admitted)
+        Ok((classified.map(|(_, route)| route), admitted))
     }
-}
-
-/// The shed layer's step: shed, or on to the inner service.
-enum Step<ReqB, F> {
-    Shed(ShedFuture<F>),
-    Go(Request<ReqB>, Option<RouteInfo>, Passed),
 }
 
 /// What a request passed with, and when its unit was taken: read before

@@ -84,6 +84,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// Whether the layer looks at requests of `method` at all: `POST` and
+/// `PATCH` (the methods that are not idempotent by definition); any
+/// other goes on untouched, whatever its route's mode.
+pub fn applies_to(method: &http::Method) -> bool {
+    matches!(*method, http::Method::POST | http::Method::PATCH)
+}
+
 pub use body::IdempotencyBody;
 pub use fingerprint::{BodyTooLarge, BoxError, DigestBody, EntryKey, Fingerprint};
 pub use key::{DEFAULT_MAX_KEY_LEN, IDEMPOTENCY_KEY};

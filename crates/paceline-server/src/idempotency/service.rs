@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 use paceline_core::{Clock, Nanos};
 use paceline_wire::problem::ProblemKind;
@@ -224,7 +224,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if !matches!(*req.method(), Method::POST | Method::PATCH) {
+        if !super::applies_to(req.method()) {
             return IdempotencyFuture::pass(self.inner.call(req.map(DigestBody::pass)));
         }
         let (parts, body) = req.into_parts();

@@ -39,7 +39,7 @@ mod service;
 
 pub use body::{RateLimitBody, ReleaseGuard};
 pub use layer::RateLimitLayer;
-pub use service::{RateLimit, ResponseFuture};
+pub use service::{RateLimit, ResponseFuture, RouteWanted};
 
 /// A future of an HTTP response or an error, naming the response's body
 /// and the error as its own types; every such future is one.

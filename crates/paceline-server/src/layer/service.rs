@@ -7,6 +7,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -15,9 +16,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{HttpFuture, RateLimitBody, ReleaseGuard};
-use crate::limiter::{Admitted, Verdict};
+use crate::limiter::{Admitted, Peer, Verdict};
 use crate::respond::close_connection;
-use crate::RateLimiter;
+use crate::{RateLimiter, RouteInfo};
 
 type Boxed<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send + 'static>>;
@@ -171,12 +172,19 @@ impl<F: HttpFuture, S, C> fmt::Debug for ResponseFuture<F, S, C> {
     }
 }
 
+/// Says from a request's method whether a stage after the limit layer
+/// reads the request's [`RouteInfo`](crate::RouteInfo) (see
+/// [`RateLimit::route_extension_if`]).
+pub type RouteWanted = Arc<dyn Fn(&http::Method) -> bool + Send + Sync>;
+
 /// A service that admits, rejects or answers (usage) before its inner
 /// service sees the request.
 pub struct RateLimit<I, S, C> {
     inner: I,
     limiter: RateLimiter<S, C>,
-    peer: Option<std::net::IpAddr>,
+    peer: Option<Peer>,
+    /// `None`: every request let through carries its route.
+    route_wanted: Option<RouteWanted>,
 }
 
 impl<I, S, C> RateLimit<I, S, C> {
@@ -186,6 +194,7 @@ impl<I, S, C> RateLimit<I, S, C> {
             inner,
             limiter,
             peer: None,
+            route_wanted: None,
         }
     }
     /// Sets the socket peer of the one connection this service serves, for
@@ -193,7 +202,19 @@ impl<I, S, C> RateLimit<I, S, C> {
     /// server that builds a service per connection then need not insert
     /// the address into every request.
     pub fn with_peer(mut self, peer: std::net::SocketAddr) -> Self {
-        self.peer = Some(peer.ip());
+        self.peer = Some(Peer::new(peer.ip()));
+        self
+    }
+    /// Leaves the classification out of the extensions of a request this
+    /// service lets through unless `wanted` says, from the request's
+    /// method, that a stage after it reads it. By default every such
+    /// request carries it (see [`call_classified`](Self::call_classified)),
+    /// at the cost of the allocations an extension takes; a stack whose
+    /// later stages read the route of some requests only (an idempotency
+    /// layer: `POST` and `PATCH`) spares the others. `wanted` is asked per
+    /// request, so it may read settings that change at run time.
+    pub fn route_extension_if(mut self, wanted: RouteWanted) -> Self {
+        self.route_wanted = Some(wanted);
         self
     }
     /// The limiter.
@@ -207,7 +228,8 @@ impl<I: Clone, S, C> Clone for RateLimit<I, S, C> {
         RateLimit {
             inner: self.inner.clone(),
             limiter: self.limiter.clone(),
-            peer: self.peer,
+            peer: self.peer.clone(),
+            route_wanted: self.route_wanted.clone(),
         }
     }
 }
@@ -259,7 +281,7 @@ impl<I, S: Store, C: Clock> RateLimit<I, S, C> {
         req: &Request<B>,
         route: Option<crate::RouteInfo>,
     ) -> Option<http::HeaderMap> {
-        self.limiter.standing(req, self.peer, route)
+        self.limiter.standing(req, self.peer.as_ref(), route)
     }
 }
 
@@ -313,7 +335,12 @@ impl<I, S, C> RateLimit<I, S, C> {
         S: Store,
         C: Clock,
     {
-        serve(&self.limiter, self.peer, req, route, || self.inner.clone())
+        let on = Stage {
+            limiter: &self.limiter,
+            peer: self.peer.as_ref(),
+            route_wanted: self.route_wanted.as_ref(),
+        };
+        serve(on, req, route, || self.inner.clone())
     }
 
     fn serve<ReqB, ResB>(
@@ -334,12 +361,37 @@ impl<I, S, C> RateLimit<I, S, C> {
             inner,
             limiter,
             peer,
+            route_wanted,
         } = self;
+        let on = Stage {
+            limiter,
+            peer: peer.as_ref(),
+            route_wanted: route_wanted.as_ref(),
+        };
         // the clone polled ready is the one called
-        serve(limiter, *peer, req, given, || {
+        serve(on, req, given, || {
             let clone = inner.clone();
             std::mem::replace(inner, clone)
         })
+    }
+}
+
+/// What the limit layer's step decides with: the limiter, the
+/// connection's peer, and whether a route is to be passed on.
+struct Stage<'a, S, C> {
+    limiter: &'a RateLimiter<S, C>,
+    peer: Option<&'a Peer>,
+    route_wanted: Option<&'a RouteWanted>,
+}
+
+/// Leaves `route`, the classification the decision was made with, in the
+/// extensions of the request let through, unless `wanted` says that no
+/// stage after reads it.
+fn pass_route<B>(req: &mut Request<B>, route: Option<RouteInfo>, wanted: Option<&RouteWanted>) {
+    if let Some(route) = route {
+        if wanted.is_none_or(|w| w(req.method())) {
+            req.extensions_mut().insert(route);
+        }
     }
 }
 
@@ -347,8 +399,7 @@ impl<I, S, C> RateLimit<I, S, C> {
 /// answer is ready, and `take_inner` is never called), else the inner
 /// service taken and called once the limiter admits.
 fn serve<I, S, C, ReqB, ResB>(
-    limiter: &RateLimiter<S, C>,
-    peer: Option<std::net::IpAddr>,
+    on: Stage<'_, S, C>,
     mut req: Request<ReqB>,
     given: Option<crate::RouteInfo>,
     take_inner: impl FnOnce() -> I,
@@ -362,9 +413,14 @@ where
     S: Store,
     C: Clock,
 {
+    let Stage {
+        limiter,
+        peer,
+        route_wanted,
+    } = on;
     let mut prepared = limiter.prepare(&req, peer, given);
     prepared.strip_untrusted(req.headers_mut());
-    let later = match limiter.decide_now(&prepared) {
+    let later = match limiter.decide_now(&mut prepared) {
         // answered without the inner service; the request and its unread
         // body are dropped here, the inner readiness is kept
         Ok(Verdict::Respond(r)) => return ResponseFuture::ready(r.map(RateLimitBody::full)),
@@ -377,9 +433,7 @@ where
         // a classification found in the extensions stays; one made here
         // is left for the handlers after this layer
         Ok(Verdict::Pass) => {
-            if let Some(route) = prepared.route.take() {
-                req.extensions_mut().insert(route);
-            }
+            pass_route(&mut req, prepared.route.take(), route_wanted);
             let fut = take_inner().call(req);
             return ResponseFuture {
                 kind: Kind::Call { fut, admit: None },
@@ -389,9 +443,7 @@ where
             // held units go back when the response body is done, or with
             // this future if the call fails or is cancelled
             let guard = limiter.release_guard(&admitted);
-            if let Some(route) = prepared.route.take() {
-                req.extensions_mut().insert(route);
-            }
+            pass_route(&mut req, prepared.route.take(), route_wanted);
             let fut = take_inner().call(req);
             let admit = Admit {
                 limiter: limiter.clone(),
@@ -411,13 +463,12 @@ where
     // ready one serves this one
     let mut inner = take_inner();
     let limiter = limiter.clone();
+    let route_wanted = route_wanted.cloned();
     let fut = async move {
-        let verdict = limiter.decide_later(&prepared, later).await;
+        let verdict = limiter.decide_later(&mut prepared, later).await;
         match verdict {
             Verdict::Pass => {
-                if let Some(route) = prepared.route {
-                    req.extensions_mut().insert(route);
-                }
+                pass_route(&mut req, prepared.route, route_wanted.as_ref());
                 Ok(inner.call(req).await?.map(RateLimitBody::inner))
             }
             Verdict::Respond(r) => Ok(r.map(RateLimitBody::full)),
@@ -429,9 +480,7 @@ where
             }
             Verdict::Admit(admitted) => {
                 let guard = limiter.release_guard(&admitted);
-                if let Some(route) = prepared.route {
-                    req.extensions_mut().insert(route);
-                }
+                pass_route(&mut req, prepared.route, route_wanted.as_ref());
                 let res = inner.call(req).await?;
                 let admit = Admit {
                     limiter,
