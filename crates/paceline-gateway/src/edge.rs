@@ -157,23 +157,21 @@ impl<T: AsyncRead + AsyncWrite + Unpin> EdgeIo<T> {
 
     /// A read while a head is in the making: within the gauge's bound, or
     /// refused (the end of the stream: hyper closes the connection).
-    #[cold]
     fn poll_read_head(
         &mut self,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let (gauge, head) = {
-            let m = self.metered.as_ref().expect("metered");
-            (m.head.gauge.clone(), m.head.clone())
-        };
+        let head = &*self.metered.as_ref().expect("metered").head;
+        let gauge = &*head.gauge;
+        let io = Pin::new(self.io.as_mut().expect("the socket is there until drop"));
         let room = head
             .limit
             .saturating_sub(head.pending.load(Ordering::Acquire));
         if room == 0 {
             // bytes that are not kept (see `HeadBytes::limit`)
             let before = buf.filled().len();
-            let r = self.io().poll_read(cx, buf);
+            let r = io.poll_read(cx, buf);
             self.read_since_write += buf.filled().len() - before;
             return r;
         }
@@ -185,12 +183,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> EdgeIo<T> {
         }
         let before = buf.filled().len();
         let r = if got == buf.remaining() {
-            self.io().poll_read(cx, buf)
+            io.poll_read(cx, buf)
         } else {
             // near the bound: read no more than the room there is
             let mut room = vec![0u8; got];
             let mut small = ReadBuf::new(&mut room);
-            let r = self.io().poll_read(cx, &mut small);
+            let r = io.poll_read(cx, &mut small);
             buf.put_slice(small.filled());
             r
         };
@@ -198,8 +196,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> EdgeIo<T> {
         head.pending.fetch_add(n, Ordering::AcqRel);
         gauge.give_back(got - n);
         self.read_since_write += n;
-        let read = &buf.filled()[before..];
-        self.lines_since_write += read.iter().filter(|&&b| b == b'\n').count();
+        self.lines_since_write += newlines(&buf.filled()[before..]);
         r
     }
 
@@ -245,6 +242,26 @@ fn is_own_answer(buf: &[u8]) -> bool {
         && contains(buf, b"\r\nconnection: close\r\n")
         && contains(buf, b"\r\ncontent-length: 0\r\n")
         && !contains(buf, b"\r\ncontent-type:")
+}
+
+/// How many `\n` bytes `b` holds, read eight at a time: every head byte
+/// read goes through it.
+fn newlines(b: &[u8]) -> usize {
+    const LOW: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let mut chunks = b.chunks_exact(8);
+    let mut n = 0;
+    for c in &mut chunks {
+        let word = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        // a byte that was `\n` is zero now
+        let x = word ^ (ONES * u64::from(b'\n'));
+        // the high bit of each zero byte, and of no other: no carry
+        // crosses a byte, (x & 0x7f) + 0x7f being at most 0xfe
+        let zero = !(((x & LOW) + LOW) | x | LOW);
+        // one per zero byte, summed into the top byte
+        n += ((zero >> 7).wrapping_mul(ONES) >> 56) as usize;
+    }
+    n + chunks.remainder().iter().filter(|&&c| c == b'\n').count()
 }
 
 fn contains(buf: &[u8], what: &[u8]) -> bool {
@@ -458,6 +475,27 @@ fn wire(r: &Response<Bytes>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn newlines_are_counted_as_a_byte_scan_counts_them(
+            b in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just(b'\n'),
+                    proptest::strategy::Just(b'\r'),
+                    proptest::strategy::Just(0x8au8),
+                    proptest::strategy::Just(0x0bu8),
+                    proptest::strategy::Just(0u8),
+                    proptest::strategy::Just(0xffu8),
+                    0u8..=255,
+                ],
+                0..70,
+            )
+        ) {
+            let by_byte = b.iter().filter(|&&c| c == b'\n').count();
+            proptest::prop_assert_eq!(newlines(&b), by_byte);
+        }
+    }
 
     #[test]
     fn only_hypers_own_answers_are_held() {
