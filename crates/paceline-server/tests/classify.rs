@@ -204,7 +204,7 @@ async fn the_route_is_left_only_where_a_stage_after_wants_it() {
     let posts = |m: &http::Method| *m == http::Method::POST;
     let svc =
         paceline_server::RateLimit::new(handler, l.clone()).route_extension_if(Arc::new(posts));
-    let mut take = || seen.lock().unwrap().take().expect("the handler was called");
+    let take = || seen.lock().unwrap().take().expect("the handler was called");
     // a GET nobody after reads the route of: decided the same, left bare
     let res = svc.clone().oneshot(get("/v1/rates")).await.unwrap();
     assert_eq!(remaining(&res.map(|_| ())), 17);

@@ -241,8 +241,10 @@ impl<S> LoadShed<S> {
     /// The shed layer's decision, from the head: the answer if shed, else
     /// the request's classification (when shedding is on) and how it
     /// passed. (The request is not moved in and out: it is a few hundred
-    /// bytes, copied at each move.)
-    #[allow(clippy::type_complexity)]
+    /// bytes, copied at each move.) The shed answer comes back by value,
+    /// as the ready future it is returned in: boxing it would allocate on
+    /// every shed request.
+    #[allow(clippy::type_complexity, clippy::result_large_err)]
     fn step<ReqB, ResB>(
         &self,
         req: &Request<ReqB>,
