@@ -112,9 +112,7 @@ where
         let mut pending = None;
         if let Some(plan) = this.global.plan() {
             let now = this.limiter.clock().now();
-            let base = (this.limits)();
-            let base = base.problem_base();
-            match crate::global::check_now(&this.limiter, &plan, now, base, body) {
+            match crate::global::check_now(&this.limiter, &plan, now, &this.limits, body) {
                 Some(Said::Pass) => {}
                 Some(Said::Refuse(res)) => return AdmittedFuture::answer(this.shed(res)),
                 None => pending = Some((plan, now)),
@@ -185,10 +183,9 @@ where
                 if let Some((plan, now)) = pending {
                     use http_body::Body;
                     let close = !req.body().is_end_stream();
-                    let limits = (this.limits)();
-                    let base = limits.problem_base();
                     let said =
-                        crate::global::check_later(&this.limiter, &plan, now, base, close).await;
+                        crate::global::check_later(&this.limiter, &plan, now, &this.limits, close)
+                            .await;
                     if let Said::Refuse(res) = said {
                         return Ok(this.shed(res));
                     }

@@ -29,6 +29,7 @@ use paceline_core::{Cost, Decision, FailMode, Nanos, Plan, Store, StoreError};
 use parking_lot::RwLock;
 
 use crate::server::GatewayLimiter;
+use crate::shed::CurrentLimits;
 
 /// The key the global plan is counted under, the same on every gateway.
 pub const GLOBAL_KEY: &str = "paceline:global";
@@ -79,13 +80,13 @@ pub(crate) fn check_now(
     limiter: &GatewayLimiter,
     plan: &Plan,
     now: Nanos,
-    base: &str,
+    limits: &CurrentLimits,
     close: bool,
 ) -> Option<Said> {
     let r = limiter
         .store()
         .check_local(plan, GLOBAL_KEY, Cost::requests(1), now)?;
-    Some(said(plan, r, base, close))
+    Some(said(plan, r, limits, close))
 }
 
 /// Charges one request to the global plan, asking the store.
@@ -93,23 +94,26 @@ pub(crate) async fn check_later(
     limiter: &GatewayLimiter,
     plan: &Plan,
     now: Nanos,
-    base: &str,
+    limits: &CurrentLimits,
     close: bool,
 ) -> Said {
     let r = limiter
         .store()
         .check_cost(plan, GLOBAL_KEY, Cost::requests(1), now)
         .await;
-    said(plan, r, base, close)
+    said(plan, r, limits, close)
 }
 
-fn said(plan: &Plan, r: Result<Decision, StoreError>, base: &str, close: bool) -> Said {
+/// What the store's answer means; the limits in force (for the problem
+/// base) are read only for a refusal.
+fn said(plan: &Plan, r: Result<Decision, StoreError>, limits: &CurrentLimits, close: bool) -> Said {
+    let base = || limits().problem_base().to_string();
     match r {
         Ok(d) if d.is_allowed() => Said::Pass,
         Ok(d) => {
             let wait = d.denial().map_or(1, |den| den.retry_after_secs());
             crate::metrics::global_refused("limit");
-            Said::Refuse(crate::shed::overloaded(base, wait, close))
+            Said::Refuse(crate::shed::overloaded(&base(), wait, close))
         }
         Err(e) => {
             let closed = plan
@@ -120,7 +124,7 @@ fn said(plan: &Plan, r: Result<Decision, StoreError>, base: &str, close: bool) -
             match closed {
                 true => {
                     crate::metrics::global_refused("store");
-                    Said::Refuse(crate::shed::overloaded(base, 1, close))
+                    Said::Refuse(crate::shed::overloaded(&base(), 1, close))
                 }
                 false => Said::Pass,
             }
