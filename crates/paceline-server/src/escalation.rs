@@ -182,9 +182,8 @@ impl Escalator {
                 false => None,
             }
         };
-        // Cheap path: a key never denied has no entry.
-        self.map.get(key.0, |_| ())?;
-        self.map.with(key.0, now, hit).flatten()
+        // a key never denied has no entry, and gets none here
+        self.map.with_existing(key.0, hit).flatten()
     }
 
     /// Called on a denial from the store: returns the wait to announce

@@ -62,10 +62,11 @@ impl<V: Expiring + Default> BoundedMap<V> {
         Some(f(g.entry(id).or_default()))
     }
 
-    /// Reads the entry of `id` without creating it.
-    pub(crate) fn get<R>(&self, id: u64, f: impl FnOnce(&V) -> R) -> Option<R> {
-        let g = self.shards[(id >> 60) as usize % SHARDS].lock();
-        g.get(&id).map(f)
+    /// Runs `f` on the entry of `id` if it has one (creating none): one
+    /// lock and one lookup.
+    pub(crate) fn with_existing<R>(&self, id: u64, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+        let mut g = self.shards[(id >> 60) as usize % SHARDS].lock();
+        g.get_mut(&id).map(f)
     }
 
     #[cfg(test)]
