@@ -60,19 +60,66 @@ pub(crate) fn screen<B>(req: &mut Request<B>, paths: &PathSettings) -> Result<()
     if req.version() >= Version::HTTP_2 && req.headers().len() > MAX_FIELDS {
         return Err(Refused::TooManyFields);
     }
-    check_authority(req)?;
+    let (expect, cookies) = {
+        let fields = Fields::of(req.headers());
+        check_authority(req, fields.host)?;
+        (fields.expect, fields.cookies)
+    };
     normalize_target(req, paths)?;
     let headers = req.headers_mut();
-    headers.remove(EXPECT);
-    if headers.get_all(COOKIE).iter().nth(1).is_some() {
+    if expect {
+        headers.remove(EXPECT);
+    }
+    if cookies > 1 {
         join_cookies(headers);
     }
     Ok(())
 }
 
-/// `Host` present on HTTP/1.1, and no user information anywhere.
-fn check_authority<B>(req: &Request<B>) -> Result<(), Refused> {
-    let host = req.headers().get(HOST);
+/// The fields the front reads: a short head's in one pass over it (what
+/// most requests send, and cheaper than a lookup per name), a longer
+/// one's by name.
+struct Fields<'a> {
+    /// The first `Host` value.
+    host: Option<&'a HeaderValue>,
+    expect: bool,
+    /// `Cookie` values, counted up to two.
+    cookies: usize,
+}
+
+/// The most fields a head is walked for (see [`Fields`]).
+const SHORT_HEAD: usize = 8;
+
+impl<'a> Fields<'a> {
+    fn of(headers: &'a http::HeaderMap) -> Fields<'a> {
+        if headers.len() > SHORT_HEAD {
+            return Fields {
+                host: headers.get(HOST),
+                expect: headers.contains_key(EXPECT),
+                cookies: headers.get_all(COOKIE).iter().take(2).count(),
+            };
+        }
+        let mut f = Fields {
+            host: None,
+            expect: false,
+            cookies: 0,
+        };
+        for (name, value) in headers {
+            if name == HOST {
+                f.host.get_or_insert(value);
+            } else if name == EXPECT {
+                f.expect = true;
+            } else if name == COOKIE {
+                f.cookies += 1;
+            }
+        }
+        f
+    }
+}
+
+/// `Host` (`host`, its first value) present on HTTP/1.1, and no user
+/// information anywhere.
+fn check_authority<B>(req: &Request<B>, host: Option<&HeaderValue>) -> Result<(), Refused> {
     if req.version() == Version::HTTP_11 && host.is_none() {
         return Err(bad("An HTTP/1.1 request must send Host."));
     }
@@ -258,17 +305,55 @@ pub(crate) mod tests {
             screened(fields(MAX_FIELDS + 1)).unwrap_err(),
             Refused::TooManyFields
         );
-        let mut r = req("GET", "/", Version::HTTP_2);
-        r.headers_mut()
-            .append(COOKIE, HeaderValue::from_static("a=1"));
-        r.headers_mut()
-            .append(COOKIE, HeaderValue::from_static("b=2"));
-        r.headers_mut()
-            .append(EXPECT, HeaderValue::from_static("100-continue"));
-        let r = screened(r).unwrap();
-        let cookies: Vec<_> = r.headers().get_all(COOKIE).iter().collect();
-        assert_eq!(cookies, ["a=1; b=2"]);
-        assert!(r.headers().get(EXPECT).is_none());
+        // a short head (read in one pass) and a long one (by name)
+        for extra in [0, SHORT_HEAD] {
+            let mut r = fields(extra);
+            r.headers_mut()
+                .append(COOKIE, HeaderValue::from_static("a=1"));
+            r.headers_mut()
+                .append(COOKIE, HeaderValue::from_static("b=2"));
+            r.headers_mut()
+                .append(EXPECT, HeaderValue::from_static("100-continue"));
+            let r = screened(r).unwrap();
+            let cookies: Vec<_> = r.headers().get_all(COOKIE).iter().collect();
+            assert_eq!(cookies, ["a=1; b=2"], "{extra}");
+            assert!(r.headers().get(EXPECT).is_none(), "{extra}");
+            let mut one = fields(extra);
+            one.headers_mut()
+                .append(COOKIE, HeaderValue::from_static("a=1"));
+            let one = screened(one).unwrap();
+            let cookies: Vec<_> = one.headers().get_all(COOKIE).iter().collect();
+            assert_eq!(cookies, ["a=1"], "{extra}");
+        }
+        // the first Host is the one read here, in either kind of head (a
+        // second is the limiter's to refuse)
+        for extra in [0, SHORT_HEAD] {
+            let with_hosts = |first: &'static str, second: &'static str| {
+                let mut r = req("GET", "/", Version::HTTP_11);
+                for i in 0..extra {
+                    r.headers_mut().append("x-f", HeaderValue::from(i));
+                }
+                r.headers_mut()
+                    .insert(HOST, HeaderValue::from_static(first));
+                r.headers_mut()
+                    .append(HOST, HeaderValue::from_static(second));
+                screened(r)
+            };
+            assert!(
+                with_hosts("u@api.example", "api.example").is_err(),
+                "{extra}"
+            );
+            assert!(
+                with_hosts("api.example", "u@api.example").is_ok(),
+                "{extra}"
+            );
+            let mut r = req("GET", "/", Version::HTTP_11);
+            for i in 0..extra {
+                r.headers_mut().append("x-f", HeaderValue::from(i));
+            }
+            r.headers_mut().remove(HOST);
+            assert!(screened(r).is_err(), "no Host, {extra}");
+        }
     }
 
     /// The path an upstream that decodes every percent-encoding (Flask),
