@@ -271,8 +271,11 @@ impl Route {
         let path = trim_slash(path);
         if self.literal {
             // splitting two equal texts on '/' gives equal segments, and
-            // only equal texts split into equal segments
-            return trim_slash(&self.pattern).eq_ignore_ascii_case(path);
+            // only equal texts split into equal segments; the path as the
+            // pattern spells it (the common case) is one comparison
+            let pattern = trim_slash(&self.pattern);
+            return pattern.len() == path.len()
+                && (pattern == path || pattern.eq_ignore_ascii_case(path));
         }
         let mut parts = path.split('/');
         for seg in &self.segments {
