@@ -104,7 +104,7 @@ fn put_chain(out: &mut BytesMut, name: &[u8], chain: &str, peer: Option<IpAddr>,
             (true, false) => b"for=",
             (true, true) => b"for=\"[",
         });
-        paceline_wire::ip::with_ip(ip, |s| out.put_slice(s.as_bytes()));
+        paceline_wire::ip::with_ip_bytes(ip, |b| out.put_slice(b));
         if v6 {
             out.put_slice(b"]\"");
         }
