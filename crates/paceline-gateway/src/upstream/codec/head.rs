@@ -64,8 +64,19 @@ pub(crate) fn parse_head(
         };
         // one pass: where each field is (its value will share the head's
         // bytes instead of being copied), and what frames the body
+        let count = res.headers.len();
         let base = buf.as_ptr() as usize;
-        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_FIELDS];
+        // a few fields' places on the stack (not a hundred's, cleared for
+        // every head), more in a vector
+        let mut few = [(0u32, 0u32, 0u32, 0u32); FEW];
+        let mut many = Vec::new();
+        let spans = match count <= FEW {
+            true => &mut few[..count],
+            false => {
+                many.resize(count, (0, 0, 0, 0));
+                &mut many[..]
+            }
+        };
         let mut scan = Scan::default();
         for (span, f) in spans.iter_mut().zip(res.headers.iter()) {
             let name = f.name.as_bytes();
@@ -84,11 +95,10 @@ pub(crate) fn parse_head(
                 "a transfer coding other than chunked",
             ));
         }
-        let count = res.headers.len();
         let head = buf.split_to(len).freeze();
         // room for the fields the layers add on the way back
         let mut headers = HeaderMap::with_capacity(count + 6);
-        for &(ns, ne, vs, ve) in &spans[..count] {
+        for &(ns, ne, vs, ve) in spans.iter() {
             let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
                 .map_err(|_| UpstreamError::Protocol("bad field name"))?;
             let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
@@ -110,6 +120,9 @@ pub(crate) fn parse_head(
         }));
     }
 }
+
+/// How many fields' places [`parse_head`] keeps on the stack.
+const FEW: usize = 16;
 
 /// What a response head says about its body and its connection.
 #[derive(Default)]
@@ -316,6 +329,24 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(h.framing, Framing::Length(2));
+    }
+
+    #[test]
+    fn heads_of_many_fields_are_read_whole() {
+        for n in [FEW - 1, FEW, FEW + 1, MAX_FIELDS - 1] {
+            let mut text = String::from("HTTP/1.1 200 OK\r\n");
+            for i in 0..n {
+                text.push_str(&format!("x-f{i}: {i}\r\n"));
+            }
+            text.push_str("content-length: 2\r\n\r\nok");
+            let h = head(&text, Method::GET).unwrap().unwrap();
+            assert_eq!(h.headers.len(), n + 1);
+            assert_eq!(
+                h.headers[format!("x-f{}", n - 1).as_str()],
+                (n - 1).to_string().as_str()
+            );
+            assert_eq!(h.framing, Framing::Length(2));
+        }
     }
 
     #[test]
