@@ -30,9 +30,9 @@ use redis::{Cmd, Value};
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use paceline_core::{Decision, Nanos, Plan, StoreError};
+use paceline_core::{Decision, Nanos, Plan, Share, StoreError};
 
-use crate::link::Link;
+use crate::link::{Link, Lone};
 use crate::script::{self, Op};
 
 /// One decision to send.
@@ -346,13 +346,40 @@ async fn call(
     metrics::histogram!("paceline_redis_batch_size").record(reqs.len() as f64);
     let started = Instant::now();
     let filler = |cmd: &mut Cmd| fill(cmd, reqs, settings);
-    let result = match tokio::time::timeout(settings.deadline, link.run(reqs.len(), &filler)).await
-    {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Unavailable(
-            "Redis did not answer within the deadline".into(),
-        )),
+    // a lone check (one caller, above all) goes in the library's shorter
+    // form; on the caller's own connection if its plan is counted exactly
+    // (a slice taken or given back must not run late: see `direct.rs`)
+    let r0 = reqs[0];
+    let lone_filler = |cmd: &mut Cmd| {
+        let Op::Check { requests, bytes } = script::sent_op(r0.op, &r0.plan) else {
+            return;
+        };
+        script::push_one(
+            cmd,
+            &r0.row,
+            r0.now,
+            settings.ttl_slack_ms,
+            settings.lease_ttl_ms,
+            &r0.spec,
+            requests,
+            bytes,
+        );
     };
+    let lone = (reqs.len() == 1 && !r0.joins && matches!(r0.op, Op::Check { .. })).then(|| Lone {
+        fill: &lone_filler,
+        direct: r0
+            .plan
+            .policies()
+            .iter()
+            .all(|p| matches!(p.share(), Share::Exact)),
+    });
+    let result =
+        match tokio::time::timeout(settings.deadline, link.run(reqs.len(), &filler, lone)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable(
+                "Redis did not answer within the deadline".into(),
+            )),
+        };
     metrics::histogram!("paceline_redis_call_seconds").record(started.elapsed().as_secs_f64());
     let result = result.and_then(|values| {
         let want: usize = reqs.iter().map(|r| script::reply_len(r.op, &r.plan)).sum();

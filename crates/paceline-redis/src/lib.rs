@@ -48,8 +48,10 @@
 //!     │      server), each cut at the deadline; a lone decision with
 //!     │      nothing in flight is sent at once)
 //!     ▼
-//!  link.rs (FCALL paceline_v7_run, FUNCTION LOAD on demand;
-//!     │     EVALSHA + EVAL on NOSCRIPT for servers without functions)
+//!  link.rs (FCALL paceline_v8_run, or paceline_v8_one for a lone
+//!     │     check, FUNCTION LOAD on demand; EVALSHA + EVAL on NOSCRIPT
+//!     │     for servers without functions; direct.rs: a lone exact
+//!     │     check on a connection the caller drives itself)
 //!     ▼
 //!  lua/core.lua (every decision of the batch: the core's algorithms on
 //!     │          exact integers; rows kept with a TTL)
@@ -143,6 +145,7 @@ mod batch;
 mod cache;
 mod config;
 mod degraded;
+mod direct;
 mod idempotency;
 mod keys;
 mod link;

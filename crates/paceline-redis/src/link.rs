@@ -17,6 +17,7 @@ use redis::{Cmd, RedisError, Value};
 use paceline_core::StoreError;
 
 use crate::config::{redact, RedisStoreConfig, Scripting};
+use crate::direct::{Direct, DirectLink};
 use crate::script;
 
 #[derive(Clone)]
@@ -38,6 +39,9 @@ impl Conn {
 
 pub(crate) struct Link {
     conns: Vec<Conn>,
+    /// A connection the caller drives itself, when it is free (a plain
+    /// single server only; see `direct.rs`).
+    direct: Option<DirectLink>,
     next: AtomicUsize,
     scripting: Scripting,
     /// Functions turned out to be missing on this server: use scripts.
@@ -92,10 +96,15 @@ impl Link {
                 conns.push(Conn::Single(c));
             }
         }
+        let direct = match config.cluster {
+            true => None,
+            false => DirectLink::new(&config.urls[0], config.connect_timeout),
+        };
         let script_src = script::script_source(config.scripting == Scripting::EvalInterpreted);
         let sha = redis::Script::new(&script_src).get_hash().to_string();
         Ok(Link {
             conns,
+            direct,
             next: AtomicUsize::new(0),
             scripting: config.scripting,
             use_eval: AtomicBool::new(matches!(
@@ -115,17 +124,55 @@ impl Link {
 
     /// Runs one batch of `nkeys` keys, whose keys and arguments `fill`
     /// writes (again, if the call has to be sent once more); the reply is
-    /// the script's flat array.
+    /// the script's flat array. A lone check may come in the library's
+    /// shorter form too (`lone`), taken where functions are used.
     pub(crate) async fn run(
         &self,
         nkeys: usize,
         fill: &(dyn Fn(&mut Cmd) + Sync),
+        lone: Option<Lone<'_>>,
     ) -> Result<Vec<Value>, StoreError> {
+        if let (Some(lone), false) = (lone, self.use_eval.load(Ordering::Relaxed)) {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(script::FUNCTION_ONE).arg(1);
+            (lone.fill)(&mut cmd);
+            if let (Some(d), true) = (&self.direct, lone.direct) {
+                match d.query(&cmd).await {
+                    Direct::Value(v) => return array(v),
+                    // the library to load, or no functions at all: the
+                    // usual way knows what to do
+                    Direct::Error(e)
+                        if e.contains("Function not found") || e.contains("unknown command") => {}
+                    Direct::Error(e) => return Err(classify_code(e.split(' ').next(), &e)),
+                    Direct::Failed => {
+                        return Err(StoreError::Unavailable(
+                            "the connection to Redis failed during a call".into(),
+                        ))
+                    }
+                    Direct::Skip => {}
+                }
+            }
+            let mut conn = self.conn();
+            match self.run_function(&mut conn, &cmd).await {
+                Ok(v) => {
+                    if let Some(d) = &self.direct {
+                        d.wake();
+                    }
+                    return array(v);
+                }
+                // no functions: the script, in the batch's form, below
+                Err(e) if self.scripting == Scripting::Auto && no_functions(&e) => {}
+                Err(e) => return Err(classify(&e)),
+            }
+        }
         let mut conn = self.conn();
         let value = if self.use_eval.load(Ordering::Relaxed) {
             self.run_eval(&mut conn, nkeys, fill).await?
         } else {
-            match self.run_function(&mut conn, nkeys, fill).await {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(script::FUNCTION).arg(nkeys);
+            fill(&mut cmd);
+            match self.run_function(&mut conn, &cmd).await {
                 Ok(v) => v,
                 Err(e) if self.scripting == Scripting::Auto && no_functions(&e) => {
                     tracing::info!("the Redis server has no functions: using scripts");
@@ -135,22 +182,13 @@ impl Link {
                 Err(e) => return Err(classify(&e)),
             }
         };
-        match value {
-            Value::Array(v) => Ok(v),
-            other => Err(StoreError::Protocol(format!("unexpected reply {other:?}"))),
-        }
+        array(value)
     }
 
-    async fn run_function(
-        &self,
-        conn: &mut Conn,
-        nkeys: usize,
-        fill: &(dyn Fn(&mut Cmd) + Sync),
-    ) -> Result<Value, RedisError> {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(script::FUNCTION).arg(nkeys);
-        fill(&mut cmd);
-        match conn.query(&cmd).await {
+    /// Sends a call of the function library (`FCALL`), loading the
+    /// library first when the server lacks it.
+    async fn run_function(&self, conn: &mut Conn, cmd: &Cmd) -> Result<Value, RedisError> {
+        match conn.query(cmd).await {
             Err(e) if function_missing(&e) => {
                 // a new or restarted server: load the library, once more
                 tracing::info!("loading the paceline function library");
@@ -158,7 +196,7 @@ impl Link {
                 let mut load = redis::cmd("FUNCTION");
                 load.arg("LOAD").arg("REPLACE").arg(&self.library);
                 conn.query(&load).await?;
-                conn.query(&cmd).await
+                conn.query(cmd).await
             }
             other => other,
         }
@@ -251,6 +289,25 @@ impl Link {
     }
 }
 
+/// A lone check in the library's shorter form (see [`Link::run`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Lone<'a> {
+    /// Writes the call's keys and arguments after `FCALL <one> 1`.
+    pub(crate) fill: &'a (dyn Fn(&mut Cmd) + Sync),
+    /// Whether the call may go on the caller's own connection (see
+    /// `direct.rs`): a call that needs no answer to stay counted right if
+    /// it runs late, after its caller gave up on it.
+    pub(crate) direct: bool,
+}
+
+/// The script's reply, an array.
+fn array(v: Value) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(v) => Ok(v),
+        other => Err(StoreError::Protocol(format!("unexpected reply {other:?}"))),
+    }
+}
+
 fn function_missing(e: &RedisError) -> bool {
     e.to_string().contains("Function not found")
 }
@@ -271,9 +328,17 @@ fn classify(e: &RedisError) -> StoreError {
     {
         return unavailable(e);
     }
-    match e.code() {
+    classify_code(e.code(), &e.to_string())
+}
+
+/// An error the server answered, by its code: a server not ready (or not
+/// the right one) is "unavailable", anything else a protocol error.
+fn classify_code(code: Option<&str>, text: &str) -> StoreError {
+    match code {
         Some("LOADING") | Some("TRYAGAIN") | Some("CLUSTERDOWN") | Some("MASTERDOWN")
-        | Some("BUSY") | Some("MOVED") | Some("ASK") | Some("READONLY") => unavailable(e),
-        _ => StoreError::Protocol(e.to_string()),
+        | Some("BUSY") | Some("MOVED") | Some("ASK") | Some("READONLY") => {
+            StoreError::Unavailable(text.to_string())
+        }
+        _ => StoreError::Protocol(text.to_string()),
     }
 }

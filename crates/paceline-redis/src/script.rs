@@ -2,7 +2,7 @@
 //! as a plain script for `EVALSHA`), what a batch sends, and how its reply
 //! is read back into [`Decision`]s.
 //!
-//! The library is named by version (`paceline_v6`): a release that changes
+//! The library is named by version (`paceline_v8`): a release that changes
 //! the Lua or what it is sent and answers loads a new name next to the old
 //! one, so instances of two releases share one server while they roll. New
 //! operations (a refund, say) are new op codes of the same `run` (see
@@ -26,7 +26,9 @@
 //! good from its answer, see `core.lua`: op `s`), an operation version 5
 //! does not know; its rows are version 5's. Version 7 reads a token
 //! bucket's own burst (see [`plan_spec`]), which version 6 would take for
-//! a bucket as large as its quota; its rows are version 6's.
+//! a bucket as large as its quota; its rows are version 6's. Version 8
+//! adds `one`, a lone check in fewer arguments and fewer steps of the
+//! server (see `core.lua`); `run` and the rows are version 7's.
 //!
 //! What a plan needs on the client (its spec string, whether the store can
 //! hold it) is worked out once per plan and kept ([`PlanCache`]).
@@ -46,14 +48,16 @@ use paceline_core::StoreError;
 const CORE: &str = include_str!("lua/core.lua");
 
 /// The function library's name.
-pub(crate) const LIBRARY: &str = "paceline_v7";
+pub(crate) const LIBRARY: &str = "paceline_v8";
 /// The function a batch calls.
-pub(crate) const FUNCTION: &str = "paceline_v7_run";
+pub(crate) const FUNCTION: &str = "paceline_v8_run";
+/// The function a lone check calls.
+pub(crate) const FUNCTION_ONE: &str = "paceline_v8_one";
 
 /// The library source for `FUNCTION LOAD`.
 pub(crate) fn library_source() -> String {
     format!(
-        "#!lua name={LIBRARY}\n{CORE}\nredis.register_function('{FUNCTION}', function(keys, args) return run(keys, args) end)\n"
+        "#!lua name={LIBRARY}\n{CORE}\nredis.register_function('{FUNCTION}', function(keys, args) return run(keys, args) end)\nredis.register_function('{FUNCTION_ONE}', function(keys, args) return one(keys, args) end)\n"
     )
 }
 
@@ -172,6 +176,28 @@ pub(crate) fn sent_op(op: Op, plan: &Plan) -> Op {
         }
         other => other,
     }
+}
+
+/// The arguments of a lone check for `one` (see `core.lua`): its row, the
+/// clock, the head (ttl slack, lease ttl, the plan's spec) and its two
+/// costs (as [`sent_op`] gives them).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn push_one(
+    cmd: &mut Cmd,
+    row: &str,
+    now: Option<Nanos>,
+    ttl_slack_ms: u64,
+    lease_ttl_ms: u64,
+    spec: &str,
+    requests: u64,
+    bytes: u64,
+) {
+    let clamp = |n: u64| n.min(MAX_SENT_COST);
+    cmd.arg(row.as_bytes());
+    push_clock(cmd, now);
+    cmd.arg(format!("{ttl_slack_ms} {lease_ttl_ms} {spec}"))
+        .arg(clamp(requests))
+        .arg(clamp(bytes));
 }
 
 /// The string of a call's operation indices (1-based), one a decision: a

@@ -74,12 +74,12 @@ async fn functions_are_reloaded_when_the_server_lost_them() {
     .await;
     let plan = burst(5, 3_600);
     assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v7"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v8"));
     assert!(server.cli("FUNCTION FLUSH").starts_with("+OK"));
-    assert!(!server.cli("FUNCTION LIST").contains("paceline_v7"));
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v8"));
     // loaded again on the next call, and the count went on
     assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v7"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v8"));
 }
 
 /// The library is on the server once the store has connected, so the
@@ -89,7 +89,7 @@ async fn functions_are_reloaded_when_the_server_lost_them() {
 async fn the_library_is_loaded_at_connect() {
     let server = testing::RedisServer::start();
     let s = store(config(server.url())).await;
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v7"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v8"));
     assert_eq!(s.stats().calls, 0, "no decision was made");
     let down = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -110,7 +110,7 @@ async fn scripts_are_reloaded_on_noscript() {
     .await;
     let plan = burst(5, 3_600);
     assert_eq!(admitted(&s, &plan, "k:a", 2).await, 2);
-    assert!(!server.cli("FUNCTION LIST").contains("paceline_v7"));
+    assert!(!server.cli("FUNCTION LIST").contains("paceline_v8"));
     assert!(server.cli("SCRIPT FLUSH").starts_with("+OK"));
     assert_eq!(admitted(&s, &plan, "k:a", 5).await, 3);
 }
@@ -191,7 +191,7 @@ async fn a_restarted_server_is_used_again_within_a_second() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // the restarted server had no functions: they were loaded again
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v7"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v8"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,7 +353,7 @@ async fn an_old_library_on_the_server_is_left_alone() {
     assert_eq!(d.statuses[0].remaining, 19, "{d:?}");
     let list = server.cli("FUNCTION LIST");
     assert!(
-        list.contains("paceline_v1") && list.contains("paceline_v7"),
+        list.contains("paceline_v1") && list.contains("paceline_v8"),
         "{list}"
     );
 }

@@ -84,7 +84,7 @@ async fn decisions_go_over_tls_to_a_server_whose_ca_is_given() {
         .unwrap()
         .is_allowed());
     // the count is in the server behind the TLS port
-    assert!(server.cli("FUNCTION LIST").contains("paceline_v7"));
+    assert!(server.cli("FUNCTION LIST").contains("paceline_v8"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -42,6 +42,7 @@ local function make()
   local floor = math.floor
   local fmod = math.fmod
   local fmt = string.format
+  local sbyte = string.byte
 
   -- floor(x / d) for exact integers below 2^53
   local function idiv(x, d)
@@ -1073,13 +1074,46 @@ local function make()
     return s
   end
 
-  -- small whole numbers as sent, read without tonumber's strtod
+  -- whole numbers as sent, read once: tonumber goes through the C
+  -- library's strtod, about 2,000 instructions each, and a call's numbers
+  -- mostly repeat (its costs, the slack, the lease time); small ones
+  -- always, others as met, at most 1,024 of them
   local SMALL = {}
   for v = 0, 255 do SMALL[tostring(v)] = v end
+  local num_memo, num_memo_len = {}, 0
   local function num(s)
     local v = SMALL[s]
     if v then return v end
-    return tonumber(s)
+    v = num_memo[s]
+    if v then return v end
+    v = tonumber(s)
+    if v and #s <= 20 then
+      if num_memo_len >= 1024 then num_memo = {}; num_memo_len = 0 end
+      num_memo[s] = v
+      num_memo_len = num_memo_len + 1
+    end
+    return v
+  end
+
+  -- the server's clock into now_s and now_n: its seconds read once a
+  -- second, its microseconds (at most six digits, none leading zero) by
+  -- their bytes rather than through strtod
+  local time_s_str, time_s = nil, 0
+  local function server_now()
+    local t = redis.call("TIME")
+    local s, us = t[1], t[2]
+    if s ~= time_s_str then time_s = tonumber(s); time_s_str = s end
+    now_s = time_s
+    local n = #us
+    if n < 1 or n > 6 then now_n = tonumber(us) * 1000; return end
+    local a, b, c, d, e, f = sbyte(us, 1, n)
+    local v = a - 48
+    if b then v = v * 10 + b - 48 end
+    if c then v = v * 10 + c - 48 end
+    if d then v = v * 10 + d - 48 end
+    if e then v = v * 10 + e - 48 end
+    if f then v = v * 10 + f - 48 end
+    now_n = v * 1000
   end
 
   -- ---- groups --------------------------------------------------------------
@@ -1130,15 +1164,110 @@ local function make()
   -- it again: as long again as it must, at most a minute (ms)
   local MARGIN_MAX = 60000
 
-  return function(keys, args)
+  -- writes a flat row that a call changed (`now_ms`: the instant in ms on
+  -- the server's clock, nil on the caller's)
+  local function write_flat(key, plan, states, slack, now_ms)
+    local gen = plan.gen
+    local keep
+    if gen then keep = gen.keep(states) else keep = flat_keep_ms(plan, states) end
+    if keep <= 0 then
+      redis.call("DEL", key)
+      return
+    end
+    -- kept for whole seconds, past the slack; a key that already lives
+    -- that long keeps its expiry (a write that sets none costs the server
+    -- less)
+    local x = keep + slack + 999
+    local ms = x - x % 1000
+    local e = plan.nf + 1
+    local keep_ttl = now_ms and states[e] >= now_ms + ms
+    if not keep_ttl then
+      local m = ms
+      if m > MARGIN_MAX then m = MARGIN_MAX end
+      ms = ms + m
+      if now_ms then states[e] = now_ms + ms else states[e] = 0 end
+    end
+    states[1] = now_s; states[2] = now_n
+    local blob
+    if gen then blob = gen.encode(states) else blob = flat_encode(plan, states) end
+    if keep_ttl then
+      redis.call("SET", key, blob, "KEEPTTL")
+    else
+      redis.call("SET", key, blob, "PX", px(ms))
+    end
+  end
+
+  local generic
+
+  -- A lone check (`one`): KEYS one row; ARGV the clock (as for a batch),
+  -- a head "<ttl slack ms> <lease ttl ms> <plan spec>", the cost in
+  -- requests and in bytes. The reply is the check's, as in a batch. Only
+  -- the step a lone decision needs: its head read once per distinct head,
+  -- no batch's bookkeeping; a plan without a compiled flat path goes the
+  -- batch's way. (Answering the values as one string instead of an array
+  -- costs more: string.format's %d is the C library's sprintf.)
+  local heads, heads_len = {}, 0
+  local ONE_OUT = {}
+  local function one(keys, args)
+    if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
+      pcall(redis.replicate_commands)
+    end
+    local hs = args[2]
+    local h = heads[hs]
+    if not h then
+      local sl, le, spec = string.match(hs or "", "^(%d+) (%d+) (.+)$")
+      if not spec or #keys ~= 1 or not args[3] or not args[4] then
+        return redis.error_reply("paceline: a lone check needs one key, a clock, a head and two costs")
+      end
+      h = {num(sl), num(le) * 1000000, parse_plan(spec), sl, le, spec}
+      local plan = h[3]
+      if plan.fast and plan.gen == nil then
+        plan.gen = false
+        if plan.n <= 12 then plan.gen = gen_flat(plan) or false end
+      end
+      if heads_len >= 256 then heads = {}; heads_len = 0 end
+      heads[hs] = h
+      heads_len = heads_len + 1
+    end
+    local plan = h[3]
+    local gen = plan.gen
+    if not gen then
+      return generic(keys, {args[1], h[4], h[5], "1", h[6], "1", "\1", "c", "0", args[3], args[4]})
+    end
+    local server = args[1] == "T"
+    if server then
+      server_now()
+    else
+      local s, n = string.match(args[1], "^(%d+) (%d+)$")
+      now_s = tonumber(s); now_n = tonumber(n)
+    end
+    lease_ns = h[2]
+    local cr, cb = num(args[3]), num(args[4])
+    if not cr or not cb then return redis.error_reply("paceline: a cost is not a number") end
+    gen.prepare(now_s, now_n)
+    local key = keys[1]
+    local blob = redis.call("GET", key)
+    if not blob then blob = nil end
+    local states = gen.decode(blob)
+    local out = ONE_OUT
+    local o, changed = gen.check(states, cr, cb, out, 0)
+    if changed then
+      local now_ms = nil
+      if keepttl and server then now_ms = now_s * 1000 + (now_n - now_n % 1000000) / 1000000 end
+      write_flat(key, plan, states, h[1], now_ms)
+    end
+    out[o + 1] = nil
+    return out
+  end
+
+  generic = function(keys, args)
     -- effects replication (TIME before a write): the only way from Redis
     -- 7 on (which says so by its version number), to be asked for before
     if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
       pcall(redis.replicate_commands)
     end
     if args[1] == "T" then
-      local t = redis.call("TIME")
-      now_s = tonumber(t[1]); now_n = tonumber(t[2]) * 1000
+      server_now()
     else
       local s, n = string.match(args[1], "^(%d+) (%d+)$")
       now_s = tonumber(s); now_n = tonumber(n)
@@ -1299,34 +1428,7 @@ local function make()
       if dirty[j] then
         local key, plan, states = order[j], row_plan[j], row_states[j]
         if plan.fast then
-          local gen = plan.gen
-          local keep
-          if gen then keep = gen.keep(states) else keep = flat_keep_ms(plan, states) end
-          if keep <= 0 then
-            redis.call("DEL", key)
-          else
-            -- kept for whole seconds, past the slack; a key that already
-            -- lives that long keeps its expiry (a write that sets none
-            -- costs the server less)
-            local x = keep + slack + 999
-            local ms = x - x % 1000
-            local e = plan.nf + 1
-            local keep_ttl = now_ms and states[e] >= now_ms + ms
-            if not keep_ttl then
-              local m = ms
-              if m > MARGIN_MAX then m = MARGIN_MAX end
-              ms = ms + m
-              if now_ms then states[e] = now_ms + ms else states[e] = 0 end
-            end
-            states[1] = now_s; states[2] = now_n
-            local blob
-            if gen then blob = gen.encode(states) else blob = flat_encode(plan, states) end
-            if keep_ttl then
-              redis.call("SET", key, blob, "KEEPTTL")
-            else
-              redis.call("SET", key, blob, "PX", px(ms))
-            end
-          end
+          write_flat(key, plan, states, slack, now_ms)
         else
           local keep = keep_ms(plan, states)
           if keep <= 0 then
@@ -1341,10 +1443,15 @@ local function make()
     out[o + 1] = nil
     return out
   end
+  return generic, one
 end
 
-local run_impl
+local run_impl, one_impl
 local function run(keys, args)
-  if not run_impl then run_impl = make() end
+  if not run_impl then run_impl, one_impl = make() end
   return run_impl(keys, args)
+end
+local function one(keys, args)
+  if not one_impl then run_impl, one_impl = make() end
+  return one_impl(keys, args)
 end
