@@ -62,7 +62,14 @@ pub(crate) struct DirectLink {
     conn: Mutex<Option<Conn>>,
     /// Calls go the usual way (see the module's notes).
     resting: AtomicBool,
+    /// A connection that could not be made (refused, timed out, its
+    /// login refused) is not tried again before then: the usual way
+    /// serves meanwhile, without a connection attempt on every call.
+    connect_after: parking_lot::Mutex<Option<tokio::time::Instant>>,
 }
+
+/// How long a direct connection that could not be made is not tried.
+const CONNECT_PAUSE: Duration = Duration::from_secs(5);
 
 /// Sets the link resting when dropped, unless disarmed: a call dropped
 /// half way (its deadline) rests it as a failure does.
@@ -104,6 +111,7 @@ impl DirectLink {
             connect_timeout,
             conn: Mutex::new(None),
             resting: AtomicBool::new(true),
+            connect_after: parking_lot::Mutex::new(None),
         })
     }
 
@@ -128,10 +136,20 @@ impl DirectLink {
         let mut guard = RestOnDrop(Some(&self.resting));
         let mut conn = match slot.take() {
             Some(c) => c,
-            None => match self.connect().await {
-                Some(c) => c,
-                None => return Direct::Skip,
-            },
+            None => {
+                let now = tokio::time::Instant::now();
+                if self.connect_after.lock().is_some_and(|t| now < t) {
+                    guard.0 = None;
+                    return Direct::Skip;
+                }
+                match self.connect().await {
+                    Some(c) => c,
+                    None => {
+                        *self.connect_after.lock() = Some(now + CONNECT_PAUSE);
+                        return Direct::Skip;
+                    }
+                }
+            }
         };
         // taken out while in use: a call cut short leaves `None`
         match exchange(&mut conn, &cmd.get_packed_command()).await {

@@ -651,3 +651,27 @@ async fn a_linger_gathers_decisions_that_arrive_apart() {
     let calls = s.stats().calls - before;
     assert!(calls <= 4, "{calls} calls for 8 decisions");
 }
+
+/// A lone caller's checks of a plan counted exactly go in the library's
+/// short form (`one`) on a connection of their own, once a call the usual
+/// way has succeeded; they count as the batch's form does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_caller_has_a_connection_of_its_own() {
+    let server = testing::RedisServer::start();
+    let s = store(RedisStoreConfig {
+        connections: 1,
+        ..config(server.url())
+    })
+    .await;
+    let plan = burst(20, 3_600);
+    warm(&s, &plan).await;
+    let clients = || server.cli("CLIENT LIST").lines().count();
+    let before = clients();
+    assert_eq!(admitted(&s, &plan, "k:a", 25).await, 20);
+    // the multiplexed connection, the direct one, and this client
+    assert_eq!(clients(), before + 1, "{}", server.cli("CLIENT LIST"));
+    let stats = server.cli("INFO commandstats");
+    assert!(stats.contains("cmdstat_fcall:calls="), "{stats}");
+    let d = s.check(&plan, "k:b", 1, Nanos::ZERO).await.unwrap();
+    assert_eq!(d.statuses[0].remaining, 19);
+}
