@@ -675,3 +675,31 @@ async fn a_lone_caller_has_a_connection_of_its_own() {
     let d = s.check(&plan, "k:b", 1, Nanos::ZERO).await.unwrap();
     assert_eq!(d.statuses[0].remaining, 19);
 }
+
+/// The lone form refuses what it cannot read (a missing key or cost, an
+/// unreadable head, clock or cost) with an error naming it, and charges
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lone_form_refuses_what_it_cannot_read() {
+    let server = testing::RedisServer::start();
+    let s = store(config(server.url())).await;
+    warm(&s, &burst(20, 3_600)).await;
+    let head = "\"1000 30000 t,20,2,0,0,r\"";
+    for args in [
+        format!("0 T {head} 1 0"),
+        format!("1 k:x T {head} 1"),
+        "1 k:x T \"junk\" 1 0".to_string(),
+        format!("1 k:x T {head} x 0"),
+        format!("1 k:x T {head} 1 -1"),
+        format!("1 k:x soon {head} 1 0"),
+    ] {
+        let reply = server.cli(&format!("FCALL paceline_v8_one {args}"));
+        assert!(
+            reply.starts_with("-") && reply.contains("paceline"),
+            "{args}: {reply}"
+        );
+    }
+    assert!(server.cli("EXISTS k:x").starts_with(":0"));
+    let reply = server.cli(&format!("FCALL paceline_v8_one 1 k:x T {head} 1 0"));
+    assert!(reply.starts_with("*4"), "{reply}");
+}

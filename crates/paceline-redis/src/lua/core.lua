@@ -1213,12 +1213,13 @@ local function make()
       pcall(redis.replicate_commands)
     end
     local hs = args[2]
+    if #keys ~= 1 or not args[4] then
+      return redis.error_reply("paceline: a lone check needs one key, a clock, a head and two costs")
+    end
     local h = heads[hs]
     if not h then
-      local sl, le, spec = string.match(hs or "", "^(%d+) (%d+) (.+)$")
-      if not spec or #keys ~= 1 or not args[3] or not args[4] then
-        return redis.error_reply("paceline: a lone check needs one key, a clock, a head and two costs")
-      end
+      local sl, le, spec = string.match(hs, "^(%d+) (%d+) (.+)$")
+      if not spec then return redis.error_reply("paceline: unreadable head " .. hs) end
       h = {num(sl), num(le) * 1000000, parse_plan(spec), sl, le, spec}
       local plan = h[3]
       if plan.fast and plan.gen == nil then
@@ -1229,6 +1230,10 @@ local function make()
       heads[hs] = h
       heads_len = heads_len + 1
     end
+    local cr, cb = num(args[3]), num(args[4])
+    if not cr or not cb or cr < 0 or cb < 0 or cr ~= floor(cr) or cb ~= floor(cb) then
+      return redis.error_reply("paceline: a cost is not a whole number of units")
+    end
     local plan = h[3]
     local gen = plan.gen
     if not gen then
@@ -1238,12 +1243,11 @@ local function make()
     if server then
       server_now()
     else
-      local s, n = string.match(args[1], "^(%d+) (%d+)$")
+      local s, n = string.match(args[1] or "", "^(%d+) (%d+)$")
+      if not s then return redis.error_reply("paceline: unreadable clock") end
       now_s = tonumber(s); now_n = tonumber(n)
     end
     lease_ns = h[2]
-    local cr, cb = num(args[3]), num(args[4])
-    if not cr or not cb then return redis.error_reply("paceline: a cost is not a number") end
     gen.prepare(now_s, now_n)
     local key = keys[1]
     local blob = redis.call("GET", key)
@@ -1269,7 +1273,8 @@ local function make()
     if args[1] == "T" then
       server_now()
     else
-      local s, n = string.match(args[1], "^(%d+) (%d+)$")
+      local s, n = string.match(args[1] or "", "^(%d+) (%d+)$")
+      if not s then return redis.error_reply("paceline: unreadable clock") end
       now_s = tonumber(s); now_n = tonumber(n)
     end
     local slack = num(args[2])
