@@ -216,12 +216,9 @@ struct Side {
 }
 
 impl Side {
-    /// Keeps `w` as the task to wake, unless it is the one kept already.
+    /// Keeps `w` as the task to wake.
     fn set_task(&self, w: &Waker) {
-        let mut task = self.task.lock();
-        if !task.as_ref().is_some_and(|t| t.will_wake(w)) {
-            *task = Some(w.clone());
-        }
+        *self.task.lock() = Some(w.clone());
     }
 }
 
@@ -255,6 +252,8 @@ pin_project! {
         stopped: Option<S::Output>,
         side: Arc<Side>,
         waker: Waker,
+        // the task's waker last given to `side`: compared without its lock
+        task: Option<Waker>,
     }
 }
 
@@ -280,6 +279,7 @@ pub(crate) fn watched<C, I>(
         stopped: None,
         waker: Waker::from(side.clone()),
         side,
+        task: None,
     }
 }
 
@@ -293,7 +293,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        this.side.set_task(cx.waker());
+        if !this.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+            *this.task = Some(cx.waker().clone());
+            this.side.set_task(cx.waker());
+        }
         if this.side.woken.swap(false, Ordering::AcqRel) {
             // polled with the side's own waker: a wake-up of either says
             // so before it wakes the task
