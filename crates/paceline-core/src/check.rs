@@ -109,6 +109,40 @@ pub fn check_words(
     (Decision { outcome, statuses }, Nanos::new(rest_at))
 }
 
+/// What [`check_words`] with a cost of 0 answers for `words`, read
+/// without charging or writing anything: a key's standing, for the fields
+/// of an answer that charges nothing. A cost of 0 fits every policy whose
+/// burst is above 0, so nothing would be charged and a denial would leave
+/// the statuses as first peeked: one peek per policy is the whole answer.
+pub(crate) fn peek_words(plan: &Plan, words: &[u64], now: Nanos) -> Decision {
+    let policies = plan.policies();
+    if policies.len() == 1 || policies.iter().any(|p| p.burst() == 0) {
+        // the check itself, on a copy
+        let mut copy: SmallVec<[u64; 8]> = SmallVec::from_slice(words);
+        return check_words(plan, &mut copy, now, 0).0;
+    }
+    let now_ns = now.as_u64();
+    let mut statuses: SmallVec<[PolicyStatus; 2]> = SmallVec::new();
+    let mut denial: Option<Denial> = None;
+    for (i, (p, &(a, b))) in policies.iter().zip(plan.spans()).enumerate() {
+        let pk = algorithm::peek(p, &words[a..b], now_ns, 0);
+        if !pk.admit && !p.is_shadow() && denial.is_none_or(|d| pk.wait_ns > d.retry_after.as_u64())
+        {
+            denial = Some(Denial {
+                policy: i,
+                kind: p.kind(),
+                retry_after: Nanos::new(pk.wait_ns),
+            });
+        }
+        statuses.push(status(pk));
+    }
+    let outcome = match denial {
+        Some(d) => Outcome::Denied(d),
+        None => Outcome::Allowed,
+    };
+    Decision { outcome, statuses }
+}
+
 /// Gives back `cost`, charged at `charged`, to every policy of `plan` in
 /// `words` at `now` (see [`Store::refund`](crate::Store::refund) for what
 /// each algorithm gives back). Shadow policies are left as they are: they

@@ -196,9 +196,7 @@ pub trait Store: Send + Sync + 'static {
     /// `now`), and `None` for a key it has not heard of: never an invented
     /// count.
     fn peek_local(&self, plan: &Plan, key: &str, now: Nanos) -> Option<Decision> {
-        self.memory()?
-            .check_sync(plan, key, Cost::requests(0), now)
-            .ok()
+        Some(self.memory()?.peek_sync(plan, key, now))
     }
 }
 
@@ -542,6 +540,42 @@ impl MemoryStore {
             return check_one(shard, h, plan, cost, now, self.inner.max_per_shard);
         }
         self.check_rows(h, plan, cost, now)
+    }
+
+    /// A key's standing at `now`: what [`check_sync`](Self::check_sync)
+    /// of cost 0 answers, read under the shared lock without writing the
+    /// key's state, and without making an entry for a key the store does
+    /// not hold (a fresh state answers for it).
+    pub fn peek_sync(&self, plan: &Plan, key: &str, now: Nanos) -> Decision {
+        let h = self.hash(plan, key);
+        let shard = self.shard(h);
+        let now_ns = now.as_u64();
+        let mut words = [0u64; 8];
+        let n = plan.state_words();
+        if n == 1 {
+            if let Some(slot) = read(&shard.one).t2.get(&h) {
+                // the word before the mark, as `cas_one` reads them
+                let old = slot[1].load(Ordering::Acquire);
+                let rest = slot[0].load(Ordering::Acquire);
+                // at rest: a fresh state answers the same
+                words[0] = if rest <= now_ns { 0 } else { old };
+            }
+            return crate::check::peek_words(plan, &words[..1], now);
+        }
+        let g = shard.rows.read();
+        let row = match n + 1 {
+            3 => g.t3.get(&h).map(|w| &w[..]),
+            4 => g.t4.get(&h).map(|w| &w[..]),
+            _ => g.tn.get(&h).map(|w| &w[..]),
+        };
+        match row {
+            Some(w) if w.len() == n + 1 && w[0] > now_ns => {
+                crate::check::peek_words(plan, &w[1..], now)
+            }
+            // none, or at rest: a fresh state
+            _ if n <= words.len() => crate::check::peek_words(plan, &words[..n], now),
+            _ => crate::check::peek_words(plan, &vec![0; n], now),
+        }
     }
 
     /// The check of a plan of several words, under the shard's row lock.

@@ -250,5 +250,33 @@ mod forgetting {
                 prop_assert_eq!(&got, &want, "step {} of {:?}", i, ops);
             }
         }
+
+        /// A peek answers what a check of cost 0 answers, and leaves the
+        /// key deciding as if it had been that check.
+        #[test]
+        fn a_peek_answers_as_a_check_of_cost_zero(
+            plan in plan(),
+            start in 0u64..4,
+            ops in prop::collection::vec((gap(), 0u64..8, 0u64..800, any::<bool>()), 1..60),
+        ) {
+            let (peeked, checked) = (MemoryStore::new(), MemoryStore::new());
+            let mut now = 1_700_000_000 * 1_000_000_000 + start * 1_000_000_000;
+            for (i, &(gap, requests, bytes, peek)) in ops.iter().enumerate() {
+                now += gap;
+                let t = Nanos::new(now);
+                if peek {
+                    let want = checked.check_sync(&plan, "k", 0, t).unwrap();
+                    prop_assert_eq!(&peeked.peek_sync(&plan, "k", t), &want, "step {} of {:?}", i, ops);
+                    continue;
+                }
+                let cost = Cost::requests(requests).with_bytes(bytes);
+                let want = checked.check_sync(&plan, "k", cost, t).unwrap();
+                let got = peeked.check_sync(&plan, "k", cost, t).unwrap();
+                prop_assert_eq!(&got, &want, "step {} of {:?}", i, ops);
+            }
+            // a key never charged is peeked without an entry
+            peeked.peek_sync(&plan, "never", Nanos::new(now));
+            prop_assert!(peeked.len() <= 1);
+        }
     }
 }

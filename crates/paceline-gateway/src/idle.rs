@@ -8,17 +8,25 @@
 //! sleeps the bound, then looks at what happened meanwhile and sleeps again
 //! only as long as still needed, so a busy connection costs one timer
 //! expiry per bound however many requests it carries.
+//!
+//! [`Watched`] runs a connection with that timer and the gateway's
+//! shutdown signal ([`Shutdown`]) beside it. The two are polled only when
+//! one of them woke the connection's task, not on every read and write
+//! of the connection: a `select!` (or hyper's graceful watcher) polls
+//! every branch on every wake-up, a timer and a channel each time.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use hyper_util::server::graceful::GracefulConnection;
 use pin_project_lite::pin_project;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// What one connection is doing, shared between its requests and its timer.
@@ -159,6 +167,151 @@ where
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+/// The gateway's graceful shutdown: tells every watched connection to
+/// finish the request it is on and close, then waits until all of them
+/// have.
+pub(crate) struct Shutdown {
+    tx: watch::Sender<()>,
+}
+
+impl Shutdown {
+    pub(crate) fn new() -> Shutdown {
+        Shutdown {
+            tx: watch::channel(()).0,
+        }
+    }
+
+    /// The signal for one connection: taken before its task starts (a
+    /// connection whose TLS handshake ends after the shutdown began still
+    /// sees it).
+    pub(crate) fn watcher(&self) -> watch::Receiver<()> {
+        self.tx.subscribe()
+    }
+
+    /// Signals every connection, and completes once every watcher is gone.
+    pub(crate) async fn shutdown(self) {
+        let _ = self.tx.send(());
+        self.tx.closed().await;
+    }
+}
+
+/// How a [`Watched`] connection ended.
+pub(crate) enum Ended<E> {
+    /// The connection ended by itself (a graceful shutdown included).
+    Conn(Result<(), E>),
+    /// No request was in flight for the whole bound: the connection is
+    /// dropped.
+    Idle,
+}
+
+/// Whether the timer or the shutdown signal woke the connection's task,
+/// and the task to wake.
+#[derive(Default)]
+struct Side {
+    woken: AtomicBool,
+    task: parking_lot::Mutex<Option<Waker>>,
+}
+
+impl Side {
+    /// Keeps `w` as the task to wake.
+    fn set_task(&self, w: &Waker) {
+        *self.task.lock() = Some(w.clone());
+    }
+}
+
+impl Wake for Side {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        if let Some(t) = &*self.task.lock() {
+            t.wake_by_ref();
+        }
+    }
+}
+
+pin_project! {
+    /// A client connection with its idle timer and the shutdown signal
+    /// beside it, both polled only after one of them woke the task (see
+    /// the module documentation).
+    pub(crate) struct Watched<C, S: Future, I> {
+        #[pin]
+        conn: C,
+        #[pin]
+        idle: I,
+        #[pin]
+        stop: S,
+        // once the shutdown was seen (the connection is told once), its
+        // receiver, kept until the connection ends: the shutdown waits
+        // for it
+        stopped: Option<S::Output>,
+        side: Arc<Side>,
+        waker: Waker,
+        // the task's waker last given to `side`: compared without its lock
+        task: Option<Waker>,
+    }
+}
+
+/// `conn`, dropped when `idle` completes and told to finish when `stop`
+/// changes (or its sender is gone).
+pub(crate) fn watched<C, I>(
+    conn: C,
+    idle: I,
+    mut stop: watch::Receiver<()>,
+) -> Watched<C, impl Future<Output = watch::Receiver<()>>, I> {
+    let side = Arc::new(Side {
+        // the first poll polls everything, which registers the wakers
+        woken: AtomicBool::new(true),
+        task: parking_lot::Mutex::new(None),
+    });
+    Watched {
+        conn,
+        idle,
+        stop: async move {
+            let _ = stop.changed().await;
+            stop
+        },
+        stopped: None,
+        waker: Waker::from(side.clone()),
+        side,
+        task: None,
+    }
+}
+
+impl<C, S, I> Future for Watched<C, S, I>
+where
+    C: GracefulConnection,
+    S: Future,
+    I: Future<Output = ()>,
+{
+    type Output = Ended<C::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if !this.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+            *this.task = Some(cx.waker().clone());
+            this.side.set_task(cx.waker());
+        }
+        if this.side.woken.swap(false, Ordering::AcqRel) {
+            // polled with the side's own waker: a wake-up of either says
+            // so before it wakes the task
+            let mut side = Context::from_waker(this.waker);
+            if this.stopped.is_none() {
+                if let Poll::Ready(rx) = this.stop.poll(&mut side) {
+                    *this.stopped = Some(rx);
+                    this.conn.as_mut().graceful_shutdown();
+                }
+            }
+            if this.idle.poll(&mut side).is_ready() {
+                return Poll::Ready(Ended::Idle);
+            }
+        }
+        this.conn.poll(cx).map(Ended::Conn)
     }
 }
 

@@ -34,6 +34,7 @@ use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
@@ -65,6 +66,9 @@ pub(crate) type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 #[derive(Clone)]
 pub(crate) struct Proxy {
     inner: Arc<ProxyInner>,
+    /// The bound on the upstream's answer head, one timer per client
+    /// connection.
+    answer_timer: AnswerTimer,
     /// The client connection's peer, for requests that carry no
     /// [`PeerAddr`].
     peer: Option<IpAddr>,
@@ -113,6 +117,7 @@ impl Proxy {
                 timeouts,
                 limits,
             }),
+            answer_timer: AnswerTimer::default(),
             peer: None,
             tls: false,
         })
@@ -123,6 +128,7 @@ impl Proxy {
     pub(crate) fn with_peer(&self, peer: std::net::SocketAddr) -> Self {
         Proxy {
             inner: self.inner.clone(),
+            answer_timer: AnswerTimer::default(),
             peer: Some(peer.ip()),
             tls: self.tls,
         }
@@ -176,7 +182,10 @@ impl Proxy {
             true => UpstreamFailed::AfterSending,
             false => UpstreamFailed::NeverSent,
         };
-        let answer = tokio::time::timeout(this.timeouts.upstream_header, exchange).await;
+        let answer = self
+            .answer_timer
+            .within(this.timeouts.upstream_header, exchange)
+            .await;
         Ok(match answer {
             Ok(Ok(answer)) => {
                 let Answer {
@@ -250,6 +259,52 @@ impl Proxy {
                 )
             }
         })
+    }
+}
+
+/// The bound on the wait for the upstream's answer head, with one timer
+/// per client connection instead of one per request: a timer made,
+/// registered and cancelled for every request is most of what the bound
+/// costs, and it almost never fires. A request takes the connection's
+/// timer (or makes one, when another request holds it: HTTP/2) and gives
+/// it back still armed; its deadline is an earlier request's at the
+/// soonest, so when it fires before the request's own deadline it is
+/// set again to that one. A quiet connection's timer fires once more,
+/// for nothing, a bound after its last request.
+#[derive(Clone, Default)]
+struct AnswerTimer(Arc<parking_lot::Mutex<Option<Pin<Box<tokio::time::Sleep>>>>>);
+
+/// The upstream's answer head did not come within its bound.
+struct Late;
+
+impl AnswerTimer {
+    /// `fut`'s output, or [`Late`] once `bound` has passed from now.
+    async fn within<F: Future>(&self, bound: Duration, fut: F) -> Result<F::Output, Late> {
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut timer = self.0.lock().take();
+        let mut fut = std::pin::pin!(fut);
+        let out = std::future::poll_fn(|cx| {
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Ok(out));
+            }
+            let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if t.deadline() > deadline {
+                t.as_mut().reset(deadline);
+            }
+            loop {
+                std::task::ready!(t.as_mut().poll(cx));
+                if t.deadline() >= deadline {
+                    return Poll::Ready(Err(Late));
+                }
+                // an earlier request's deadline: on to this one's
+                t.as_mut().reset(deadline);
+            }
+        })
+        .await;
+        if let Some(t) = timer {
+            *self.0.lock() = Some(t);
+        }
+        out
     }
 }
 
@@ -354,4 +409,49 @@ pub(crate) fn full(data: impl Into<Bytes>) -> ProxyBody {
     http_body_util::Full::new(data.into())
         .map_err(|never| match never {})
         .boxed_unsync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_timer_bounds_each_request_from_its_own_start() {
+        let timer = AnswerTimer::default();
+        let bound = Duration::from_secs(10);
+        let answered = timer.within(bound, tokio::time::sleep(Duration::from_secs(1)));
+        assert!(answered.await.is_ok());
+        // the timer is kept, armed for the first request's deadline (10 s)
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let started = tokio::time::Instant::now();
+        let late = timer.within(bound, std::future::pending::<()>()).await;
+        assert!(late.is_err());
+        assert_eq!(started.elapsed(), bound);
+        // and again once it has fired
+        let started = tokio::time::Instant::now();
+        assert!(timer
+            .within(bound, std::future::pending::<()>())
+            .await
+            .is_err());
+        assert_eq!(started.elapsed(), bound);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_at_once_each_have_their_bound() {
+        let timer = AnswerTimer::default();
+        let bound = Duration::from_secs(10);
+        let started = tokio::time::Instant::now();
+        let first = async {
+            let r = timer.within(bound, std::future::pending::<()>()).await;
+            (r.is_err(), started.elapsed())
+        };
+        let second = async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let r = timer.within(bound, std::future::pending::<()>()).await;
+            (r.is_err(), started.elapsed())
+        };
+        let (a, b) = tokio::join!(first, second);
+        assert_eq!(a, (true, bound));
+        assert_eq!(b, (true, bound + Duration::from_secs(3)));
+    }
 }

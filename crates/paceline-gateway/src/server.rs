@@ -43,7 +43,6 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use paceline_core::{Clock, MemoryStore, SystemClock};
 
 use crate::store::GatewayStore;
@@ -56,7 +55,7 @@ use tower_layer::Layer;
 use crate::admitted::Admitted;
 use crate::config::{ConfigFileError, GatewayConfig, Settings};
 use crate::edge::{HeadBytes, Metered};
-use crate::idle::{Activity, TrackedCall};
+use crate::idle::{Activity, Ended, Shutdown, TrackedCall};
 use crate::intake::Intake;
 use crate::metrics as m;
 use crate::proxy::Proxy;
@@ -294,7 +293,7 @@ impl Gateway {
             .timer(TokioTimer::new())
             .max_header_list_size(settings.max_head_bytes as u32)
             .initial_stream_window_size(H2_STREAM_WINDOW);
-        let graceful = GracefulShutdown::new();
+        let graceful = Shutdown::new();
         let serving = Arc::new(Serving {
             route_wanted: route_wanted(&h.inner.shedder),
             h: h.clone(),
@@ -415,7 +414,7 @@ impl Serving {
     /// Serves the connection `io` from `peer` (a TCP socket, or a TLS
     /// stream whose handshake is done, as `link` says) in a task of its
     /// own.
-    fn serve<T>(&self, io: T, peer: SocketAddr, link: Link, watcher: Watcher)
+    fn serve<T>(&self, io: T, peer: SocketAddr, link: Link, stop: watch::Receiver<()>)
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -471,19 +470,17 @@ impl Serving {
             .builder
             .serve_connection(TokioIo::new(io), svc)
             .into_owned();
-        let conn = watcher.watch(conn);
         let bound = self.bound;
         let (limiter, max_head) = (h.inner.limiter.clone(), self.max_head);
         tokio::spawn(async move {
             let mut error = None;
-            tokio::select! {
-                r = conn => if let Err(e) = r {
+            match crate::idle::watched(conn, watched.idle_for(bound), stop).await {
+                Ended::Conn(Err(e)) => {
                     tracing::debug!(error = %e, "connection ended with an error");
                     error = Some(e);
-                },
-                _ = watched.idle_for(bound) => {
-                    tracing::debug!("connection idle too long: closed");
                 }
+                Ended::Conn(Ok(())) => {}
+                Ended::Idle => tracing::debug!("connection idle too long: closed"),
             }
             let base = || limiter.limits().problem_base().to_string();
             crate::edge::finish(left, error, max_head, base, bound).await;

@@ -18,7 +18,21 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 
 /// True for a field that is hop-by-hop whatever `Connection` says.
 pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name)
+    // the names of `HOP_BY_HOP` as text: a match on a name's text is a
+    // few comparisons, where the array (a const) would be made and
+    // dropped at every call, once per field of every head
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
 }
 
 /// The fields named in `Connection`.
@@ -49,6 +63,22 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[test]
+    fn the_hop_by_hop_names_are_the_matched_ones() {
+        for name in &HOP_BY_HOP {
+            assert!(is_hop_by_hop(name), "{name}");
+        }
+        for name in [
+            "host",
+            "content-length",
+            "x-forwarded-for",
+            "tea",
+            "upgrades",
+        ] {
+            assert!(!is_hop_by_hop(&HeaderName::from_static(name)), "{name}");
+        }
+    }
 
     #[test]
     fn hop_by_hop_fields_go() {
