@@ -1116,6 +1116,16 @@ local function make()
     now_n = v * 1000
   end
 
+  -- the call's clock into now_s and now_n: "T" the server's, else the
+  -- caller's "<secs> <nanos>"; false when it is neither
+  local function set_clock(c)
+    if c == "T" then server_now(); return true end
+    local s, n = string.match(c or "", "^(%d+) (%d+)$")
+    if not s then return false end
+    now_s = tonumber(s); now_n = tonumber(n)
+    return true
+  end
+
   -- ---- groups --------------------------------------------------------------
 
   -- one check on a decoded row, whichever path its plan takes; its reply
@@ -1240,13 +1250,7 @@ local function make()
       return generic(keys, {args[1], h[4], h[5], "1", h[6], "1", "\1", "c", "0", args[3], args[4]})
     end
     local server = args[1] == "T"
-    if server then
-      server_now()
-    else
-      local s, n = string.match(args[1] or "", "^(%d+) (%d+)$")
-      if not s then return redis.error_reply("paceline: unreadable clock") end
-      now_s = tonumber(s); now_n = tonumber(n)
-    end
+    if not set_clock(args[1]) then return redis.error_reply("paceline: unreadable clock") end
     lease_ns = h[2]
     gen.prepare(now_s, now_n)
     local key = keys[1]
@@ -1270,13 +1274,7 @@ local function make()
     if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
       pcall(redis.replicate_commands)
     end
-    if args[1] == "T" then
-      server_now()
-    else
-      local s, n = string.match(args[1] or "", "^(%d+) (%d+)$")
-      if not s then return redis.error_reply("paceline: unreadable clock") end
-      now_s = tonumber(s); now_n = tonumber(n)
-    end
+    if not set_clock(args[1]) then return redis.error_reply("paceline: unreadable clock") end
     local slack = num(args[2])
     lease_ns = num(args[3]) * 1000000
     local nplans = num(args[4])
