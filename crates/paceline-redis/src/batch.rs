@@ -350,10 +350,12 @@ async fn call(
     // form; on the caller's own connection if its plan is counted exactly
     // (a slice taken or given back must not run late: see `direct.rs`)
     let r0 = reqs[0];
+    let costs = match script::sent_op(r0.op, &r0.plan) {
+        Op::Check { requests, bytes } if reqs.len() == 1 && !r0.joins => Some((requests, bytes)),
+        _ => None,
+    };
     let lone_filler = |cmd: &mut Cmd| {
-        let Op::Check { requests, bytes } = script::sent_op(r0.op, &r0.plan) else {
-            return;
-        };
+        let (requests, bytes) = costs.unwrap_or_default();
         script::push_one(
             cmd,
             &r0.row,
@@ -365,7 +367,7 @@ async fn call(
             bytes,
         );
     };
-    let lone = (reqs.len() == 1 && !r0.joins && matches!(r0.op, Op::Check { .. })).then(|| Lone {
+    let lone = costs.map(|_| Lone {
         fill: &lone_filler,
         direct: r0
             .plan
