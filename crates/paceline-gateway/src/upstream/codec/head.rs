@@ -99,8 +99,7 @@ pub(crate) fn parse_head(
         // room for the fields the layers add on the way back
         let mut headers = HeaderMap::with_capacity(count + 6);
         for &(ns, ne, vs, ve) in spans.iter() {
-            let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
-                .map_err(|_| UpstreamError::Protocol("bad field name"))?;
+            let name = field_name(&head[ns as usize..ne as usize])?;
             let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
                 .map_err(|_| UpstreamError::Protocol("bad field value"))?;
             headers.append(name, value);
@@ -123,6 +122,31 @@ pub(crate) fn parse_head(
 
 /// How many fields' places [`parse_head`] keeps on the stack.
 const FEW: usize = 16;
+
+/// A field's name: the ones most answers carry, spelt as most servers
+/// spell them (all lowercase, or each word capitalised), by a comparison
+/// of the bytes; any other through `HeaderName::from_bytes`, which
+/// lowercases the name into a scratch buffer and then looks it up among
+/// every standard name (about a hundred instructions a field).
+fn field_name(name: &[u8]) -> Result<HeaderName, UpstreamError> {
+    use http::header as h;
+    Ok(match name {
+        b"content-type" | b"Content-Type" => h::CONTENT_TYPE,
+        b"content-length" | b"Content-Length" => h::CONTENT_LENGTH,
+        b"date" | b"Date" => h::DATE,
+        b"server" | b"Server" => h::SERVER,
+        b"cache-control" | b"Cache-Control" => h::CACHE_CONTROL,
+        b"etag" | b"ETag" => h::ETAG,
+        b"vary" | b"Vary" => h::VARY,
+        b"connection" | b"Connection" => h::CONNECTION,
+        b"transfer-encoding" | b"Transfer-Encoding" => h::TRANSFER_ENCODING,
+        b"last-modified" | b"Last-Modified" => h::LAST_MODIFIED,
+        b"location" | b"Location" => h::LOCATION,
+        b"set-cookie" | b"Set-Cookie" => h::SET_COOKIE,
+        b"content-encoding" | b"Content-Encoding" => h::CONTENT_ENCODING,
+        _ => HeaderName::from_bytes(name).map_err(|_| UpstreamError::Protocol("bad field name"))?,
+    })
+}
 
 /// What a response head says about its body and its connection.
 #[derive(Default)]
@@ -346,6 +370,49 @@ mod tests {
                 (n - 1).to_string().as_str()
             );
             assert_eq!(h.framing, Framing::Length(2));
+        }
+    }
+
+    #[test]
+    fn known_field_names_are_the_parsed_ones() {
+        for name in [
+            "content-type",
+            "Content-Type",
+            "content-length",
+            "Content-Length",
+            "date",
+            "Date",
+            "server",
+            "Server",
+            "cache-control",
+            "Cache-Control",
+            "etag",
+            "ETag",
+            "vary",
+            "Vary",
+            "connection",
+            "Connection",
+            "transfer-encoding",
+            "Transfer-Encoding",
+            "last-modified",
+            "Last-Modified",
+            "location",
+            "Location",
+            "set-cookie",
+            "Set-Cookie",
+            "content-encoding",
+            "Content-Encoding",
+            // spelt otherwise, or not among them: parsed
+            "CONTENT-TYPE",
+            "x-request-id",
+            "X-Request-Id",
+            "dAte",
+        ] {
+            let parsed = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert_eq!(field_name(name.as_bytes()).unwrap(), parsed, "{name}");
+        }
+        for bad in ["", "a b", "x:y", "caf\u{e9}"] {
+            assert!(field_name(bad.as_bytes()).is_err(), "{bad:?}");
         }
     }
 
