@@ -13,6 +13,12 @@
 //!
 //! First of all, before the body is touched, the request is charged to
 //! the global plan when one is in force (`global.rs`): past it, `503`.
+//! The global plan counts what reaches the upstream, so a request charged
+//! to it that then goes no further gets that charge back: refused here,
+//! shed, never sent (the upstream could not be reached), or answered by
+//! the idempotency layer itself (a replay, a refused key). Otherwise a
+//! client replaying one stored answer could spend everyone's share of
+//! the upstream without reaching it once.
 //!
 //! An admitted request refused here never went anywhere: its answer is
 //! marked [`UpstreamFailed`], so the limit layer gives its charge back. A
@@ -30,7 +36,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use paceline_server::idempotency::IdempotencyBody;
+use paceline_server::idempotency::{AnsweredHere, IdempotencyBody};
 use paceline_server::{Criticality, HttpFuture, RouteInfo, UpstreamFailed};
 use tower_service::Service;
 
@@ -89,8 +95,14 @@ impl<S> Admitted<S> {
     }
 }
 
-/// A global charge the store must be asked for, before anything else.
-type Pending = Option<(paceline_core::Plan, paceline_core::Nanos)>;
+/// Where a request stands with the global plan, when one is in force:
+/// charged already (the store answered at once), or still to be asked
+/// (before anything else). Either way, the plan and the instant of the
+/// charge, for giving it back.
+enum Global {
+    Charged(paceline_core::Plan, paceline_core::Nanos),
+    Ask(paceline_core::Plan, paceline_core::Nanos),
+}
 
 impl<S> Service<Request<Incoming>> for Admitted<S>
 where
@@ -109,17 +121,19 @@ where
         use http_body::Body;
         let body = !req.body().is_end_stream();
         let this = &*self.shared;
-        let mut pending = None;
+        let mut global = None;
         if let Some(plan) = this.global.plan() {
             let now = this.limiter.clock().now();
-            match crate::global::check_now(&this.limiter, &plan, now, &this.limits, body) {
-                Some(Said::Pass) => {}
+            global = match crate::global::check_now(&this.limiter, &plan, now, &this.limits, body) {
+                Some(Said::Pass) => Some(Global::Charged(plan, now)),
                 Some(Said::Refuse(res)) => return AdmittedFuture::answer(this.shed(res)),
-                None => pending = Some((plan, now)),
-            }
+                None => Some(Global::Ask(plan, now)),
+            };
         }
-        if body || pending.is_some() {
-            return self.later(req, pending);
+        // (with a global plan, boxed: its charge may have to be given
+        // back once the answer is known)
+        if body || global.is_some() {
+            return self.later(req, global);
         }
         // a request without a body is handed on at once: no future of
         // this stage's own to make, move or box
@@ -173,29 +187,49 @@ where
     /// it is first polled, by when what came with the head has been read
     /// (a body that came whole with its head then needs no receiving
     /// place), and waits for the rest if it must.
-    fn later(&mut self, req: Request<Incoming>, pending: Pending) -> AdmittedFuture<S::Future> {
+    fn later(
+        &mut self,
+        req: Request<Incoming>,
+        global: Option<Global>,
+    ) -> AdmittedFuture<S::Future> {
         // the clone polled ready is the one called
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let this = self.shared.clone();
         AdmittedFuture::Waiting {
             fut: Box::pin(async move {
-                if let Some((plan, now)) = pending {
-                    use http_body::Body;
-                    let close = !req.body().is_end_stream();
-                    let said =
-                        crate::global::check_later(&this.limiter, &plan, now, &this.limits, close)
-                            .await;
-                    if let Said::Refuse(res) = said {
-                        return Ok(this.shed(res));
+                let charged = match global {
+                    Some(Global::Ask(plan, now)) => {
+                        use http_body::Body;
+                        let close = !req.body().is_end_stream();
+                        let said = crate::global::check_later(
+                            &this.limiter,
+                            &plan,
+                            now,
+                            &this.limits,
+                            close,
+                        )
+                        .await;
+                        if let Said::Refuse(res) = said {
+                            return Ok(this.shed(res));
+                        }
+                        Some((plan, now))
                     }
-                }
+                    Some(Global::Charged(plan, now)) => Some((plan, now)),
+                    None => None,
+                };
                 let req = match this.intake.begin(req, this.peer) {
                     Ok(Begun::Taken(req)) => Ok(req),
                     Ok(Begun::Waiting(req)) => this.intake.wait(req).await,
                     Err(r) => Err(r),
                 };
-                go_on(&this, &mut inner, req).await
+                let res = go_on(&this, &mut inner, req).await?;
+                if let Some((plan, at)) = charged {
+                    if went_no_further(&res) {
+                        crate::global::give_back(&this.limiter, &plan, at).await;
+                    }
+                }
+                Ok(res)
             }),
         }
     }
@@ -300,6 +334,16 @@ impl Shared {
     fn shed(&self, res: Response<Bytes>) -> Response<InnerBody> {
         mark(res, UpstreamFailed::Shed)
     }
+}
+
+/// Whether the request `res` answers never reached the upstream: refused
+/// or shed on the way, never sent, or answered by the idempotency layer.
+fn went_no_further<B>(res: &Response<B>) -> bool {
+    let ext = res.extensions();
+    matches!(
+        ext.get::<UpstreamFailed>(),
+        Some(UpstreamFailed::NeverSent | UpstreamFailed::Shed)
+    ) || ext.get::<AnsweredHere>().is_some()
 }
 
 /// `res` as this stage's answer, marked for the limit layer.

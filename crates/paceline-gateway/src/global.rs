@@ -19,6 +19,13 @@
 //!
 //! A store failure follows the plan's policies: fail open (the default)
 //! lets the request through, `fail = "closed"` refuses it.
+//!
+//! A request the plan passed that then goes no further gets its charge
+//! back (`admitted.rs`): refused or shed on the way, never sent (no
+//! upstream connection could be had), or answered by the idempotency
+//! layer itself (a replay of a stored answer, a refused key). Without
+//! this a client could spend the upstream's budget for everyone by
+//! replaying one stored answer, which costs the upstream nothing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -102,6 +109,22 @@ pub(crate) async fn check_later(
         .check_cost(plan, GLOBAL_KEY, Cost::requests(1), now)
         .await;
     said(plan, r, limits, close)
+}
+
+/// Gives back the charge of a request the global plan passed at
+/// `charged` and which then never reached the upstream (see
+/// `admitted.rs`). A store that fails to take it back keeps it, as a
+/// refund that fails does for a key.
+pub(crate) async fn give_back(limiter: &GatewayLimiter, plan: &Plan, charged: Nanos) {
+    let now = limiter.clock().now();
+    let given = limiter
+        .store()
+        .refund(plan, GLOBAL_KEY, Cost::requests(1), charged, now)
+        .await;
+    match given {
+        Ok(()) => crate::metrics::global_given_back(),
+        Err(e) => tracing::warn!(error = %e, "global limit: giving a charge back failed"),
+    }
 }
 
 /// What the store's answer means; the limits in force (for the problem

@@ -12,6 +12,7 @@
 //! | `paceline_gateway_tls_handshakes_total` | counter | `outcome` (`ok`, `failed`, `deadline`, `displaced`, `memory`) |
 //! | `paceline_gateway_key_lookups_total` | counter | `outcome` (`found`, `not_found`, `stale`, `unavailable`) |
 //! | `paceline_gateway_global_refused_total` | counter | `reason` (`limit`, `store`) |
+//! | `paceline_gateway_global_given_back_total` | counter | — |
 //!
 //! plus every series of [`paceline_server::telemetry`].
 
@@ -42,6 +43,15 @@ pub const GLOBAL_REFUSED: &str = "paceline_gateway_global_refused_total";
 
 pub(crate) fn global_refused(reason: &'static str) {
     metrics::counter!(GLOBAL_REFUSED, "reason" => reason).increment(1);
+}
+
+/// Charges given back to the global plan: requests it passed that never
+/// reached the upstream (refused or shed on the way, never sent, or
+/// answered by the idempotency layer: a replay, a refused key).
+pub const GLOBAL_GIVEN_BACK: &str = "paceline_gateway_global_given_back_total";
+
+pub(crate) fn global_given_back() {
+    metrics::counter!(GLOBAL_GIVEN_BACK).increment(1);
 }
 
 /// TLS handshakes with clients, by outcome.

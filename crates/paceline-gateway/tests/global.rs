@@ -121,3 +121,74 @@ fn a_global_plan_must_be_a_plan_of_the_file() {
     assert_eq!(e.field(), "gateway.global_plan", "{e}");
     assert!(e.to_string().contains("upstream"), "{e}");
 }
+
+/// `POST /v1/labels` with `Bearer key` and, if given, an Idempotency-Key.
+async fn post(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: std::net::SocketAddr,
+    key: &str,
+    idempotency: Option<&str>,
+) -> http::Response<Bytes> {
+    use http_body_util::BodyExt;
+    let mut b = http::Request::post(format!("http://{addr}/v1/labels"))
+        .header("authorization", format!("Bearer {key}"));
+    if let Some(k) = idempotency {
+        b = b.header("idempotency-key", k);
+    }
+    let req = b.body(Full::default()).unwrap();
+    let res = tokio::time::timeout(common::LIMIT, client.request(req))
+        .await
+        .expect("answer in time")
+        .expect("a response");
+    let (parts, body) = res.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    http::Response::from_parts(parts, body)
+}
+
+#[tokio::test]
+async fn requests_that_never_reach_the_upstream_give_their_global_charge_back() {
+    let (upstream, hits) = common::counting_upstream().await;
+    let clock = ManualClock::at_unix_secs(1_790_000_000);
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let mut text = config(upstream, "global_plan = \"upstream\"");
+    text.push_str(
+        "\n[[routes]]\nmethod = \"POST\"\npath = \"/v1/labels\"\nidempotency = \"required\"\n",
+    );
+    let cfg = GatewayConfig::parse(&text, "gateway.toml", None).unwrap();
+    let gw = Gateway::bind_with_clock(cfg, shared).await.unwrap();
+    let addr = gw.local_addr();
+    tokio::spawn(gw.run(std::future::pending()));
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+
+    // one label made: the upstream's first of 5
+    let res = post(&client, addr, "sk_a", Some("k1")).await;
+    assert_eq!(res.status(), 200, "{res:?}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    // retried again and again: replayed by the gateway, never reaching
+    // the upstream, so none of them spends its budget
+    for _ in 0..8 {
+        let res = post(&client, addr, "sk_a", Some("k1")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.headers()["idempotent-replayed"], "true");
+    }
+    // nor do writes the idempotency layer refuses for want of a key
+    for _ in 0..3 {
+        let res = post(&client, addr, "sk_b", None).await;
+        assert_eq!(res.status(), 400);
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    // the 4 the upstream has left are all there
+    let mut statuses = Vec::new();
+    for i in 0..5 {
+        let key = if i % 2 == 0 { "sk_a" } else { "sk_b" };
+        statuses.push(
+            common::get(&client, addr, "/v1/x", key)
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 503]);
+    assert_eq!(hits.load(Ordering::SeqCst), 5);
+}

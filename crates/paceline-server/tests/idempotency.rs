@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Frame;
 use paceline_core::{ManualClock, Nanos};
 use paceline_server::idempotency::{
-    BearerScope, DigestBody, IdempotencyBody, IdempotencyLayer, IdempotencyMode,
+    AnsweredHere, BearerScope, DigestBody, IdempotencyBody, IdempotencyLayer, IdempotencyMode,
     IdempotencySettings, InFlight, MemoryIdempotencyStore, REPLAYED,
 };
 use tokio::sync::Notify;
@@ -167,6 +167,42 @@ async fn a_retry_is_replayed_with_the_original_status_and_marked() {
     assert_eq!(h2["x-run"], "1");
     assert_eq!(b1, b2);
     assert_eq!(r.up.runs(), 1);
+}
+
+/// The status of `req`'s answer, and whether the layer marked it as its
+/// own (the request going no further).
+async fn marked(r: &mut Rig, req: Request<ReqBody>) -> (u16, bool) {
+    let res = r.svc.ready().await.unwrap().call(req).await.unwrap();
+    let here = res.extensions().get::<AnsweredHere>().is_some();
+    (res.status().as_u16(), here)
+}
+
+#[tokio::test]
+async fn the_answers_the_layer_makes_itself_are_marked_and_the_services_are_not() {
+    let mut r = rig();
+    // run by the service, then replayed, then a conflict
+    assert_eq!(
+        marked(&mut r, post("sk_a", Some("k1"), "{}")).await,
+        (201, false)
+    );
+    assert_eq!(
+        marked(&mut r, post("sk_a", Some("k1"), "{}")).await,
+        (201, true)
+    );
+    assert_eq!(
+        marked(&mut r, post("sk_a", Some("k1"), "{\"a\":1}")).await,
+        (409, true)
+    );
+    // a key missing or unreadable
+    assert_eq!(marked(&mut r, post("sk_a", None, "{}")).await, (400, true));
+    assert_eq!(
+        marked(&mut r, post("sk_a", Some("two words"), "{}")).await,
+        (400, true)
+    );
+    // what the layer does not look at
+    let get = Request::get("/v1/labels").body(full("")).unwrap();
+    assert_eq!(marked(&mut r, get).await, (201, false));
+    assert_eq!(r.up.runs(), 2);
 }
 
 #[tokio::test]

@@ -95,7 +95,7 @@ pub use body::IdempotencyBody;
 pub use fingerprint::{BodyTooLarge, BoxError, DigestBody, EntryKey, Fingerprint};
 pub use key::{DEFAULT_MAX_KEY_LEN, IDEMPOTENCY_KEY};
 pub use memory::{MemoryIdempotencyStore, DEFAULT_MAX_STORE_BYTES, ENTRY_OVERHEAD};
-pub use replay::REPLAYED;
+pub use replay::{AnsweredHere, REPLAYED};
 pub use scope::{BearerScope, IdempotencyScope, LimiterScope, Scope};
 pub use service::{Idempotency, IdempotencyFuture, IdempotencyLayer};
 pub use store::{Begin, Completed, Entry, IdempotencyStore, StoredAnswer};

@@ -16,6 +16,23 @@ pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 const TRUE: HeaderValue = HeaderValue::from_static("true");
 
+/// Marks, in a response's extensions, an answer the idempotency layer
+/// wrote itself, the request going no further: a replay of a stored
+/// answer, or a refusal of the request's key or body (a missing or
+/// invalid key, a conflict, a duplicate in flight, a body too large, a
+/// store that failed). A stage in front of the layer that charged the
+/// request for what reaches the service behind (the gateway's global
+/// plan) gives that charge back. (The `Idempotent-Replayed` field cannot
+/// tell it: the service behind may send it too.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnsweredHere;
+
+/// `r` marked as answered by the layer itself.
+pub(crate) fn here<B>(mut r: Response<B>) -> Response<B> {
+    r.extensions_mut().insert(AnsweredHere);
+    r
+}
+
 /// The stored answer again, marked as a replay.
 pub(crate) fn replay(a: &StoredAnswer) -> Response<Bytes> {
     let mut r = Response::new(a.body.clone().unwrap_or_default());

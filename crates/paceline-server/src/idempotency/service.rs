@@ -189,7 +189,7 @@ impl<F: HttpFuture> IdempotencyFuture<F> {
         }
     }
     fn ready(res: Response<Bytes>, close: bool) -> Self {
-        let mut res = res.map(IdempotencyBody::full);
+        let mut res = replay::here(res.map(IdempotencyBody::full));
         if close {
             crate::respond::close_connection(&mut res);
         }
@@ -338,7 +338,7 @@ where
                 "The idempotency store is unavailable; retry shortly.",
             );
             p.retry_after_s = Some(1);
-            Ok(full(paceline_wire::problem::answer(&p)))
+            Ok(replay::here(full(paceline_wire::problem::answer(&p))))
         }
         Ok(Begin::Acquired(token)) => {
             let end = Arc::new(OnceLock::new());
@@ -365,7 +365,8 @@ where
             }
         }
         Ok(Begin::Existing(entry)) => {
-            Ok(full(existing(&shared, &base, entry, body, key, head).await))
+            let res = existing(&shared, &base, entry, body, key, head).await;
+            Ok(replay::here(full(res)))
         }
     }
 }
