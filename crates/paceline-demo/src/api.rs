@@ -140,7 +140,16 @@ impl DemoUpstream {
     pub fn soft_limit_events(&self) -> Vec<Bytes> {
         self.state.events.lock().clone()
     }
-    /// The last request head received (for checking forwarded headers).
+    /// From now on, keeps the head fields of the last request received,
+    /// for [`last_headers`](Self::last_headers). Off by default: a copy
+    /// of every head costs each request more than the rest of its
+    /// counting, and more for each field a proxy adds to it.
+    pub fn record_headers(&self) {
+        self.state.record.store(true, Ordering::Relaxed);
+    }
+    /// The head fields of the last request received since
+    /// [`record_headers`](Self::record_headers) (for checking what a
+    /// proxy forwarded).
     pub fn last_headers(&self) -> Option<HeaderMap> {
         self.state.last_headers.lock().clone()
     }
@@ -164,13 +173,15 @@ struct Demo {
     next_label: AtomicU64,
     /// Idempotency key → (request body, stored answer).
     idempotent: Mutex<HashMap<String, (Bytes, Value)>>,
+    /// Whether `last_headers` is kept.
+    record: std::sync::atomic::AtomicBool,
     last_headers: Mutex<Option<HeaderMap>>,
     /// Bodies posted to the soft-limit webhook route.
     events: Mutex<Vec<Bytes>>,
 }
 
-/// The most API keys the demo API counts apart (the rest are not counted
-/// by key).
+/// The most API keys (and paths) the demo API counts apart (the rest
+/// are not counted by key, or by path).
 pub const MAX_COUNTED_KEYS: usize = 1_000;
 
 /// The most race-job arrivals kept per key.
@@ -214,10 +225,20 @@ async fn count(
     next: axum::middleware::Next,
 ) -> Response {
     s.hits.fetch_add(1, Ordering::Relaxed);
-    *s.by_path
-        .lock()
-        .entry(req.uri().path().to_string())
-        .or_default() += 1;
+    {
+        // a path seen before is counted without a copy of it; a new one
+        // while there is room (a flood of paths does not grow the map for
+        // ever)
+        let mut by_path = s.by_path.lock();
+        let room = by_path.len() < MAX_COUNTED_KEYS;
+        match by_path.get_mut(req.uri().path()) {
+            Some(n) => *n += 1,
+            None if room => {
+                by_path.insert(req.uri().path().to_string(), 1);
+            }
+            None => {}
+        }
+    }
     if let Some(key) = paceline_server::bearer_token(req.headers()) {
         let mut by_key = s.by_key.lock();
         if let Some(n) = by_key.get_mut(key) {
@@ -236,7 +257,9 @@ async fn count(
             }
         }
     }
-    *s.last_headers.lock() = Some(req.headers().clone());
+    if s.record.load(Ordering::Relaxed) {
+        *s.last_headers.lock() = Some(req.headers().clone());
+    }
     if !s.delay.is_zero() {
         tokio::time::sleep(s.delay).await;
     }
@@ -358,5 +381,32 @@ mod tests {
             .route(&axum::http::Method::GET, "/v1/rates")
             .unwrap();
         assert_eq!(rates.criticality(), paceline_server::Criticality::Sheddable);
+    }
+
+    #[tokio::test]
+    async fn heads_are_kept_once_asked_and_paths_counted_within_a_bound() {
+        let api = serve(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+            .await
+            .unwrap();
+        let http = reqwest::Client::new();
+        let get = |path: String, tag: &'static str| {
+            http.get(format!("http://{}{path}", api.addr()))
+                .header("x-tag", tag)
+                .timeout(Duration::from_secs(5))
+                .send()
+        };
+        assert_eq!(get("/v1/rates".into(), "a").await.unwrap().status(), 200);
+        assert!(api.last_headers().is_none(), "not kept unless asked");
+        api.record_headers();
+        get("/v1/rates".into(), "b").await.unwrap();
+        assert_eq!(api.last_headers().unwrap()["x-tag"], "b");
+        assert_eq!(api.hits_on("/v1/rates"), 2);
+        // a flood of paths: counted apart up to the bound, then not
+        for i in 0..MAX_COUNTED_KEYS + 5 {
+            get(format!("/nowhere/{i}"), "c").await.unwrap();
+        }
+        assert_eq!(api.state.by_path.lock().len(), MAX_COUNTED_KEYS);
+        assert_eq!(api.hits_on("/v1/rates"), 2);
+        assert_eq!(api.hits(), MAX_COUNTED_KEYS as u64 + 7);
     }
 }

@@ -76,6 +76,7 @@ impl Rig {
         let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions { delay })
             .await
             .unwrap();
+        api.record_headers();
         let dir = std::env::temp_dir().join(format!("pl-gw-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("gateway.toml");

@@ -183,9 +183,11 @@ fn field(res: &reqwest::Response, name: &str) -> String {
 }
 
 async fn upstream(delay: Duration) -> DemoUpstream {
-    demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions { delay })
+    let api = demo::serve(([127, 0, 0, 1], 0).into(), DemoOptions { delay })
         .await
-        .unwrap()
+        .unwrap();
+    api.record_headers();
+    api
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
