@@ -8,6 +8,7 @@
 #   RUNS=shipped scripts/bench-gateway.sh   # examples/shiplane.toml as shipped
 #   RUNS=redis scripts/bench-gateway.sh     # the 429 paths on the memory store and on Redis
 #   RUNS=tls scripts/bench-gateway.sh       # the same over TLS, against nginx (same certificate)
+#   ANSWER=same RUNS="429 shipped" scripts/bench-gateway.sh   # the peers' 429s as ours
 #
 # Every round measures every server once, in turn; the summary at the end
 # gives each one's median over the rounds (runs on a shared machine move by
@@ -49,6 +50,14 @@
 # and two more fields cost it about 2,000 instructions a request, so peers
 # that send none are measured doing less; FORWARDED=0 leaves them out (the
 # set-up of the results before this was added).
+# The peers answer a 429 with their own deny page by default (HAProxy's is
+# 212 bytes, nginx's 332); the gateway's carries what the contract asks
+# (the problem body naming the policy, RateLimit, RateLimit-Policy,
+# Retry-After, Cache-Control: 469 bytes), and on one client core the client
+# pays for every byte it parses. ANSWER=same has nginx and HAProxy answer
+# with the gateway's fields and body, byte for byte (the RateLimit values
+# fixed at what an empty bucket shows), as a user who wanted that contract
+# from them would configure it: the same answer from each server.
 # The limit is per client IP for all three in the first two (HAProxy's is a
 # request rate over the burst window, the closest it has to a token
 # bucket); there the gateway's escalation is off, as the peers have none.
@@ -86,6 +95,7 @@ if [ ! -x "$bin" ]; then
 fi
 
 bench_setup
+ANS_BODY=""
 
 start_upstream() { # start_upstream DELAY_MS
   start upstream "$UP_PORT" "$bin" demo --upstream-only \
@@ -93,6 +103,25 @@ start_upstream() { # start_upstream DELAY_MS
 }
 
 # --- configurations --------------------------------------------------------
+
+# same_answer PLAN: the gateway's 429 for PLAN ("bench": the 429 path's one
+# policy; "free": examples/shiplane.toml's Free plan, its burst policy hit),
+# as ANS_POLICY, ANS_LIMIT (the two fields' values) and ANS_BODY; empty
+# unless ANSWER=same.
+same_answer() {
+  ANS_POLICY="" ANS_LIMIT="" ANS_BODY=""
+  [ "${ANSWER:-own}" = same ] || return 0
+  local seconds=2
+  case $1 in
+    bench)
+      ANS_POLICY='"burst";q=20;w=2'
+      ANS_LIMIT='"burst";r=0;t=2' ;;
+    free)
+      ANS_POLICY='"burst";q=20;w=2, "daily";q=10000;w=86400'
+      ANS_LIMIT='"burst";r=0;t=2, "daily";r=9980;t=49523' ;;
+  esac
+  ANS_BODY='{"type":"https://paceline.invalid/problems/rate_limited","title":"Too many requests","status":429,"detail":"20 of 20 requests used in the last '$seconds' seconds ('$1' plan).","limit":"burst","retry_after_s":1,"violated-policies":["burst"]}'
+}
 
 gateway_conf() { # gateway_conf RATE BURST
   # a token bucket of BURST refilled at RATE/s: q = BURST, w = BURST / RATE
@@ -103,7 +132,18 @@ nginx_conf() { # nginx_conf RATE BURST MODE(static|proxy) [KEY]
   mkdir -p "$work/www/v1"
   printf '{"rates":[{"id":"rate_ups_ground","amount":"7.45"}]}' >"$work/www/v1/rates"
   chmod -R a+rX "$work/www"
-  local body listen="127.0.0.1:$NGX_PORT"
+  local body listen="127.0.0.1:$NGX_PORT" denied=""
+  if [ -n "${ANS_BODY:-}" ]; then
+    denied="error_page 429 @denied;
+    location @denied {
+      default_type application/problem+json;
+      add_header Cache-Control no-store always;
+      add_header RateLimit-Policy '$ANS_POLICY' always;
+      add_header RateLimit '$ANS_LIMIT' always;
+      add_header Retry-After 1 always;
+      return 429 '$ANS_BODY';
+    }"
+  fi
   if [ -n "${TLS:-}" ]; then
     listen="$listen ssl; ssl_certificate $work/tls.pem; ssl_certificate_key $work/tls.key; ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m"
   fi
@@ -128,6 +168,7 @@ http {
   upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; }
   server {
     listen $listen;
+    $denied
     location / {
       limit_req zone=one burst=$2 nodelay;
       $body
@@ -139,7 +180,10 @@ EOF
 
 haproxy_conf() { # haproxy_conf RATE BURST [KEY]
   # over a window of BURST/RATE seconds at most BURST requests
-  local window=$(($2 / $1)) type=ip track=src forwarded=""
+  local window=$(($2 / $1)) type=ip track=src forwarded="" denied=""
+  if [ -n "${ANS_BODY:-}" ]; then
+    denied=" content-type application/problem+json hdr cache-control no-store hdr ratelimit-policy '$ANS_POLICY' hdr ratelimit '$ANS_LIMIT' hdr retry-after 1 string '$ANS_BODY'"
+  fi
   if [ -n "${3:-}" ]; then type="string len 64" track=$3; fi
   if [ "${FORWARDED:-1}" = 1 ]; then
     forwarded=$'  option forwardfor\n  http-request set-header X-Forwarded-Proto http'
@@ -158,7 +202,7 @@ frontend fe
   bind 127.0.0.1:$HAP_PORT
   stick-table type $type size 100k expire 60s store http_req_rate(${window}s)
   http-request track-sc0 $track
-  http-request deny deny_status 429 if { sc_http_req_rate(0) gt $2 }
+  http-request deny deny_status 429$denied if { sc_http_req_rate(0) gt $2 }
 $forwarded
   default_backend be
 backend be
@@ -232,6 +276,7 @@ summary() { # medians per path and server, in the order first measured
 }
 
 run_429() {
+  same_answer bench
   start_upstream 0
   gateway_conf 10 20
   start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
@@ -247,10 +292,12 @@ run_429() {
   start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
   measure "429 path (10 r/s, burst 20)" "haproxy" "$HAP_PORT"
   stop_all
+  ANS_BODY=""
 }
 
 run_shipped() {
   local name="shipped 429 (Free key)" auth="Authorization: Bearer sk_demo_alice"
+  same_answer free
   start_upstream 0
   shipped_gateway_config "$GW_PORT" "$UP_PORT" >"$work/gateway.toml"
   start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
@@ -266,6 +313,7 @@ run_shipped() {
   start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
   measure "$name" "haproxy" "$HAP_PORT" "$auth"
   stop_all
+  ANS_BODY=""
 }
 
 to_redis() { # to_redis FILE: the gateway's file, with store = "redis" on REDIS_PORT
