@@ -109,6 +109,7 @@ mod config;
 mod edge;
 mod front;
 mod global;
+mod h1;
 mod idempotency;
 mod idle;
 mod intake;

@@ -68,6 +68,8 @@ pub(crate) use choice::UpstreamClient;
 pub(crate) use client::Client;
 pub(crate) use codec::strip_hop_by_hop;
 pub(crate) use codec::Via;
+#[allow(unused_imports)]
+pub(crate) use codec::{Chunk, Framing, Step};
 pub(crate) use error::BoxError;
 pub(crate) use error::UpstreamError;
 pub(crate) use idle::{BodyIdle, IdleTimeout};

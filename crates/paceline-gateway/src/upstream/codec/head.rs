@@ -3,10 +3,11 @@
 //! its body is framed (RFC 9112 §6.3) and whether the connection lives on.
 
 use bytes::{Buf, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName};
 use http::{Method, StatusCode, Version};
 
 use super::framing::{Chunk, Framing};
+use crate::h1::{Places, Scan};
 use crate::upstream::error::UpstreamError;
 
 /// The longest response head accepted.
@@ -64,27 +65,8 @@ pub(crate) fn parse_head(
         };
         // one pass: where each field is (its value will share the head's
         // bytes instead of being copied), and what frames the body
-        let count = res.headers.len();
-        let base = buf.as_ptr() as usize;
-        // a few fields' places on the stack (not a hundred's, cleared for
-        // every head), more in a vector
-        let mut few = [(0u32, 0u32, 0u32, 0u32); FEW];
-        let mut many = Vec::new();
-        let spans = match count <= FEW {
-            true => &mut few[..count],
-            false => {
-                many.resize(count, (0, 0, 0, 0));
-                &mut many[..]
-            }
-        };
         let mut scan = Scan::default();
-        for (span, f) in spans.iter_mut().zip(res.headers.iter()) {
-            let name = f.name.as_bytes();
-            scan.field(name, f.value)?;
-            let ns = (name.as_ptr() as usize - base) as u32;
-            let vs = (f.value.as_ptr() as usize - base) as u32;
-            *span = (ns, ns + name.len() as u32, vs, vs + f.value.len() as u32);
-        }
+        let places = Places::of(buf, res.headers, &mut scan).map_err(UpstreamError::Protocol)?;
         if scan.chunked.is_some() && version == Version::HTTP_10 {
             return Err(UpstreamError::Protocol(
                 "transfer-encoding in an HTTP/1.0 answer",
@@ -97,19 +79,15 @@ pub(crate) fn parse_head(
         }
         let head = buf.split_to(len).freeze();
         // room for the fields the layers add on the way back
-        let mut headers = HeaderMap::with_capacity(count + 6);
-        for &(ns, ne, vs, ve) in spans.iter() {
-            let name = field_name(&head[ns as usize..ne as usize])?;
-            let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
-                .map_err(|_| UpstreamError::Protocol("bad field value"))?;
-            headers.append(name, value);
-        }
+        let mut headers = places
+            .map(&head, 6, false, field_name)
+            .map_err(UpstreamError::Protocol)?;
         if scan.chunked.is_some() {
             // the chunks frame the body; a length beside them means nothing
             // and must not reach the client (RFC 9112 §6.3)
             headers.remove(http::header::CONTENT_LENGTH);
         }
-        let framing = scan.framing(status, method);
+        let framing = framing(&scan, status, method);
         let keep_alive = scan.keep_alive(version) && framing != Framing::Close;
         return Ok(Some(Head {
             status,
@@ -120,15 +98,12 @@ pub(crate) fn parse_head(
     }
 }
 
-/// How many fields' places [`parse_head`] keeps on the stack.
-const FEW: usize = 16;
-
 /// A field's name: the ones most answers carry, spelt as most servers
 /// spell them (all lowercase, or each word capitalised), by a comparison
 /// of the bytes; any other through `HeaderName::from_bytes`, which
 /// lowercases the name into a scratch buffer and then looks it up among
 /// every standard name (about a hundred instructions a field).
-fn field_name(name: &[u8]) -> Result<HeaderName, UpstreamError> {
+fn field_name(name: &[u8]) -> Result<HeaderName, &'static str> {
     use http::header as h;
     Ok(match name {
         b"content-type" | b"Content-Type" => h::CONTENT_TYPE,
@@ -144,102 +119,29 @@ fn field_name(name: &[u8]) -> Result<HeaderName, UpstreamError> {
         b"location" | b"Location" => h::LOCATION,
         b"set-cookie" | b"Set-Cookie" => h::SET_COOKIE,
         b"content-encoding" | b"Content-Encoding" => h::CONTENT_ENCODING,
-        _ => HeaderName::from_bytes(name).map_err(|_| UpstreamError::Protocol("bad field name"))?,
+        _ => HeaderName::from_bytes(name).map_err(|_| "bad field name")?,
     })
 }
 
-/// What a response head says about its body and its connection.
-#[derive(Default)]
-struct Scan {
-    length: Option<u64>,
-    /// `Some(true)` when `Transfer-Encoding` is `chunked` alone,
-    /// `Some(false)` when it names anything else (refused).
-    chunked: Option<bool>,
-    close: bool,
-    keep_alive: bool,
-}
-
-impl Scan {
-    fn field(&mut self, name: &[u8], value: &[u8]) -> Result<(), UpstreamError> {
-        if name.eq_ignore_ascii_case(b"content-length") {
-            for part in value.split(|&b| b == b',') {
-                let n = parse_decimal(trim(part))
-                    .ok_or(UpstreamError::Protocol("bad content-length"))?;
-                if self.length.is_some_and(|l| l != n) {
-                    return Err(UpstreamError::Protocol("conflicting content-length"));
-                }
-                self.length = Some(n);
-            }
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // chunked alone: a body under another coding could be neither
-            // framed nor passed on as it is (the field does not travel)
-            for t in value
-                .split(|&b| b == b',')
-                .map(trim)
-                .filter(|t| !t.is_empty())
-            {
-                let first = self.chunked.is_none();
-                self.chunked = Some(first && t.eq_ignore_ascii_case(b"chunked"));
-            }
-            self.chunked = self.chunked.or(Some(false));
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            for t in value.split(|&b| b == b',') {
-                let t = trim(t);
-                self.close |= t.eq_ignore_ascii_case(b"close");
-                self.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
-            }
-        }
-        Ok(())
+/// How a response body is delimited (RFC 9112 §6.3).
+fn framing(scan: &Scan, status: StatusCode, method: &Method) -> Framing {
+    if method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Framing::Length(0);
     }
-
-    /// How the body is delimited (RFC 9112 §6.3).
-    fn framing(&self, status: StatusCode, method: &Method) -> Framing {
-        if method == Method::HEAD
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
-        {
-            return Framing::Length(0);
-        }
-        match (self.chunked, self.length) {
-            (Some(_), _) => Framing::Chunked(Chunk::Size),
-            (None, Some(n)) => Framing::Length(n),
-            (None, None) => Framing::Close,
-        }
+    match (scan.chunked, scan.length) {
+        (Some(_), _) => Framing::Chunked(Chunk::Size),
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::Close,
     }
-
-    /// Whether the upstream keeps the connection open after this answer.
-    fn keep_alive(&self, version: Version) -> bool {
-        match version {
-            Version::HTTP_10 => self.keep_alive && !self.close,
-            _ => !self.close,
-        }
-    }
-}
-
-fn trim(b: &[u8]) -> &[u8] {
-    let start = b
-        .iter()
-        .position(|c| !c.is_ascii_whitespace())
-        .unwrap_or(b.len());
-    let end = b
-        .iter()
-        .rposition(|c| !c.is_ascii_whitespace())
-        .map_or(start, |e| e + 1);
-    &b[start..end]
-}
-
-fn parse_decimal(b: &[u8]) -> Option<u64> {
-    if b.is_empty() || b.len() > 19 {
-        return None;
-    }
-    b.iter().try_fold(0u64, |n, &c| {
-        c.is_ascii_digit().then(|| n * 10 + u64::from(c - b'0'))
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::h1::FEW;
 
     fn head(text: &str, method: Method) -> Result<Option<Head>, UpstreamError> {
         let mut b = BytesMut::from(text);
@@ -414,17 +316,5 @@ mod tests {
         for bad in ["", "a b", "x:y", "caf\u{e9}"] {
             assert!(field_name(bad.as_bytes()).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn decimal_lengths() {
-        assert_eq!(parse_decimal(b"0"), Some(0));
-        assert_eq!(parse_decimal(b"18446744073709551615"), None, "20 digits");
-        assert_eq!(
-            parse_decimal(b"1844674407370955161"),
-            Some(1844674407370955161)
-        );
-        assert_eq!(parse_decimal(b"+1"), None);
-        assert_eq!(parse_decimal(b""), None);
     }
 }
