@@ -33,9 +33,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::h1::ClientBody as Incoming;
 use bytes::Bytes;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use paceline_server::idempotency::{AnsweredHere, IdempotencyBody};
 use paceline_server::{Criticality, HttpFuture, RouteInfo, UpstreamFailed};
 use tower_service::Service;

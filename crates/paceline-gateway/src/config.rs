@@ -423,6 +423,8 @@ pub struct Settings {
     pub upstream_tls: UpstreamTlsSettings,
     /// The HTTP version spoken to the upstream (`gateway.upstream_protocol`).
     pub upstream_protocol: UpstreamProtocol,
+    /// Who serves clients' HTTP/1.1 connections (`gateway.http1_server`).
+    pub http1_server: Http1Server,
     /// API keys looked up in Redis (`[gateway.keys_redis]`).
     pub keys_redis: Option<KeysRedisSettings>,
     /// The plan of `[plans]` charged once for every request the limiter
@@ -543,6 +545,20 @@ pub struct UpstreamTlsSettings {
     pub insecure_skip_verify_for_tests_only: bool,
 }
 
+/// Who serves a client's HTTP/1.1 connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Http1Server {
+    /// The gateway's own connection (`"paceline"`, the default) for
+    /// requests without a body, handing a connection over to hyper at
+    /// the first request it does not serve (a body, `Expect`, HTTP/1.0,
+    /// a head it refuses).
+    #[default]
+    Paceline,
+    /// hyper's, for every request (`"hyper"`).
+    Hyper,
+}
+
 /// The HTTP version spoken to the upstream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -640,6 +656,8 @@ struct GatewayModel {
     upstream_tls: Option<UpstreamTlsModel>,
     #[serde(default)]
     upstream_protocol: Option<String>,
+    #[serde(default)]
+    http1_server: Option<String>,
     #[serde(default)]
     keys_redis: Option<KeysRedisModel>,
     #[serde(default)]
@@ -1154,6 +1172,17 @@ fn settings(
             .map(|k| keys_redis(src, k, store))
             .transpose()?,
         global_plan: g.global_plan.clone(),
+        http1_server: match g.http1_server.as_deref() {
+            None | Some("paceline") => Http1Server::Paceline,
+            Some("hyper") => Http1Server::Hyper,
+            Some(other) => {
+                return Err(src.at_field(
+                    Kind::InvalidValue,
+                    "gateway.http1_server",
+                    format!("{other:?}: expected \"paceline\" or \"hyper\""),
+                ))
+            }
+        },
         upstream_protocol: match g.upstream_protocol.as_deref() {
             None | Some("http1") => UpstreamProtocol::Http1,
             Some("http2") => UpstreamProtocol::Http2,

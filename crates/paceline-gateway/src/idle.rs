@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper_util::server::graceful::GracefulConnection;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -198,6 +197,14 @@ impl Shutdown {
     }
 }
 
+/// A connection that can be told to finish what it is doing and end.
+pub(crate) trait Graceful: Future<Output = Result<(), Self::Error>> {
+    /// Why the connection failed.
+    type Error;
+    /// Asks the connection to end after the request in progress.
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
 /// How a [`Watched`] connection ended.
 pub(crate) enum Ended<E> {
     /// The connection ended by itself (a graceful shutdown included).
@@ -285,7 +292,7 @@ pub(crate) fn watched<C, I>(
 
 impl<C, S, I> Future for Watched<C, S, I>
 where
-    C: GracefulConnection,
+    C: Graceful,
     S: Future,
     I: Future<Output = ()>,
 {

@@ -405,7 +405,7 @@ impl Pace {
 /// intake took first (their bytes held against the memory gauge until
 /// they are passed on), then the rest straight from the client, all of it
 /// held to its [`Pace`].
-pub(crate) struct RequestBody<B = hyper::body::Incoming> {
+pub(crate) struct RequestBody<B = crate::h1::ClientBody> {
     front: VecDeque<Frame<Bytes>>,
     /// Bytes of `front` counted in the gauge.
     held: usize,
@@ -877,12 +877,12 @@ impl Intake {
     pub(crate) fn serve<S, B>(
         &self,
         svc: &crate::shed::LoadShed<S>,
-        mut req: Request<hyper::body::Incoming>,
+        mut req: Request<crate::h1::ClientBody>,
         base: &crate::shed::CurrentLimits,
         retry_after_s: impl FnOnce() -> u64,
     ) -> Served<S::Future>
     where
-        S: crate::shed::CallClassified<hyper::body::Incoming, Response = Response<B>> + Clone,
+        S: crate::shed::CallClassified<crate::h1::ClientBody, Response = Response<B>> + Clone,
         B: crate::shed::OwnAnswer,
     {
         if let Err(r) = crate::front::screen(&mut req, &self.paths) {

@@ -127,7 +127,7 @@ mod upstream;
 mod webhook;
 
 pub use config::{
-    ConfigFileError, GatewayConfig, GatewayLimits, KeysRedisSettings, KeysUnavailable,
+    ConfigFileError, GatewayConfig, GatewayLimits, Http1Server, KeysRedisSettings, KeysUnavailable,
     PathSettings, RedisSettings, Settings, SheddingSettings, StoreKind, Timeouts, TlsSettings,
     UpstreamProtocol, UpstreamTlsSettings, DEFAULT_KEYS_REDIS_CACHE, DEFAULT_KEYS_REDIS_STALE,
     DEFAULT_KEYS_REDIS_TTL, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_HANDSHAKES,

@@ -39,6 +39,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use bytes::BytesMut;
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -53,8 +54,9 @@ use tokio::sync::watch;
 use tower_layer::Layer;
 
 use crate::admitted::Admitted;
-use crate::config::{ConfigFileError, GatewayConfig, Settings};
+use crate::config::{ConfigFileError, GatewayConfig, Http1Server, Settings};
 use crate::edge::{HeadBytes, Metered};
+use crate::h1::{self, ClientBody};
 use crate::idle::{Activity, Ended, Shutdown, TrackedCall};
 use crate::intake::Intake;
 use crate::metrics as m;
@@ -303,6 +305,7 @@ impl Gateway {
             builder,
             max_head: settings.max_head_bytes,
             bound: t.client_header,
+            http1: settings.http1_server,
         });
         let tls = h.inner.tls.read().clone();
         let mut tasks = Vec::new();
@@ -388,6 +391,8 @@ struct Serving {
     builder: auto::Builder<TokioExecutor>,
     max_head: usize,
     bound: Duration,
+    /// Who serves HTTP/1.1 connections.
+    http1: Http1Server,
 }
 
 /// Whether a stage after the limit layer reads a request's route: the
@@ -414,7 +419,7 @@ impl Serving {
     /// Serves the connection `io` from `peer` (a TCP socket, or a TLS
     /// stream whose handshake is done, as `link` says) in a task of its
     /// own.
-    fn serve<T>(&self, io: T, peer: SocketAddr, link: Link, stop: watch::Receiver<()>)
+    fn serve<T>(self: &Arc<Self>, io: T, peer: SocketAddr, link: Link, stop: watch::Receiver<()>)
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -452,7 +457,7 @@ impl Serving {
         };
         let (intake, limits) = (h.inner.intake.clone(), current_limits(h));
         let shedder = h.inner.shedder.clone();
-        let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        let dispatch = Arc::new(move |mut req: Request<ClientBody>| {
             let busy = activity.start();
             head.dispatched();
             if let Some(c) = &client {
@@ -466,10 +471,31 @@ impl Serving {
         });
         let (io, left) = crate::edge::EdgeIo::new(io);
         let io = io.metered(metered);
-        let conn = self
-            .builder
-            .serve_connection(TokioIo::new(io), svc)
-            .into_owned();
+        let serving = self.clone();
+        let for_hyper = dispatch.clone();
+        let hyper = move |io| {
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                for_hyper(req.map(ClientBody::from))
+            });
+            serving
+                .builder
+                .serve_connection(TokioIo::new(io), svc)
+                .into_owned()
+        };
+        let conn = match self.http1 == Http1Server::Paceline {
+            true => {
+                let flags = Arc::new(h1::Flags::default());
+                let own = h1::serve(
+                    io,
+                    BytesMut::new(),
+                    move |req| dispatch(req),
+                    self.max_head,
+                    flags.clone(),
+                );
+                h1::Conn::own(own, hyper, flags)
+            }
+            false => h1::Conn::hyper(hyper(h1::Rewind::new(io))),
+        };
         let bound = self.bound;
         let (limiter, max_head) = (h.inner.limiter.clone(), self.max_head);
         tokio::spawn(async move {
@@ -723,6 +749,7 @@ fn restart_notes(
         tls,
         upstream_tls,
         upstream_protocol,
+        http1_server,
         keys_redis,
         // applied: the global limit's plan is replaced
         global_plan: _,
@@ -755,6 +782,7 @@ fn restart_notes(
         "gateway.upstream_protocol",
         old.upstream_protocol != *upstream_protocol,
     );
+    note("gateway.http1_server", old.http1_server != *http1_server);
     note("gateway.keys_redis", old.keys_redis != *keys_redis);
     // the limiter keeps these from its construction
     note("escalation", old_limits.escalation() != limits.escalation());

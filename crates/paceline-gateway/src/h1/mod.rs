@@ -1,27 +1,30 @@
-//! HTTP/1.x on the client side of the gateway, read and written by the
-//! gateway itself: the request head parser (`request.rs`), with the same
-//! field scan as the upstream client's answer parser (`scan.rs`).
+//! HTTP/1.1 on the client side of the gateway, read and written by the
+//! gateway itself: the connection (`conn.rs`) that serves requests
+//! without a body and hands the rest over to hyper, the request head
+//! parser (`request.rs`, with the same field scan as the upstream
+//! client's answer parser: `scan.rs`, `places.rs`), and the body type the
+//! stages read whoever served the request (`body.rs`).
 //!
 //! Why: on the gateway's cheapest paths (a `429` from the head, a request
-//! proxied to an instant upstream) hyper's server connection is the
-//! largest single cost, about 6,000 of the 12,500 instructions of a
-//! refused request (BENCHMARKS.md). The gateway needs less of it than
-//! hyper offers: heads into the `http` types, bodies framed by length or
-//! chunks, answers written as they come. The parser here is the first
-//! piece of a connection of its own, built beside hyper's and held to it
-//! by a differential test; the connection that uses it comes next. The
-//! parse alone costs what hyper's does (the same `httparse`, the same
-//! `Uri` and `HeaderMap`): the saving such a connection can make is in
-//! hyper's dispatcher, buffers and answer encoding.
+//! proxied to an instant upstream) hyper's server connection was the
+//! largest single cost: about 6,000 of the 12,600 instructions of a
+//! refused request (BENCHMARKS.md). The parse itself costs what hyper's
+//! does (the same `httparse`, the same `Uri` and `HeaderMap`); the saving
+//! is in hyper's dispatcher, its buffers and its answer encoding. The
+//! parser is held to hyper's by a differential test (`differential.rs`),
+//! the connection by `tests/http1.rs`.
 
+mod body;
+mod conn;
+mod date;
 #[cfg(test)]
 mod differential;
 mod places;
-// read by its tests only until the connection that uses it lands
-#[cfg_attr(not(test), allow(dead_code))]
 mod request;
 mod scan;
 
+pub(crate) use body::ClientBody;
+pub(crate) use conn::{serve, Conn, Flags, Rewind};
 pub(crate) use places::Places;
 #[cfg(test)]
 pub(crate) use places::FEW;

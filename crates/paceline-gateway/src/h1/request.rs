@@ -16,10 +16,12 @@
 //! - `Transfer-Encoding` in an HTTP/1.0 request is `400` (§6.1: its
 //!   framing is faulty whatever it says).
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header::HeaderName;
 use http::request::Parts;
-use http::{Method, Request, StatusCode, Uri, Version};
+#[cfg(test)]
+use http::StatusCode;
+use http::{Method, Request, Uri, Version};
 
 use super::places::Places;
 use super::scan::Scan;
@@ -37,11 +39,13 @@ pub(crate) struct RequestHead {
     pub(crate) framing: Framing,
     /// The client keeps the connection for another request after this one.
     pub(crate) keep_alive: bool,
-    /// `Expect: 100-continue` on an HTTP/1.1 request: the client waits for
-    /// `100 Continue` (or the final answer) before it sends the body.
-    pub(crate) continue_expected: bool,
-    /// The head's length in bytes, as read.
-    pub(crate) len: usize,
+    /// Any `Expect` field, or an `Upgrade` field: a request only hyper
+    /// serves.
+    pub(crate) unusual: bool,
+    /// The client accepts trailer fields (`TE: trailers`).
+    pub(crate) trailers: bool,
+    /// The head's bytes, as read.
+    pub(crate) raw: Bytes,
 }
 
 /// Why a request head is refused.
@@ -56,7 +60,7 @@ pub(crate) enum HeadError {
 
 impl HeadError {
     /// The status the refusal is answered with.
-    #[allow(dead_code)]
+    #[cfg(test)]
     pub(crate) fn status(&self) -> StatusCode {
         match self {
             HeadError::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -67,7 +71,8 @@ impl HeadError {
 
 /// Parses a request head at the start of `buf`, at most `max_head` bytes
 /// long: `Ok(None)` while more bytes are needed. A complete head is taken
-/// out of `buf`; what follows it (the body, a pipelined request) stays.
+/// out of `buf`; what follows it (the body, a pipelined request) stays. A
+/// refused head is left in `buf`.
 pub(crate) fn parse_request(
     buf: &mut BytesMut,
     max_head: usize,
@@ -127,13 +132,25 @@ pub(crate) fn parse_request(
         (None, n) => Framing::Length(n.unwrap_or(0)),
     };
     let head = buf.split_to(len).freeze();
-    let uri = Uri::from_maybe_shared(head.slice(target_at..target_end))
-        .map_err(|_| HeadError::Invalid("bad request target"))?;
-    // room for the fields the stages add on the way; the same length
-    // given twice kept once, as hyper keeps it
-    let headers = places
-        .map(&head, 4, true, field_name)
-        .map_err(HeadError::Invalid)?;
+    let read = Uri::from_maybe_shared(head.slice(target_at..target_end))
+        .map_err(|_| HeadError::Invalid("bad request target"))
+        .and_then(|uri| {
+            // room for the fields the stages add on the way; the same
+            // length given twice kept once, as hyper keeps it
+            let headers = places.map(&head, 4, true, field_name);
+            Ok((uri, headers.map_err(HeadError::Invalid)?))
+        });
+    let (uri, headers) = match read {
+        Ok(read) => read,
+        Err(e) => {
+            // a refused head stays where it was, for whoever reads it next
+            let mut whole = BytesMut::with_capacity(head.len() + buf.len());
+            whole.extend_from_slice(&head);
+            whole.extend_from_slice(buf);
+            *buf = whole;
+            return Err(e);
+        }
+    };
     let (mut parts, ()) = Request::new(()).into_parts();
     parts.method = method;
     parts.uri = uri;
@@ -143,8 +160,9 @@ pub(crate) fn parse_request(
         parts,
         framing,
         keep_alive: scan.keep_alive(version),
-        continue_expected: scan.continue_expected && version == Version::HTTP_11,
-        len,
+        unusual: scan.expects || scan.upgrade,
+        trailers: scan.trailers,
+        raw: head,
     }))
 }
 
@@ -190,9 +208,23 @@ mod tests {
         assert_eq!(h.parts.headers["host"], "api");
         assert_eq!(h.parts.headers.get_all("x-a").iter().count(), 2);
         assert_eq!(h.framing, Framing::Length(3));
-        assert!(h.keep_alive && !h.continue_expected);
+        assert!(h.keep_alive && !h.unusual && !h.trailers);
         assert_eq!(&b[..], b"abcGET");
-        assert_eq!(h.len, 78);
+        assert_eq!(h.raw.len(), 78);
+    }
+
+    #[test]
+    fn a_refused_head_stays_in_the_buffer() {
+        let target = format!("/{}", "a".repeat(70_000));
+        for text in [
+            format!("GET {target} HTTP/1.1\r\n\r\nnext"),
+            "GET / HTTP/1.1\r\nx: a\x7fb\r\n\r\nnext".to_string(),
+            "GET / HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nnext".to_string(),
+        ] {
+            let mut b = BytesMut::from(text.as_bytes());
+            assert!(parse_request(&mut b, 128 * 1024).is_err(), "{text:.40}");
+            assert_eq!(&b[..], text.as_bytes());
+        }
     }
 
     #[test]
@@ -250,15 +282,17 @@ mod tests {
         assert!(!head("GET / HTTP/1.1\r\nconnection: Close\r\n\r\n").keep_alive);
         assert!(!head("GET / HTTP/1.0\r\n\r\n").keep_alive);
         assert!(head("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").keep_alive);
-        assert!(
-            head("POST / HTTP/1.1\r\nexpect: 100-Continue\r\ncontent-length: 1\r\n\r\n")
-                .continue_expected
-        );
-        assert!(
-            !head("POST / HTTP/1.0\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\n")
-                .continue_expected
-        );
-        assert!(!head("POST / HTTP/1.1\r\nexpect: something\r\n\r\n").continue_expected);
+        // what only hyper serves: any expectation, a protocol switch
+        for unusual in [
+            "POST / HTTP/1.1\r\nexpect: 100-Continue\r\ncontent-length: 1\r\n\r\n",
+            "POST / HTTP/1.1\r\nexpect: something\r\n\r\n",
+            "GET / HTTP/1.1\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+        ] {
+            assert!(head(unusual).unusual, "{unusual:?}");
+        }
+        assert!(!head("GET / HTTP/1.1\r\nte: gzip\r\n\r\n").unusual);
+        assert!(!head("GET / HTTP/1.1\r\nte: gzip\r\n\r\n").trailers);
+        assert!(head("GET / HTTP/1.1\r\nTE: gzip, Trailers\r\n\r\n").trailers);
         // an empty line before the request line is passed over
         assert_eq!(head("\r\nGET /x HTTP/1.1\r\n\r\n").parts.uri, "/x");
         // the other target forms

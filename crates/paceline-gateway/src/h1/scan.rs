@@ -17,8 +17,12 @@ pub(crate) struct Scan {
     pub(crate) close: bool,
     /// `Connection: keep-alive`.
     pub(crate) keep_alive: bool,
-    /// `Expect: 100-continue`.
-    pub(crate) continue_expected: bool,
+    /// An `Expect` field, whatever it expects.
+    pub(crate) expects: bool,
+    /// An `Upgrade` field.
+    pub(crate) upgrade: bool,
+    /// `TE` lists `trailers`.
+    pub(crate) trailers: bool,
     /// A `Content-Length` value listing more than one length.
     pub(crate) length_listed: bool,
 }
@@ -55,7 +59,13 @@ impl Scan {
                 self.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
             }
         } else if name.eq_ignore_ascii_case(b"expect") {
-            self.continue_expected |= trim(value).eq_ignore_ascii_case(b"100-continue");
+            self.expects = true;
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            self.upgrade = true;
+        } else if name.eq_ignore_ascii_case(b"te") {
+            self.trailers |= value
+                .split(|&b| b == b',')
+                .any(|t| trim(t).eq_ignore_ascii_case(b"trailers"));
         }
         Ok(())
     }

@@ -1,0 +1,283 @@
+//! The gateway's own HTTP/1.1 connection (`gateway.http1_server =
+//! "paceline"`, the default) against hyper's (`"hyper"`), on loopback over
+//! raw TCP: the same bytes sent to both get the same answers, request by
+//! request, whichever of the two serves each one; and what the own
+//! connection must do as hyper does (pipelining, handing a connection over
+//! mid-way, `HEAD`, `Connection: close`, a client that goes away). Every
+//! wait is bounded.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+mod common;
+
+use common::{find, Rig, LIMIT};
+
+const SERVERS: [&str; 2] = ["paceline", "hyper"];
+
+/// One answer read off a connection: its status line, its fields (names
+/// lowercased, `date` left out, in order) and its body.
+#[derive(Debug, PartialEq)]
+struct Answer {
+    status: String,
+    fields: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+/// Reads answers off `buf` (what a connection sent until it closed) for
+/// requests whose methods are `methods`, in order.
+fn answers(mut buf: &[u8], methods: &[&str]) -> Vec<Answer> {
+    let mut out = Vec::new();
+    for method in methods {
+        let Some(end) = find(buf, b"\r\n\r\n") else {
+            break;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        buf = &buf[end + 4..];
+        let mut lines = head.split("\r\n");
+        let status = lines.next().unwrap_or_default().to_string();
+        let mut fields = Vec::new();
+        let mut length = 0;
+        let mut chunked = false;
+        for l in lines {
+            let (n, v) = l.split_once(':').expect("a field");
+            let (n, v) = (n.to_ascii_lowercase(), v.trim().to_string());
+            if n == "content-length" {
+                length = v.parse().unwrap();
+            }
+            chunked |= n == "transfer-encoding" && v == "chunked";
+            if n != "date" {
+                fields.push((n, v));
+            }
+        }
+        let mut body = Vec::new();
+        if *method != "HEAD" && !status.contains(" 204 ") && !status.contains(" 304 ") {
+            if chunked {
+                loop {
+                    let eol = find(buf, b"\r\n").expect("a chunk size");
+                    let size = usize::from_str_radix(std::str::from_utf8(&buf[..eol]).unwrap(), 16)
+                        .unwrap();
+                    buf = &buf[eol + 2..];
+                    if size == 0 {
+                        buf = &buf[2..];
+                        break;
+                    }
+                    body.extend_from_slice(&buf[..size]);
+                    buf = &buf[size + 2..];
+                }
+            } else {
+                body.extend_from_slice(&buf[..length]);
+                buf = &buf[length..];
+            }
+        }
+        out.push(Answer {
+            status,
+            fields,
+            body,
+        });
+    }
+    out
+}
+
+/// Sends `bytes` on a new connection to a gateway whose HTTP/1.1 is
+/// `server`'s, and reads until the gateway closes it.
+async fn exchange(server: &str, bytes: &[u8]) -> (Vec<u8>, usize) {
+    let rig = Rig::start(&format!("http1_server = \"{server}\""), 100).await;
+    let mut s = TcpStream::connect(rig.addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(LIMIT, s.read_to_end(&mut buf))
+        .await
+        .expect("closed in time");
+    let seen = rig.seen.load(Ordering::SeqCst);
+    rig.stop().await;
+    (buf, seen)
+}
+
+const GET: &str = "GET /v1/rates HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_a\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_get_the_same_answers_from_both_servers() {
+    // bodiless requests served here, then a body (handed over to hyper
+    // mid-connection), then more, the last one closing
+    let post = "POST /v1/rates HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_a\r\ncontent-length: 3\r\n\r\nabc";
+    let head = "HEAD /v1/rates HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_a\r\n\r\n";
+    let unknown = "GET /v1/rates HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_nobody\r\n\r\n";
+    let close =
+        "GET /v1/rates HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_a\r\nconnection: close\r\n\r\n";
+    let bytes = [GET, head, unknown, GET, post, GET, close].concat();
+    let methods = ["GET", "HEAD", "GET", "GET", "POST", "GET", "GET"];
+    let mut seen = Vec::new();
+    for server in SERVERS {
+        let (buf, upstream) = exchange(server, bytes.as_bytes()).await;
+        let got = answers(&buf, &methods);
+        assert_eq!(
+            got.len(),
+            methods.len(),
+            "{server}: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        let statuses: Vec<&str> = got.iter().map(|a| &a.status[9..12]).collect();
+        assert_eq!(
+            statuses,
+            ["200", "200", "401", "200", "200", "200", "200"],
+            "{server}"
+        );
+        // the last answer says the connection ends with it
+        assert!(
+            got[6]
+                .fields
+                .contains(&("connection".into(), "close".into())),
+            "{server}: {:?}",
+            got[6]
+        );
+        // `HEAD` carries the length of what `GET` would, no body
+        assert_eq!(got[1].body, b"");
+        assert!(
+            got[1]
+                .fields
+                .contains(&("content-length".into(), "2".into())),
+            "{server}: {:?}",
+            got[1]
+        );
+        assert_eq!(got[0].body, b"ok");
+        seen.push((got, upstream));
+    }
+    let (own, hyper) = (&seen[0], &seen[1]);
+    assert_eq!(own.1, hyper.1, "the upstream saw as many heads");
+    for (i, (a, b)) in own.0.iter().zip(&hyper.0).enumerate() {
+        // the fields hyper writes, in the order it writes them, but for
+        // the RateLimit fields' reset times (`t`), which move with the
+        // clock between the two runs
+        let strip = |a: &Answer| Answer {
+            status: a.status.clone(),
+            fields: a
+                .fields
+                .iter()
+                .filter(|(n, _)| n != "ratelimit")
+                .cloned()
+                .collect(),
+            body: a.body.clone(),
+        };
+        let (mut a, mut b) = (strip(a), strip(b));
+        a.fields.sort();
+        b.fields.sort();
+        assert_eq!(a, b, "answer {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_own_connection_does_not_serve_are_served_as_hyper_serves_them() {
+    let cases: [(&str, &[&str]); 4] = [
+        // HTTP/1.0 without keep-alive: answered, then closed
+        (
+            "GET /v1/rates HTTP/1.0\r\nauthorization: Bearer sk_a\r\n\r\n",
+            &["GET"],
+        ),
+        // a head hyper refuses, after one served here
+        (
+            "GET /v1/rates HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_a\r\n\r\nGET /v1/rates HTTP/1.1\r\nhost: gw\r\ncontent-length: x\r\n\r\n",
+            &["GET", "GET"],
+        ),
+        // a body announced with `Expect: 100-continue`, sent at once
+        (
+            "POST /v1/rates HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer sk_a\r\nexpect: 100-continue\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi",
+            &["POST"],
+        ),
+        // CONNECT
+        (
+            "CONNECT gw:443 HTTP/1.1\r\nhost: gw:443\r\nauthorization: Bearer sk_a\r\n\r\n",
+            &["CONNECT"],
+        ),
+    ];
+    for (bytes, methods) in cases {
+        let mut all = Vec::new();
+        for server in SERVERS {
+            // each ends with a closed connection
+            let (buf, seen) = exchange(server, bytes.as_bytes()).await;
+            // an interim 100 is not an answer of its own here
+            let text = String::from_utf8_lossy(&buf).replace("HTTP/1.1 100 Continue\r\n\r\n", "");
+            let mut got = answers(text.as_bytes(), methods);
+            for a in &mut got {
+                a.fields.retain(|(n, _)| n != "ratelimit");
+                a.fields.sort();
+            }
+            assert_eq!(got.len(), methods.len(), "{server}: {bytes:?} got {text}");
+            all.push((got, seen));
+        }
+        assert_eq!(all[0], all[1], "{bytes:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_has_its_request_dropped() {
+    for server in SERVERS {
+        let rig = Rig::start(
+            &format!("http1_server = \"{server}\"\n[gateway.shedding]\nmax_in_flight = 100"),
+            100,
+        )
+        .await;
+        let shedder = rig.handle.shedder().clone();
+        let mut s = TcpStream::connect(rig.addr).await.unwrap();
+        let stall = GET.replace("/v1/rates", "/stall");
+        s.write_all(stall.as_bytes()).await.unwrap();
+        let waited = tokio::time::timeout(LIMIT, async {
+            while shedder.in_flight() == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "{server}: the request reached the upstream");
+        drop(s);
+        let gone = tokio::time::timeout(LIMIT, async {
+            while shedder.in_flight() > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(
+            gone.is_ok(),
+            "{server}: the request was dropped with its client"
+        );
+        rig.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_connection_ends_at_a_graceful_shutdown() {
+    for server in SERVERS {
+        let rig = Rig::start(&format!("http1_server = \"{server}\""), 100).await;
+        let mut s = TcpStream::connect(rig.addr).await.unwrap();
+        s.write_all(GET.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 12];
+        tokio::time::timeout(LIMIT, s.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        let handle = rig.handle.clone();
+        handle.shutdown();
+        // the connection waited for its next head: it is closed at once
+        let mut rest = Vec::new();
+        tokio::time::timeout(LIMIT, s.read_to_end(&mut rest))
+            .await
+            .expect("closed at the shutdown")
+            .unwrap();
+        let served = tokio::time::timeout(LIMIT, rig.served)
+            .await
+            .expect("the gateway ended");
+        assert!(served.unwrap().is_ok(), "{server}");
+    }
+}
+
+#[test]
+fn a_bad_http1_server_is_a_config_error() {
+    let text = "[gateway]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\nhttp1_server = \"nginx\"\n";
+    let e = paceline_gateway::GatewayConfig::parse(text, "x.toml", None).unwrap_err();
+    let said = e.to_string();
+    assert!(said.contains("gateway.http1_server"), "{said}");
+    assert!(said.contains("\"paceline\" or \"hyper\""), "{said}");
+}
