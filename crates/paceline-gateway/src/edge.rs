@@ -1,8 +1,10 @@
 //! The answers to HTTP/1.1 heads hyper refuses to parse, as problem
 //! answers like every other refusal of the gateway.
 //!
-//! Why: hyper parses a request head before any service sees it. A head it
-//! cannot take gets hyper's bare answer (no body): `431` for a head longer
+//! Why: hyper parses a request head before any service sees it (a head
+//! the gateway's own HTTP/1.1 connection cannot take is handed to hyper
+//! as it was read: `h1/conn.rs`). A head it cannot take gets hyper's bare
+//! answer (no body): `431` for a head longer
 //! than `gateway.max_head_bytes` or with more than [`MAX_FIELDS`] fields,
 //! `414` for a request target longer than [`MAX_TARGET`] bytes (hyper's
 //! own bound, which no setting moves), `400` for a `Content-Length` that is
