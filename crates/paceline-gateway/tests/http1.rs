@@ -281,3 +281,109 @@ fn a_bad_http1_server_is_a_config_error() {
     assert!(said.contains("gateway.http1_server"), "{said}");
     assert!(said.contains("\"paceline\" or \"hyper\""), "{said}");
 }
+
+/// An upstream that answers every request with a body in chunks of 1, 16
+/// and 300 bytes (and, to `HEAD`, the head alone), then keeps the
+/// connection.
+async fn chunked_upstream() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    while find(&buf, b"\r\n\r\n").is_none() {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let end = find(&buf, b"\r\n\r\n").unwrap() + 4;
+                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let mut answer =
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+                    if !head.starts_with(b"HEAD ") {
+                        for size in [1usize, 16, 300] {
+                            answer.extend_from_slice(format!("{size:x}\r\n").as_bytes());
+                            answer.extend(std::iter::repeat_n(b'a' + (size % 26) as u8, size));
+                            answer.extend_from_slice(b"\r\n");
+                        }
+                        answer.extend_from_slice(b"0\r\n\r\n");
+                    }
+                    if s.write_all(&answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_of_unknown_length_goes_on_in_chunks_from_both_servers() {
+    let up = chunked_upstream().await;
+    let bytes = [GET, GET, &GET.replace("GET ", "HEAD "), GET].concat();
+    let bytes = bytes.replacen(
+        "authorization: Bearer sk_a\r\n\r\n",
+        "authorization: Bearer sk_a\r\nconnection: keep-alive\r\n\r\n",
+        3,
+    ) + "GET /v1/rates HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n";
+    let methods = ["GET", "GET", "HEAD", "GET", "GET"];
+    let mut all = Vec::new();
+    for server in SERVERS {
+        let text = format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{up}\"\nwatch = false\nhttp1_server = \"{server}\"\n\n[plans.free]\npolicies = [{{ name = \"burst\", algorithm = \"token_bucket\", q = 100, w = 3600 }}]\n\n[keys]\nsk_a = \"free\"\n"
+        );
+        let cfg = paceline_gateway::GatewayConfig::parse(&text, "rig.toml", None).unwrap();
+        let gw = paceline_gateway::Gateway::bind(cfg).await.unwrap();
+        let (addr, handle) = (gw.local_addr(), gw.handle());
+        let served = tokio::spawn(gw.run(std::future::pending()));
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(bytes.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        tokio::time::timeout(LIMIT, s.read_to_end(&mut buf))
+            .await
+            .expect("closed in time")
+            .unwrap();
+        handle.shutdown();
+        let _ = tokio::time::timeout(LIMIT, served).await;
+        let mut got = answers(&buf, &methods);
+        assert_eq!(
+            got.len(),
+            methods.len(),
+            "{server}: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        let body: Vec<u8> = [(1usize, b'b'), (16, b'q'), (300, b'o')]
+            .iter()
+            .flat_map(|&(n, c)| std::iter::repeat_n(c, n))
+            .collect();
+        for (i, a) in got.iter_mut().enumerate() {
+            a.fields.retain(|(n, _)| n != "ratelimit");
+            a.fields.sort();
+            if methods[i] == "GET" && a.status.contains(" 200 ") {
+                assert_eq!(a.body, body, "{server}: answer {i}");
+                assert!(
+                    a.fields
+                        .contains(&("transfer-encoding".into(), "chunked".into())),
+                    "{server}: {:?}",
+                    a.fields
+                );
+            }
+        }
+        // the last request had no key: 401, and the connection closed
+        assert!(got[4].status.contains(" 401 "), "{server}: {:?}", got[4]);
+        all.push(got);
+    }
+    for (i, (a, b)) in all[0].iter().zip(&all[1]).enumerate() {
+        assert_eq!(
+            (&a.status, &a.fields),
+            (&b.status, &b.fields),
+            "answer {i}, own against hyper"
+        );
+        assert!(a.body == b.body, "answer {i}'s body, own against hyper");
+    }
+}

@@ -250,18 +250,6 @@ where
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
         || status.is_informational();
-    // the length the answer says, or its body's as far as known: the
-    // answer to `HEAD` and a `304` say the length of a body they do not
-    // carry
-    let said = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| super::scan::parse_decimal(v.as_bytes()));
-    let length = match status == StatusCode::NO_CONTENT || status.is_informational() {
-        true => None,
-        false => said.or_else(|| body.size_hint().exact()),
-    };
-    let chunked = length.is_none() && !no_body;
     let mut keep_alive = how.keep_alive;
     out.put_slice(b"HTTP/1.1 ");
     out.put_slice(status.as_str().as_bytes());
@@ -270,8 +258,13 @@ where
     out.put_slice(b"\r\n");
     let mut dated = false;
     let mut closing = false;
+    let mut said = None;
     for (name, value) in &parts.headers {
-        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+        if name == CONTENT_LENGTH {
+            said = super::scan::parse_decimal(value.as_bytes());
+            continue;
+        }
+        if name == TRANSFER_ENCODING {
             continue;
         }
         if name == CONNECTION {
@@ -291,6 +284,15 @@ where
     } else if !keep_alive {
         out.put_slice(b"connection: close\r\n");
     }
+    // the length the answer says, or its body's as far as known; the
+    // answer to `HEAD` and a `304` carry no body and say only the length
+    // their head says (of the body a `GET` would get)
+    let length = match status == StatusCode::NO_CONTENT || status.is_informational() {
+        true => None,
+        false if no_body => said,
+        false => said.or_else(|| body.size_hint().exact()),
+    };
+    let chunked = length.is_none() && !no_body;
     if let Some(n) = length {
         out.put_slice(b"content-length: ");
         out.put_slice(itoa::Buffer::new().format(n).as_bytes());
@@ -338,7 +340,8 @@ where
                         return Err(std::io::ErrorKind::InvalidData.into());
                     }
                     if chunked {
-                        out.put_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                        put_hex(out, data.len());
+                        out.put_slice(b"\r\n");
                         out.put_slice(&data);
                         out.put_slice(b"\r\n");
                     } else {
@@ -372,6 +375,22 @@ where
     io.write_all(out).await?;
     out.clear();
     Ok(keep_alive)
+}
+
+/// `n` in lowercase hexadecimal, as a chunk's size.
+fn put_hex(out: &mut BytesMut, n: usize) {
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b"0123456789abcdef"[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.put_slice(&digits[i..]);
 }
 
 fn put_fields(out: &mut BytesMut, fields: &HeaderMap) {
@@ -545,6 +564,20 @@ where
         match self.project() {
             ConnProj::Own { flags, .. } => flags.stop.store(true, Ordering::Release),
             ConnProj::Hyper { conn } => conn.graceful_shutdown(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_are_lowercase_hex() {
+        for n in [0usize, 1, 9, 10, 15, 16, 255, 4096, 65_535, usize::MAX] {
+            let mut out = BytesMut::new();
+            put_hex(&mut out, n);
+            assert_eq!(&out[..], format!("{n:x}").as_bytes());
         }
     }
 }

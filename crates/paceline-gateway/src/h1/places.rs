@@ -16,6 +16,7 @@ pub(crate) const FEW: usize = 16;
 type Span = (u32, u32, u32, u32);
 
 /// The places of a head's fields.
+#[derive(Default)]
 pub(crate) struct Places {
     few: [Span; FEW],
     many: Vec<Span>,
@@ -24,23 +25,21 @@ pub(crate) struct Places {
 
 impl Places {
     /// Records where each of `fields` (parsed out of `buf`) sits, and reads
-    /// each into `scan`.
-    pub(crate) fn of(
+    /// each into `scan` (filled in place: a `Places` is a few hundred bytes,
+    /// not worth moving).
+    pub(crate) fn record(
+        &mut self,
         buf: &[u8],
         fields: &[httparse::Header<'_>],
         scan: &mut Scan,
-    ) -> Result<Places, &'static str> {
+    ) -> Result<(), &'static str> {
         let count = fields.len();
-        let mut places = Places {
-            few: [(0, 0, 0, 0); FEW],
-            many: Vec::new(),
-            count,
-        };
+        self.count = count;
         if count > FEW {
-            places.many.resize(count, (0, 0, 0, 0));
+            self.many.resize(count, (0, 0, 0, 0));
         }
         let base = buf.as_ptr() as usize;
-        let spans = places.spans_mut();
+        let spans = self.spans_mut();
         for (span, f) in spans.iter_mut().zip(fields) {
             let name = f.name.as_bytes();
             scan.field(name, f.value)?;
@@ -48,7 +47,7 @@ impl Places {
             let vs = (f.value.as_ptr() as usize - base) as u32;
             *span = (ns, ns + name.len() as u32, vs, vs + f.value.len() as u32);
         }
-        Ok(places)
+        Ok(())
     }
 
     fn spans_mut(&mut self) -> &mut [Span] {

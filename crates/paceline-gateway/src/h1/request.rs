@@ -108,7 +108,10 @@ pub(crate) fn parse_request(
     // one pass: where each field is (its value will share the head's
     // bytes instead of being copied), and what frames the body
     let mut scan = Scan::default();
-    let places = Places::of(buf, req.headers, &mut scan).map_err(HeadError::Invalid)?;
+    let mut places = Places::default();
+    places
+        .record(buf, req.headers, &mut scan)
+        .map_err(HeadError::Invalid)?;
     if scan.length_listed {
         // one length a field in a request (hyper's rule too), where an
         // answer's may list the same one again

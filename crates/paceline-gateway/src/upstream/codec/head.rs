@@ -66,7 +66,10 @@ pub(crate) fn parse_head(
         // one pass: where each field is (its value will share the head's
         // bytes instead of being copied), and what frames the body
         let mut scan = Scan::default();
-        let places = Places::of(buf, res.headers, &mut scan).map_err(UpstreamError::Protocol)?;
+        let mut places = Places::default();
+        places
+            .record(buf, res.headers, &mut scan)
+            .map_err(UpstreamError::Protocol)?;
         if scan.chunked.is_some() && version == Version::HTTP_10 {
             return Err(UpstreamError::Protocol(
                 "transfer-encoding in an HTTP/1.0 answer",
