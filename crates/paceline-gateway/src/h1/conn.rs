@@ -99,12 +99,10 @@ where
                     return Outcome::Done;
                 }
             }
-            if buf.capacity() - buf.len() < READ / 4 {
-                // an emptied buffer starts over at its beginning
-                if buf.is_empty() && buf.try_reclaim(READ) {
-                } else {
-                    buf.reserve(READ);
-                }
+            // an emptied buffer starts over at its beginning when it can
+            let reclaimed = buf.is_empty() && buf.try_reclaim(READ);
+            if !reclaimed && buf.capacity() - buf.len() < READ / 4 {
+                buf.reserve(READ);
             }
             let read = io.read_buf(&mut buf).await;
             flags.idle.store(false, Ordering::Release);
