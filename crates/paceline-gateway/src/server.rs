@@ -39,7 +39,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bytes::BytesMut;
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -485,13 +484,7 @@ impl Serving {
         let conn = match self.http1 == Http1Server::Paceline {
             true => {
                 let flags = Arc::new(h1::Flags::default());
-                let own = h1::serve(
-                    io,
-                    BytesMut::new(),
-                    move |req| dispatch(req),
-                    self.max_head,
-                    flags.clone(),
-                );
+                let own = h1::serve(io, move |req| dispatch(req), self.max_head, flags.clone());
                 h1::Conn::own(own, hyper, flags)
             }
             false => h1::Conn::hyper(hyper(h1::Rewind::new(io))),

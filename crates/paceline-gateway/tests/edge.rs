@@ -14,6 +14,10 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+mod common;
+
+use common::{find, next_head};
+
 const LIMIT: Duration = Duration::from_secs(10);
 
 /// An upstream that records every request head it reads and answers each
@@ -32,15 +36,9 @@ async fn recording_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
-                    while find(&buf, b"\r\n\r\n").is_none() {
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let end = find(&buf, b"\r\n\r\n").unwrap() + 4;
-                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let Some(head) = next_head(&mut s, &mut buf).await else {
+                        return;
+                    };
                     heads
                         .lock()
                         .push(String::from_utf8_lossy(&head).into_owned());
@@ -53,10 +51,6 @@ async fn recording_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
         }
     });
     (addr, seen)
-}
-
-fn find(buf: &[u8], what: &[u8]) -> Option<usize> {
-    buf.windows(what.len()).position(|w| w == what)
 }
 
 struct Rig {

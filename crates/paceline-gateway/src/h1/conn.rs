@@ -68,11 +68,10 @@ pub(crate) enum Outcome<T> {
     HandOver(Rewind<T>),
 }
 
-/// Serves `io` (with `buf` already read from it) until the connection
-/// ends or a request must go to hyper; each request through `dispatch`.
+/// Serves `io` until the connection ends or a request must go to hyper;
+/// each request through `dispatch`.
 pub(crate) async fn serve<T, D, F, B, E>(
     mut io: T,
-    mut buf: BytesMut,
     dispatch: D,
     max_head: usize,
     flags: Arc<Flags>,
@@ -83,6 +82,7 @@ where
     F: Future<Output = Result<Response<B>, E>>,
     B: Body<Data = Bytes>,
 {
+    let mut buf = BytesMut::new();
     let mut out = BytesMut::new();
     let mut date = super::date::Date::default();
     loop {
@@ -266,16 +266,10 @@ where
             continue;
         }
         if name == CONNECTION {
-            closing |= value
-                .as_bytes()
-                .split(|&b| b == b',')
-                .any(|t| super::scan::trim(t).eq_ignore_ascii_case(b"close"));
+            closing |= super::scan::lists(value.as_bytes(), b"close");
         }
         dated |= name == DATE;
-        out.put_slice(name.as_str().as_bytes());
-        out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
-        out.put_slice(b"\r\n");
+        put_field(out, name, value);
     }
     if closing {
         keep_alive = false;
@@ -393,11 +387,16 @@ fn put_hex(out: &mut BytesMut, n: usize) {
 
 fn put_fields(out: &mut BytesMut, fields: &HeaderMap) {
     for (name, value) in fields {
-        out.put_slice(name.as_str().as_bytes());
-        out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
-        out.put_slice(b"\r\n");
+        put_field(out, name, value);
     }
+}
+
+/// One field line.
+fn put_field(out: &mut BytesMut, name: &http::HeaderName, value: &http::HeaderValue) {
+    out.put_slice(name.as_str().as_bytes());
+    out.put_slice(b": ");
+    out.put_slice(value.as_bytes());
+    out.put_slice(b"\r\n");
 }
 
 /// What a body's `poll_frame` gives when ready.

@@ -8,9 +8,10 @@
 //! Why: on the gateway's cheapest paths (a `429` from the head, a request
 //! proxied to an instant upstream) hyper's server connection was the
 //! largest single cost: about 6,000 of the 12,600 instructions of a
-//! refused request (BENCHMARKS.md). The parse itself costs what hyper's
-//! does (the same `httparse`, the same `Uri` and `HeaderMap`); the saving
-//! is in hyper's dispatcher, its buffers and its answer encoding. The
+//! refused request (BENCHMARKS.md). The parse itself is no cheaper than
+//! hyper's (the same `httparse`, the same `Uri` and `HeaderMap`, the
+//! values checked once more); the saving is in hyper's dispatcher, its
+//! buffers and its answer encoding. The
 //! parser is held to hyper's by a differential test (`differential.rs`),
 //! the connection by `tests/http1.rs`.
 

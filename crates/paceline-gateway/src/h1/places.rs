@@ -65,20 +65,18 @@ impl Places {
     }
 
     /// The fields as a map whose values share `head` (the bytes the places
-    /// were taken in, now out of the buffer), with room for `extra` more;
-    /// each name through `name`. With `one_length`, a `Content-Length`
-    /// given again (with the same value: `Scan` refuses another) is kept
-    /// once.
+    /// were taken in, now out of the buffer), with room for `extra` more.
+    /// With `one_length`, a `Content-Length` given again (with the same
+    /// value: `Scan` refuses another) is kept once.
     pub(crate) fn map(
         &self,
         head: &Bytes,
         extra: usize,
         one_length: bool,
-        name: impl Fn(&[u8]) -> Result<HeaderName, &'static str>,
     ) -> Result<HeaderMap, &'static str> {
         let mut headers = HeaderMap::with_capacity(self.count + extra);
         for &(ns, ne, vs, ve) in self.spans() {
-            let name = name(&head[ns as usize..ne as usize])?;
+            let name = field_name(&head[ns as usize..ne as usize])?;
             if one_length && name == http::header::CONTENT_LENGTH && headers.contains_key(&name) {
                 continue;
             }
@@ -87,5 +85,94 @@ impl Places {
             headers.append(name, value);
         }
         Ok(headers)
+    }
+}
+
+/// A field's name: the ones most requests and answers carry, spelt as
+/// most clients and servers spell them (all lowercase, or each word
+/// capitalised), by a comparison of the bytes; any other through
+/// `HeaderName::from_bytes`, which lowercases the name into a scratch
+/// buffer and then looks it up among every standard name (about a
+/// hundred instructions a field).
+fn field_name(name: &[u8]) -> Result<HeaderName, &'static str> {
+    use http::header as h;
+    Ok(match name {
+        b"host" | b"Host" => h::HOST,
+        b"user-agent" | b"User-Agent" => h::USER_AGENT,
+        b"accept" | b"Accept" => h::ACCEPT,
+        b"accept-encoding" | b"Accept-Encoding" => h::ACCEPT_ENCODING,
+        b"authorization" | b"Authorization" => h::AUTHORIZATION,
+        b"content-type" | b"Content-Type" => h::CONTENT_TYPE,
+        b"content-length" | b"Content-Length" => h::CONTENT_LENGTH,
+        b"date" | b"Date" => h::DATE,
+        b"server" | b"Server" => h::SERVER,
+        b"cache-control" | b"Cache-Control" => h::CACHE_CONTROL,
+        b"etag" | b"ETag" => h::ETAG,
+        b"vary" | b"Vary" => h::VARY,
+        b"connection" | b"Connection" => h::CONNECTION,
+        b"transfer-encoding" | b"Transfer-Encoding" => h::TRANSFER_ENCODING,
+        b"last-modified" | b"Last-Modified" => h::LAST_MODIFIED,
+        b"location" | b"Location" => h::LOCATION,
+        b"set-cookie" | b"Set-Cookie" => h::SET_COOKIE,
+        b"content-encoding" | b"Content-Encoding" => h::CONTENT_ENCODING,
+        _ => HeaderName::from_bytes(name).map_err(|_| "bad field name")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_field_names_are_the_parsed_ones() {
+        for name in [
+            "content-type",
+            "Content-Type",
+            "content-length",
+            "Content-Length",
+            "date",
+            "Date",
+            "server",
+            "Server",
+            "cache-control",
+            "Cache-Control",
+            "etag",
+            "ETag",
+            "vary",
+            "Vary",
+            "connection",
+            "Connection",
+            "transfer-encoding",
+            "Transfer-Encoding",
+            "last-modified",
+            "Last-Modified",
+            "location",
+            "Location",
+            "set-cookie",
+            "Set-Cookie",
+            "content-encoding",
+            "Content-Encoding",
+            "host",
+            "Host",
+            "user-agent",
+            "User-Agent",
+            "accept",
+            "Accept",
+            "accept-encoding",
+            "Accept-Encoding",
+            "authorization",
+            "Authorization",
+            // spelt otherwise, or not among them: parsed
+            "CONTENT-TYPE",
+            "x-request-id",
+            "X-Request-Id",
+            "dAte",
+        ] {
+            let parsed = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert_eq!(field_name(name.as_bytes()).unwrap(), parsed, "{name}");
+        }
+        for bad in ["", "a b", "x:y", "caf\u{e9}"] {
+            assert!(field_name(bad.as_bytes()).is_err(), "{bad:?}");
+        }
     }
 }

@@ -17,7 +17,6 @@
 //!   framing is faulty whatever it says).
 
 use bytes::{Bytes, BytesMut};
-use http::header::HeaderName;
 use http::request::Parts;
 #[cfg(test)]
 use http::StatusCode;
@@ -140,7 +139,7 @@ pub(crate) fn parse_request(
         .and_then(|uri| {
             // room for the fields the stages add on the way; the same
             // length given twice kept once, as hyper keeps it
-            let headers = places.map(&head, 4, true, field_name);
+            let headers = places.map(&head, 4, true);
             Ok((uri, headers.map_err(HeadError::Invalid)?))
         });
     let (uri, headers) = match read {
@@ -167,24 +166,6 @@ pub(crate) fn parse_request(
         trailers: scan.trailers,
         raw: head,
     }))
-}
-
-/// A field's name: the ones most requests carry, spelt as most clients
-/// spell them (all lowercase, or each word capitalised), by a comparison
-/// of the bytes; any other through `HeaderName::from_bytes`.
-fn field_name(name: &[u8]) -> Result<HeaderName, &'static str> {
-    use http::header as h;
-    Ok(match name {
-        b"host" | b"Host" => h::HOST,
-        b"user-agent" | b"User-Agent" => h::USER_AGENT,
-        b"accept" | b"Accept" => h::ACCEPT,
-        b"accept-encoding" | b"Accept-Encoding" => h::ACCEPT_ENCODING,
-        b"authorization" | b"Authorization" => h::AUTHORIZATION,
-        b"content-type" | b"Content-Type" => h::CONTENT_TYPE,
-        b"content-length" | b"Content-Length" => h::CONTENT_LENGTH,
-        b"connection" | b"Connection" => h::CONNECTION,
-        _ => HeaderName::from_bytes(name).map_err(|_| "bad field name")?,
-    })
 }
 
 #[cfg(test)]
@@ -302,31 +283,5 @@ mod tests {
         assert_eq!(head("OPTIONS * HTTP/1.1\r\n\r\n").parts.uri, "*");
         let abs = head("GET http://api.example/v1?q HTTP/1.1\r\n\r\n");
         assert_eq!(abs.parts.uri.host(), Some("api.example"));
-    }
-
-    #[test]
-    fn common_names_are_the_parsed_ones() {
-        for name in [
-            "host",
-            "user-agent",
-            "accept",
-            "accept-encoding",
-            "authorization",
-            "content-type",
-            "content-length",
-            "connection",
-        ] {
-            let title: String = name
-                .split('-')
-                .map(|w| w[..1].to_uppercase() + &w[1..])
-                .collect::<Vec<_>>()
-                .join("-");
-            for spelt in [name.to_string(), title] {
-                assert_eq!(
-                    field_name(spelt.as_bytes()).unwrap(),
-                    HeaderName::from_bytes(spelt.as_bytes()).unwrap()
-                );
-            }
-        }
     }
 }

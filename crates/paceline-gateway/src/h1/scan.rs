@@ -53,19 +53,14 @@ impl Scan {
             }
             self.chunked = self.chunked.or(Some(false));
         } else if name.eq_ignore_ascii_case(b"connection") {
-            for t in value.split(|&b| b == b',') {
-                let t = trim(t);
-                self.close |= t.eq_ignore_ascii_case(b"close");
-                self.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
-            }
+            self.close |= lists(value, b"close");
+            self.keep_alive |= lists(value, b"keep-alive");
         } else if name.eq_ignore_ascii_case(b"expect") {
             self.expects = true;
         } else if name.eq_ignore_ascii_case(b"upgrade") {
             self.upgrade = true;
         } else if name.eq_ignore_ascii_case(b"te") {
-            self.trailers |= value
-                .split(|&b| b == b',')
-                .any(|t| trim(t).eq_ignore_ascii_case(b"trailers"));
+            self.trailers |= lists(value, b"trailers");
         }
         Ok(())
     }
@@ -79,6 +74,13 @@ impl Scan {
             _ => !self.close,
         }
     }
+}
+
+/// Whether the comma-separated `value` lists `token` (in any case).
+pub(crate) fn lists(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| trim(t).eq_ignore_ascii_case(token))
 }
 
 /// `b` without the whitespace around it.

@@ -54,6 +54,22 @@ pub(crate) fn find(buf: &[u8], what: &[u8]) -> Option<usize> {
     buf.windows(what.len()).position(|w| w == what)
 }
 
+/// The next request head a test upstream reads on `s` (with what is
+/// left of the last read in `buf`), taken out of `buf`; `None` once the
+/// client is gone.
+pub(crate) async fn next_head(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    loop {
+        if let Some(end) = find(buf, b"\r\n\r\n") {
+            return Some(buf.drain(..end + 4).collect());
+        }
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
 /// An HTTP/1.1 upstream that counts every head and answers it `200 ok`,
 /// but for `/stall`, which it never answers.
 pub(crate) async fn counting_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
@@ -67,15 +83,9 @@ pub(crate) async fn counting_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
-                    while find(&buf, b"\r\n\r\n").is_none() {
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let end = find(&buf, b"\r\n\r\n").unwrap() + 4;
-                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let Some(head) = next_head(&mut s, &mut buf).await else {
+                        return;
+                    };
                     count.fetch_add(1, Ordering::SeqCst);
                     if head.starts_with(b"GET /stall ") {
                         std::future::pending::<()>().await;

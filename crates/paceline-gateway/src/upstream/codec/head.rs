@@ -3,7 +3,7 @@
 //! its body is framed (RFC 9112 §6.3) and whether the connection lives on.
 
 use bytes::{Buf, BytesMut};
-use http::header::{HeaderMap, HeaderName};
+use http::header::HeaderMap;
 use http::{Method, StatusCode, Version};
 
 use super::framing::{Chunk, Framing};
@@ -83,7 +83,7 @@ pub(crate) fn parse_head(
         let head = buf.split_to(len).freeze();
         // room for the fields the layers add on the way back
         let mut headers = places
-            .map(&head, 6, false, field_name)
+            .map(&head, 6, false)
             .map_err(UpstreamError::Protocol)?;
         if scan.chunked.is_some() {
             // the chunks frame the body; a length beside them means nothing
@@ -99,31 +99,6 @@ pub(crate) fn parse_head(
             keep_alive,
         }));
     }
-}
-
-/// A field's name: the ones most answers carry, spelt as most servers
-/// spell them (all lowercase, or each word capitalised), by a comparison
-/// of the bytes; any other through `HeaderName::from_bytes`, which
-/// lowercases the name into a scratch buffer and then looks it up among
-/// every standard name (about a hundred instructions a field).
-fn field_name(name: &[u8]) -> Result<HeaderName, &'static str> {
-    use http::header as h;
-    Ok(match name {
-        b"content-type" | b"Content-Type" => h::CONTENT_TYPE,
-        b"content-length" | b"Content-Length" => h::CONTENT_LENGTH,
-        b"date" | b"Date" => h::DATE,
-        b"server" | b"Server" => h::SERVER,
-        b"cache-control" | b"Cache-Control" => h::CACHE_CONTROL,
-        b"etag" | b"ETag" => h::ETAG,
-        b"vary" | b"Vary" => h::VARY,
-        b"connection" | b"Connection" => h::CONNECTION,
-        b"transfer-encoding" | b"Transfer-Encoding" => h::TRANSFER_ENCODING,
-        b"last-modified" | b"Last-Modified" => h::LAST_MODIFIED,
-        b"location" | b"Location" => h::LOCATION,
-        b"set-cookie" | b"Set-Cookie" => h::SET_COOKIE,
-        b"content-encoding" | b"Content-Encoding" => h::CONTENT_ENCODING,
-        _ => HeaderName::from_bytes(name).map_err(|_| "bad field name")?,
-    })
 }
 
 /// How a response body is delimited (RFC 9112 §6.3).
@@ -275,49 +250,6 @@ mod tests {
                 (n - 1).to_string().as_str()
             );
             assert_eq!(h.framing, Framing::Length(2));
-        }
-    }
-
-    #[test]
-    fn known_field_names_are_the_parsed_ones() {
-        for name in [
-            "content-type",
-            "Content-Type",
-            "content-length",
-            "Content-Length",
-            "date",
-            "Date",
-            "server",
-            "Server",
-            "cache-control",
-            "Cache-Control",
-            "etag",
-            "ETag",
-            "vary",
-            "Vary",
-            "connection",
-            "Connection",
-            "transfer-encoding",
-            "Transfer-Encoding",
-            "last-modified",
-            "Last-Modified",
-            "location",
-            "Location",
-            "set-cookie",
-            "Set-Cookie",
-            "content-encoding",
-            "Content-Encoding",
-            // spelt otherwise, or not among them: parsed
-            "CONTENT-TYPE",
-            "x-request-id",
-            "X-Request-Id",
-            "dAte",
-        ] {
-            let parsed = HeaderName::from_bytes(name.as_bytes()).unwrap();
-            assert_eq!(field_name(name.as_bytes()).unwrap(), parsed, "{name}");
-        }
-        for bad in ["", "a b", "x:y", "caf\u{e9}"] {
-            assert!(field_name(bad.as_bytes()).is_err(), "{bad:?}");
         }
     }
 }
