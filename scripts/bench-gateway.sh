@@ -10,9 +10,12 @@
 #   RUNS=tls scripts/bench-gateway.sh       # the same over TLS, against nginx (same certificate)
 #   ANSWER=same RUNS="429 shipped" scripts/bench-gateway.sh   # the peers' 429s as ours
 #
-# Every round measures every server once, in turn; the summary at the end
-# gives each one's median over the rounds (runs on a shared machine move by
-# several percent from one to the next, so one run decides nothing).
+# Every round measures every server once, in turn (paceline first in odd
+# rounds, last in even ones); the summary at the end gives each one's
+# median over the rounds (runs on a shared machine move by several percent
+# from one to the next, so one run decides nothing), then paceline's
+# requests/s over the better peer's, round by round, and their median: a
+# ratio of runs minutes apart, so slow drifts of the machine cancel.
 # Beside requests/s and latency, each run reports the server's own CPU
 # time per request, user and system apart, from its processes' counters
 # (/proc/PID/stat of every process listening on its port: nginx's master
@@ -249,7 +252,7 @@ measure() { # measure PATH_NAME SERVER PORT [HEADER]
     printf "%.2f %.2f\n", (y[1] - x[1]) * 1e6 / hz / n, (y[2] - x[2]) * 1e6 / hz / n }')
   rows+=("$(printf '%-34s %-16s %12s %10s %10s %12s %8s %8s' "$1" "$2" "$rps" "$p50" "$p99" "${non2xx:-0}" "$us_user" "$us_sys")")
   echo "${rows[-1]}"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$(ms "$p50")" "$(ms "$p99")" "$us_user" "$us_sys" >>"$work/results.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$(ms "$p50")" "$(ms "$p99")" "$us_user" "$us_sys" "${round:-1}" >>"$work/results.tsv"
 }
 
 
@@ -275,44 +278,81 @@ summary() { # medians per path and server, in the order first measured
     }' "$work/results.tsv"
 }
 
+ratios() { # per round, paceline's requests/s over the better peer's in that round
+  awk -F'\t' '
+    $2 == "paceline" { ours[$1, $8] = $3 }
+    $2 == "nginx limit_req" || $2 == "haproxy" {
+      if (!(($1, $8) in best) || $3 + 0 > best[$1, $8]) best[$1, $8] = $3 + 0
+    }
+    { if (!($1 in seen)) { seen[$1] = 1; order[++m] = $1 } if ($8 + 0 > rounds) rounds = $8 + 0 }
+    END {
+      for (i = 1; i <= m; i++) {
+        p = order[i]; c = 0; line = ""
+        for (r = 1; r <= rounds; r++) {
+          if (!((p, r) in ours) || !((p, r) in best)) continue
+          v[++c] = ours[p, r] / best[p, r]; line = line sprintf(" %.2f", v[c])
+        }
+        if (c == 0) continue
+        for (a = 1; a <= c; a++) for (b = a + 1; b <= c; b++) if (v[b] < v[a]) { t = v[a]; v[a] = v[b]; v[b] = t }
+        med = (c % 2) ? v[(c + 1) / 2] : (v[c / 2] + v[c / 2 + 1]) / 2
+        printf "%-34s median %.2f   rounds:%s\n", p, med, line
+      }
+    }' "$work/results.tsv"
+}
+
+# servers: the three servers of a comparison, in this round's order
+# (paceline first in odd rounds, last in even ones: whatever a run leaves
+# behind for the next, such as a warm cache or a busy core, falls on each
+# side alike)
+servers() {
+  if [ $((round % 2)) = 1 ]; then echo paceline nginx haproxy; else echo haproxy nginx paceline; fi
+}
+
 run_429() {
+  local s
   same_answer bench
-  start_upstream 0
-  gateway_conf 10 20
-  start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
-  measure "429 path (10 r/s, burst 20)" paceline "$GW_PORT"
-  stop_all
-  start_upstream 0
-  nginx_conf 10 20 static
-  start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
-  measure "429 path (10 r/s, burst 20)" "nginx limit_req" "$NGX_PORT"
-  stop_all
-  start_upstream 0
-  haproxy_conf 10 20
-  start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
-  measure "429 path (10 r/s, burst 20)" "haproxy" "$HAP_PORT"
-  stop_all
+  for s in $(servers); do
+    start_upstream 0
+    case $s in
+      paceline)
+        gateway_conf 10 20
+        start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
+        measure "429 path (10 r/s, burst 20)" paceline "$GW_PORT" ;;
+      nginx)
+        nginx_conf 10 20 static
+        start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
+        measure "429 path (10 r/s, burst 20)" "nginx limit_req" "$NGX_PORT" ;;
+      haproxy)
+        haproxy_conf 10 20
+        start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
+        measure "429 path (10 r/s, burst 20)" "haproxy" "$HAP_PORT" ;;
+    esac
+    stop_all
+  done
   ANS_BODY=""
 }
 
 run_shipped() {
-  local name="shipped 429 (Free key)" auth="Authorization: Bearer sk_demo_alice"
+  local name="shipped 429 (Free key)" auth="Authorization: Bearer sk_demo_alice" s
   same_answer free
-  start_upstream 0
-  shipped_gateway_config "$GW_PORT" "$UP_PORT" >"$work/gateway.toml"
-  start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
-  measure "$name" paceline "$GW_PORT" "$auth"
-  stop_all
-  start_upstream 0
-  nginx_conf 10 20 static '$http_authorization'
-  start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
-  measure "$name" "nginx limit_req" "$NGX_PORT" "$auth"
-  stop_all
-  start_upstream 0
-  haproxy_conf 10 20 'req.hdr(authorization)'
-  start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
-  measure "$name" "haproxy" "$HAP_PORT" "$auth"
-  stop_all
+  for s in $(servers); do
+    start_upstream 0
+    case $s in
+      paceline)
+        shipped_gateway_config "$GW_PORT" "$UP_PORT" >"$work/gateway.toml"
+        start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
+        measure "$name" paceline "$GW_PORT" "$auth" ;;
+      nginx)
+        nginx_conf 10 20 static '$http_authorization'
+        start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
+        measure "$name" "nginx limit_req" "$NGX_PORT" "$auth" ;;
+      haproxy)
+        haproxy_conf 10 20 'req.hdr(authorization)'
+        start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
+        measure "$name" "haproxy" "$HAP_PORT" "$auth" ;;
+    esac
+    stop_all
+  done
   ANS_BODY=""
 }
 
@@ -392,23 +432,28 @@ run_tls() {
 }
 
 run_admitted() { # run_admitted DELAY_MS
-  local name="admitted, upstream +$1 ms"
+  local name="admitted, upstream +$1 ms" s
   start_upstream "$1"
   measure "$name" "upstream direct" "$UP_PORT"
-  gateway_conf 1000000 100000000
-  start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
-  measure "$name" paceline "$GW_PORT"
   stop_all
-  start_upstream "$1"
-  nginx_conf 1000000 100000000 proxy
-  start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
-  measure "$name" "nginx limit_req" "$NGX_PORT"
-  stop_all
-  start_upstream "$1"
-  haproxy_conf 1000000 100000000
-  start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
-  measure "$name" "haproxy" "$HAP_PORT"
-  stop_all
+  for s in $(servers); do
+    start_upstream "$1"
+    case $s in
+      paceline)
+        gateway_conf 1000000 100000000
+        start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
+        measure "$name" paceline "$GW_PORT" ;;
+      nginx)
+        nginx_conf 1000000 100000000 proxy
+        start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
+        measure "$name" "nginx limit_req" "$NGX_PORT" ;;
+      haproxy)
+        haproxy_conf 1000000 100000000
+        start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
+        measure "$name" "haproxy" "$HAP_PORT" ;;
+    esac
+    stop_all
+  done
 }
 
 echo "wrk -t1 -c$CONNS -d$DURATION on core $LOAD_CPU; servers and upstream on core $SERVER_CPU"
@@ -429,3 +474,6 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "medians over $ROUNDS round(s):"
 summary
+echo
+echo "paceline over the better of nginx and HAProxy, requests/s, round by round:"
+ratios

@@ -9,7 +9,7 @@ use crate::backoff::{Backoff, ABSENT};
 /// The default [`Config::pace_margin`]: what `paceline demo`'s race
 /// measured it needs on a busy machine, with room to spare (see the
 /// crate's README).
-pub const DEFAULT_PACE_MARGIN: Duration = Duration::from_millis(20);
+pub const DEFAULT_PACE_MARGIN: Duration = Duration::from_millis(50);
 
 /// Settings of a [`Client`](crate::Client). Every field has the documented
 /// default; change what you need with struct update syntax.
@@ -47,7 +47,7 @@ pub struct Config {
     /// gave is never shortened to fit under it (300 s).
     pub max_wait: Duration,
     /// How long after a bucket mirror's slot a request in debt goes
-    /// (20 ms): room for the server's clock, its scheduling and the
+    /// (50 ms): room for the server's clock, its scheduling and the
     /// network, which set the server's refill phase a little later than
     /// the mirror can know. A constant lag, not a slower rate: a fleet
     /// finishes this much after the floor, once.
