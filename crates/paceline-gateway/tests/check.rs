@@ -674,3 +674,144 @@ async fn the_soft_limit_warning_and_the_quota_refusal_through_nginx() {
     drop(nginx);
     rig.stop();
 }
+
+/// `shiplane.toml` with `lines` added under `[gateway]`.
+fn shiplane_with(api: SocketAddr, lines: &str) -> GatewayConfig {
+    let text = std::fs::read_to_string(workspace().join("examples/shiplane.toml")).unwrap();
+    let text = text
+        .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\"")
+        .replace("http://127.0.0.1:9000", &format!("http://{api}"))
+        .replacen("[gateway]\n", &format!("[gateway]\n{lines}\n"), 1);
+    GatewayConfig::parse(&text, "shiplane.toml", None).unwrap()
+}
+
+/// A check request for `GET /v1/rates` with `key`, as Traefik sends it;
+/// `extra` goes before the blank line, `body` after it.
+fn check_request(key: &str, extra: &str, body: &str) -> String {
+    format!(
+        "GET /check HTTP/1.1\r\nhost: check\r\nx-forwarded-method: GET\r\n\
+         x-forwarded-uri: /v1/rates\r\nauthorization: Bearer {key}\r\n{extra}\r\n{body}"
+    )
+}
+
+/// Every answer on one connection, until the check closes it: status and
+/// `RateLimit` field of each.
+async fn answers_on_one_connection(check: SocketAddr, bytes: &str) -> Vec<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(check).await.unwrap();
+    s.write_all(bytes.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(LIMIT, s.read_to_end(&mut got))
+        .await
+        .expect("the check closes the connection after `connection: close`")
+        .unwrap();
+    let text = String::from_utf8(got).unwrap();
+    let mut answers = Vec::new();
+    for answer in text.split("HTTP/1.1 ").skip(1) {
+        let status = answer[..3].parse().unwrap();
+        let ratelimit = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("ratelimit: "))
+            .unwrap_or_default()
+            .to_string();
+        answers.push((status, ratelimit));
+    }
+    answers
+}
+
+/// The check's connections are the gateway's own while their requests
+/// carry no body, and hyper's from the first that does, mid-connection
+/// included (`gateway.http1_server`): pipelined check requests get the
+/// same answers either way, in order, the one with a body among them.
+#[tokio::test]
+async fn one_connection_is_answered_alike_by_the_own_server_and_hyper() {
+    let (api, _) = counting_upstream().await;
+    let pipelined = [
+        check_request("sk_demo_carol", "", ""),
+        check_request("sk_demo_carol", "", ""),
+        // a check request with a body (never read): hyper takes over here
+        check_request("sk_demo_carol", "content-length: 2\r\n", "{}"),
+        check_request("sk_demo_carol", "connection: close\r\n", ""),
+    ]
+    .concat();
+    let mut seen = Vec::new();
+    for server in ["paceline", "hyper"] {
+        let cfg = shiplane_with(api, &format!("http1_server = \"{server}\""));
+        let ck = Check::bind_with_clock(cfg, "127.0.0.1:0".parse().unwrap(), clock())
+            .await
+            .unwrap();
+        let (addr, handle) = (ck.local_addr(), ck.handle());
+        tokio::spawn(ck.run(std::future::pending()));
+        let answers = answers_on_one_connection(addr, &pipelined).await;
+        let left: Vec<_> = answers
+            .iter()
+            .map(|(status, rl)| {
+                assert_eq!(*status, 200, "{server}: {answers:?}");
+                rl.split(';').nth(1).unwrap_or_default().to_string()
+            })
+            .collect();
+        assert_eq!(left, ["r=19", "r=18", "r=17", "r=16"], "{server}");
+        seen.push(answers);
+        handle.shutdown();
+    }
+    assert_eq!(seen[0], seen[1]);
+}
+
+/// HTTP/2 with prior knowledge reaches the check through the handover.
+#[tokio::test]
+async fn http2_check_requests_are_answered() {
+    let rig = Rig::start().await;
+    let c: HttpClient = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let fields = [
+        ("x-forwarded-method", "GET"),
+        ("x-forwarded-uri", "/v1/rates"),
+        ("authorization", "Bearer sk_demo_carol"),
+    ];
+    for left in ["r=19", "r=18"] {
+        let r = call(&c, rig.check, "/check", &fields).await;
+        assert_eq!(r.version(), http::Version::HTTP_2);
+        assert_eq!(r.status(), 200, "{r:?}");
+        assert!(field(&r, "ratelimit").unwrap().contains(left), "{r:?}");
+    }
+    rig.stop();
+}
+
+/// A connection with no check in flight is closed at the head bound
+/// (`timeouts.client_header_ms`), and at once by a graceful shutdown.
+#[tokio::test]
+async fn idle_check_connections_are_closed() {
+    use tokio::io::AsyncReadExt;
+    let (api, _) = counting_upstream().await;
+    let cfg = shiplane_with(api, "");
+    let text = std::fs::read_to_string(workspace().join("examples/shiplane.toml")).unwrap();
+    assert!(text.contains("client_header_ms = 10000"));
+    let mut cfg2 = cfg.clone();
+    cfg2.settings.timeouts.client_header = Duration::from_millis(300);
+    for (cfg, stop) in [(cfg2, false), (cfg, true)] {
+        let ck = Check::bind_with_clock(cfg, "127.0.0.1:0".parse().unwrap(), clock())
+            .await
+            .unwrap();
+        let (addr, handle) = (ck.local_addr(), ck.handle());
+        tokio::spawn(ck.run(std::future::pending()));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        if stop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            handle.shutdown();
+        }
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+            .await
+            .expect("closed within 2 s")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "closed without an answer");
+        let took = started.elapsed();
+        match stop {
+            false => assert!(took >= Duration::from_millis(250), "{took:?}"),
+            true => assert!(took < Duration::from_secs(1), "{took:?}"),
+        }
+        handle.shutdown();
+    }
+}

@@ -9,10 +9,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONNECTION};
+use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::Incoming;
 use paceline_core::Clock;
 use paceline_server::RateLimit;
 use paceline_wire::problem::{self, Problem, ProblemKind};
@@ -25,6 +24,10 @@ use crate::server::GatewayHandle;
 
 /// The statuses [`DENY_STATUS`] may ask for.
 const DENY_STATUSES: [u16; 2] = [401, 403];
+
+/// [`ANSWER`] and [`DENY_STATUS`] as names (looked up on every call).
+static ANSWER_NAME: HeaderName = HeaderName::from_static(ANSWER);
+static DENY_STATUS_NAME: HeaderName = HeaderName::from_static(DENY_STATUS);
 
 /// The layers a described request goes through: the gateway's shed
 /// layer, its key lookup (`keys.rs`) and limit layer, then [`Allow`].
@@ -56,16 +59,26 @@ pub(super) struct Shared {
 
 impl Shared {
     /// The answer to one check request.
-    pub(super) fn answer(self: Arc<Self>, req: Request<Incoming>, stack: Stack) -> Answering {
+    pub(super) fn answer<B>(self: Arc<Self>, req: Request<B>, stack: Stack) -> Answering {
         // the body, if any, is never read
-        let (parts, _body) = req.into_parts();
+        let (mut parts, _body) = req.into_parts();
+        if !parts.headers.contains_key(HOST) {
+            // HTTP/2 names the check request's host in its target (its
+            // `:authority`), where HTTP/1.1 sends `Host`: the described
+            // request's host when the proxy names none
+            if let Some(a) = parts.uri.authority() {
+                if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                    parts.headers.insert(HOST, v);
+                }
+            }
+        }
         let limits = self.handle.limiter().limits();
         let base = limits.problem_base();
         let now = self.handle.limiter().clock().now();
         let ready = |res: Response<Bytes>| -> Answering {
             Box::pin(std::future::ready(Ok(res.map(Full::new))))
         };
-        if let Some(sealed) = parts.headers.get(ANSWER) {
+        if let Some(sealed) = parts.headers.get(&ANSWER_NAME) {
             return ready(match self.seal.open(sealed.as_bytes(), now) {
                 Ok(res) => res,
                 Err(why) => bad(base, unopened(why)),
@@ -134,9 +147,9 @@ impl Shared {
 
 /// The status a check request asks refusals to be answered with, if any.
 fn deny_status(h: &http::HeaderMap) -> Result<Option<StatusCode>, String> {
-    let mut all = h.get_all(DENY_STATUS).iter();
+    let mut all = h.get_all(&DENY_STATUS_NAME).iter();
     let (Some(v), None) = (all.next(), all.next()) else {
-        return match h.contains_key(DENY_STATUS) {
+        return match h.contains_key(&DENY_STATUS_NAME) {
             true => Err("Paceline-Deny-Status is sent twice.".to_string()),
             false => Ok(None),
         };

@@ -71,7 +71,6 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use paceline_core::{Clock, SystemClock};
 use paceline_server::RateLimit;
 use tokio::net::TcpListener;
@@ -83,7 +82,9 @@ pub use rebuild::{
 };
 pub use seal::SEALED_FOR_S;
 
-use crate::config::GatewayConfig;
+use crate::config::{GatewayConfig, Http1Server};
+use crate::h1::{self, ClientBody};
+use crate::idle::{Activity, Ended, Shutdown, TrackedCall};
 use crate::server::{Gateway, GatewayHandle};
 use crate::shed::{CurrentLimits, LoadShedLayer};
 use answer::{Allow, Shared};
@@ -113,6 +114,8 @@ pub struct Check {
     /// the original's fields and a few more), and on the wait for one.
     max_head: usize,
     header_wait: Duration,
+    /// Who serves HTTP/1.1 connections (`gateway.http1_server`).
+    http1: Http1Server,
 }
 
 impl std::fmt::Debug for Check {
@@ -143,6 +146,7 @@ impl Check {
         let shutdown_after = config.settings.timeouts.shutdown;
         let max_head = config.settings.max_head_bytes;
         let header_wait = config.settings.timeouts.client_header;
+        let http1 = config.settings.http1_server;
         let gateway = Gateway::bind_with_clock(config, clock).await?;
         let addr = gateway.local_addr();
         let (listener, handle, reload) = gateway.into_check_parts();
@@ -155,6 +159,7 @@ impl Check {
             shutdown_after,
             max_head,
             header_wait,
+            http1,
         })
     }
 
@@ -195,7 +200,8 @@ impl Check {
             .http2()
             .timer(TokioTimer::new())
             .max_header_list_size(self.max_head as u32);
-        let graceful = GracefulShutdown::new();
+        let builder = Arc::new(builder);
+        let graceful = Shutdown::new();
         let mut stop = h.stop_watch();
         let stopped = async move {
             while !*stop.borrow_and_update() {
@@ -224,16 +230,44 @@ impl Check {
             let limited = RateLimit::new(Allow, h.limiter().clone()).with_peer(peer);
             let stack = shed.layer(h.keys().layer(limited));
             let shared = shared.clone();
-            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                shared.clone().answer(req, stack.clone())
+            // as in the gateway: a connection with no check in flight for
+            // the head bound is closed, whoever serves it
+            let activity = Activity::new();
+            let idle = activity.clone();
+            let dispatch = Arc::new(move |req: Request<ClientBody>| {
+                let busy = activity.start();
+                TrackedCall::new(shared.clone().answer(req, stack.clone()), busy)
             });
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), svc)
-                .into_owned();
-            let conn = graceful.watch(conn);
+            let (for_hyper, builder) = (dispatch.clone(), builder.clone());
+            let hyper = move |io| {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    for_hyper(req.map(ClientBody::from))
+                });
+                builder.serve_connection(TokioIo::new(io), svc).into_owned()
+            };
+            // a check request has no body: the gateway's own connection
+            // serves it, hyper whatever it hands over (h1/conn.rs)
+            let conn = match self.http1 {
+                Http1Server::Paceline => {
+                    let flags = Arc::new(h1::Flags::default());
+                    let own = h1::serve(
+                        stream,
+                        move |req| dispatch(req),
+                        self.max_head,
+                        flags.clone(),
+                    );
+                    h1::Conn::own(own, hyper, flags)
+                }
+                Http1Server::Hyper => h1::Conn::hyper(hyper(h1::Rewind::new(stream))),
+            };
+            let (stop, bound) = (graceful.watcher(), self.header_wait);
             tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "check connection ended with an error");
+                match crate::idle::watched(conn, idle.idle_for(bound), stop).await {
+                    Ended::Conn(Err(e)) => {
+                        tracing::debug!(error = %e, "check connection ended with an error")
+                    }
+                    Ended::Conn(Ok(())) => {}
+                    Ended::Idle => tracing::debug!("check connection idle too long: closed"),
                 }
             });
         }

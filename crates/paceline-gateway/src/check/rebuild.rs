@@ -14,7 +14,7 @@
 //! |---|---|
 //! | method | `X-Forwarded-Method` (Caddy, Traefik), `X-Original-Method` (nginx, set by the recipe) |
 //! | target | `X-Forwarded-Uri` (Caddy, Traefik), `X-Original-URI` (nginx's `$request_uri`); origin-form (`/path?query`), absolute-form (`http://host/path`) or `*` |
-//! | host | `X-Forwarded-Host`, else the authority of an absolute-form target, else the check request's own `Host` |
+//! | host | `X-Forwarded-Host`, else the authority of an absolute-form target, else the check request's own `Host` (over HTTP/2, the authority of its target) |
 //! | fields | every other field of the check request, as the proxy passed it on (`Authorization`, `X-Forwarded-For`, the key header, ...) |
 //!
 //! Each of the five description fields may come once. The rebuilt request
@@ -108,20 +108,21 @@ impl std::error::Error for Unreadable {}
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn rebuild(check: &HeaderMap) -> Result<Request<()>, Unreadable> {
-    let method = one_of(check, FORWARDED_METHOD, ORIGINAL_METHOD)?.ok_or_else(|| {
+    let d = Described::read(check);
+    let method = d.one_of(FORWARDED_METHOD, ORIGINAL_METHOD)?.ok_or_else(|| {
         Unreadable::new(
             "The original method is missing: send X-Forwarded-Method (or nginx's X-Original-Method).",
         )
     })?;
     let method = Method::from_bytes(method.as_bytes())
         .map_err(|_| Unreadable::new("The original method is not an HTTP method token."))?;
-    let target = one_of(check, FORWARDED_URI, ORIGINAL_URI)?.ok_or_else(|| {
+    let target = d.one_of(FORWARDED_URI, ORIGINAL_URI)?.ok_or_else(|| {
         Unreadable::new(
             "The original request target is missing: send X-Forwarded-Uri (or nginx's X-Original-URI).",
         )
     })?;
     let (uri, from_target) = read_target(target.as_bytes())?;
-    let host = match once(check, FORWARDED_HOST)? {
+    let host = match d.once(FORWARDED_HOST)? {
         Some(h) => {
             let h = read_host(h)?;
             if from_target.as_ref().is_some_and(|t| !same_host(t, &h)) {
@@ -149,31 +150,65 @@ pub fn rebuild(check: &HeaderMap) -> Result<Request<()>, Unreadable> {
     Ok(req)
 }
 
-/// The value of the one description field present under either name;
-/// both only when they say the same; each at most once.
-fn one_of<'a>(
-    h: &'a HeaderMap,
-    forwarded: &str,
-    original: &str,
-) -> Result<Option<&'a HeaderValue>, Unreadable> {
-    match (once(h, forwarded)?, once(h, original)?) {
-        (Some(a), Some(b)) if a != b => Err(Unreadable::new(format!(
-            "{} and {} describe different requests.",
-            display(forwarded),
-            display(original)
-        ))),
-        (a, b) => Ok(a.or(b)),
-    }
+/// The fields that describe the original request.
+const DESCRIBING: [&str; 5] = [
+    FORWARDED_METHOD,
+    ORIGINAL_METHOD,
+    FORWARDED_URI,
+    ORIGINAL_URI,
+    FORWARDED_HOST,
+];
+
+/// A check request's description fields, read in one pass over its
+/// fields: five look-ups by name would hash a name of no standard five
+/// times, most of a check's cost of reading its request.
+struct Described<'a> {
+    /// For each of [`DESCRIBING`]: its first value and how often it came.
+    seen: [(Option<&'a HeaderValue>, u32); DESCRIBING.len()],
 }
 
-/// The value of `name`, refused when the field comes more than once.
-fn once<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a HeaderValue>, Unreadable> {
-    let mut all = h.get_all(name).iter();
-    let first = all.next();
-    if all.next().is_some() {
-        return Err(Unreadable::new(format!("{} is sent twice.", display(name))));
+impl<'a> Described<'a> {
+    fn read(h: &'a HeaderMap) -> Described<'a> {
+        let mut seen = [(None, 0); DESCRIBING.len()];
+        for (name, value) in h {
+            if let Some(i) = DESCRIBING.iter().position(|d| *d == name.as_str()) {
+                let (first, count) = &mut seen[i];
+                first.get_or_insert(value);
+                *count += 1;
+            }
+        }
+        Described { seen }
     }
-    Ok(first)
+
+    /// The value of `name` (one of [`DESCRIBING`]), refused when the
+    /// field comes more than once.
+    fn once(&self, name: &str) -> Result<Option<&'a HeaderValue>, Unreadable> {
+        let i = DESCRIBING.iter().position(|d| *d == name);
+        match i.map(|i| self.seen[i]) {
+            Some((_, n)) if n > 1 => {
+                Err(Unreadable::new(format!("{} is sent twice.", display(name))))
+            }
+            Some((first, _)) => Ok(first),
+            None => Ok(None),
+        }
+    }
+
+    /// The value of the one description field present under either name;
+    /// both only when they say the same; each at most once.
+    fn one_of(
+        &self,
+        forwarded: &str,
+        original: &str,
+    ) -> Result<Option<&'a HeaderValue>, Unreadable> {
+        match (self.once(forwarded)?, self.once(original)?) {
+            (Some(a), Some(b)) if a != b => Err(Unreadable::new(format!(
+                "{} and {} describe different requests.",
+                display(forwarded),
+                display(original)
+            ))),
+            (a, b) => Ok(a.or(b)),
+        }
+    }
 }
 
 /// The field's name as the documentation spells it.

@@ -88,12 +88,31 @@ impl Places {
     }
 }
 
+/// `X-Forwarded-For`: a name of no standard, sent by every proxy in front.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-Proto`.
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `X-Forwarded-Host`.
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// `X-Forwarded-Method`: what Caddy and Traefik describe a request with
+/// when they ask the forward-auth check.
+static X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
+/// `X-Forwarded-Uri`.
+static X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
+/// `X-Original-Method`: nginx's convention for the same.
+static X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method");
+/// `X-Original-URI`.
+static X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
+
 /// A field's name: the ones most requests and answers carry, spelt as
 /// most clients and servers spell them (all lowercase, or each word
 /// capitalised), by a comparison of the bytes; any other through
 /// `HeaderName::from_bytes`, which lowercases the name into a scratch
 /// buffer and then looks it up among every standard name (about a
-/// hundred instructions a field).
+/// hundred instructions a field), and copies a name outside them (the
+/// `X-Forwarded-` and `X-Original-` ones: a proxy in front sends some on
+/// every request, and the forward-auth check's every call is made of
+/// them).
 fn field_name(name: &[u8]) -> Result<HeaderName, &'static str> {
     use http::header as h;
     Ok(match name {
@@ -115,6 +134,13 @@ fn field_name(name: &[u8]) -> Result<HeaderName, &'static str> {
         b"location" | b"Location" => h::LOCATION,
         b"set-cookie" | b"Set-Cookie" => h::SET_COOKIE,
         b"content-encoding" | b"Content-Encoding" => h::CONTENT_ENCODING,
+        b"x-forwarded-for" | b"X-Forwarded-For" => X_FORWARDED_FOR.clone(),
+        b"x-forwarded-proto" | b"X-Forwarded-Proto" => X_FORWARDED_PROTO.clone(),
+        b"x-forwarded-host" | b"X-Forwarded-Host" => X_FORWARDED_HOST.clone(),
+        b"x-forwarded-method" | b"X-Forwarded-Method" => X_FORWARDED_METHOD.clone(),
+        b"x-forwarded-uri" | b"X-Forwarded-Uri" => X_FORWARDED_URI.clone(),
+        b"x-original-method" | b"X-Original-Method" => X_ORIGINAL_METHOD.clone(),
+        b"x-original-uri" | b"X-Original-URI" | b"X-Original-Uri" => X_ORIGINAL_URI.clone(),
         _ => HeaderName::from_bytes(name).map_err(|_| "bad field name")?,
     })
 }
@@ -162,6 +188,21 @@ mod tests {
             "Accept-Encoding",
             "authorization",
             "Authorization",
+            "x-forwarded-for",
+            "X-Forwarded-For",
+            "x-forwarded-proto",
+            "X-Forwarded-Proto",
+            "x-forwarded-host",
+            "X-Forwarded-Host",
+            "x-forwarded-method",
+            "X-Forwarded-Method",
+            "x-forwarded-uri",
+            "X-Forwarded-Uri",
+            "x-original-method",
+            "X-Original-Method",
+            "x-original-uri",
+            "X-Original-URI",
+            "X-Original-Uri",
             // spelt otherwise, or not among them: parsed
             "CONTENT-TYPE",
             "x-request-id",
