@@ -8,6 +8,7 @@
 #
 #   scripts/bench-check.sh                    # 10 s per run, 3 rounds
 #   DURATION=2s ROUNDS=1 scripts/bench-check.sh   # a smoke run
+#   CHECK_HTTP1=hyper scripts/bench-check.sh  # the check's connections all hyper's
 #
 # Every round measures every server once, in turn; the summary gives each
 # one's median over the rounds. The servers (nginx, paceline, the
@@ -131,7 +132,14 @@ summary() { # medians per server, in the order first measured
 run_round() {
   # nginx + paceline check: refusals answered by the check, twice asked
   start_upstream
-  start check "$CHECK_PORT" "$bin" check --config "$root/examples/shiplane.toml" \
+  local file="$root/examples/shiplane.toml"
+  if [ -n "${CHECK_HTTP1:-}" ]; then
+    # the check's connections served by CHECK_HTTP1 (paceline or hyper)
+    file="$work/check.toml"
+    sed "s/^\[gateway\]$/[gateway]\nhttp1_server = \"$CHECK_HTTP1\"/" \
+      "$root/examples/shiplane.toml" >"$file"
+  fi
+  start check "$CHECK_PORT" "$bin" check --config "$file" \
     --listen "127.0.0.1:$CHECK_PORT"
   check_nginx_conf
   start nginx "$NGX_PORT" nginx -p "$work/check-nginx" -c "$work/check-nginx/nginx.conf" -g 'daemon off;'

@@ -21,6 +21,10 @@ pub(crate) struct Args {
     /// Where to answer the proxy's calls.
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
     listen: std::net::SocketAddr,
+    /// Worker threads (default: the cores this process may run on; with
+    /// one, a single-threaded runtime).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
 }
 
 /// Runs `paceline check`.
@@ -32,10 +36,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<i32> {
             return Ok(1);
         }
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    let rt = super::gateway::runtime(args.threads)?;
     rt.block_on(serve(config, args.listen))?;
     Ok(0)
 }
