@@ -308,25 +308,34 @@ servers() {
   if [ $((round % 2)) = 1 ]; then echo paceline nginx haproxy; else echo haproxy nginx paceline; fi
 }
 
+# serve_limited SERVER RATE BURST NGINX_MODE: SERVER (paceline, nginx or
+# haproxy) limiting each client IP to RATE r/s with a burst of BURST
+# (nginx serving admitted requests as NGINX_MODE says: static or proxy);
+# sets NAME (the server's name in the results) and PORT
+serve_limited() {
+  case $1 in
+    paceline)
+      gateway_conf "$2" "$3"
+      start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
+      NAME=paceline PORT=$GW_PORT ;;
+    nginx)
+      nginx_conf "$2" "$3" "$4"
+      start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
+      NAME="nginx limit_req" PORT=$NGX_PORT ;;
+    haproxy)
+      haproxy_conf "$2" "$3"
+      start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
+      NAME=haproxy PORT=$HAP_PORT ;;
+  esac
+}
+
 run_429() {
   local s
   same_answer bench
   for s in $(servers); do
     start_upstream 0
-    case $s in
-      paceline)
-        gateway_conf 10 20
-        start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
-        measure "429 path (10 r/s, burst 20)" paceline "$GW_PORT" ;;
-      nginx)
-        nginx_conf 10 20 static
-        start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
-        measure "429 path (10 r/s, burst 20)" "nginx limit_req" "$NGX_PORT" ;;
-      haproxy)
-        haproxy_conf 10 20
-        start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
-        measure "429 path (10 r/s, burst 20)" "haproxy" "$HAP_PORT" ;;
-    esac
+    serve_limited "$s" 10 20 static
+    measure "429 path (10 r/s, burst 20)" "$NAME" "$PORT"
     stop_all
   done
   ANS_BODY=""
@@ -438,20 +447,8 @@ run_admitted() { # run_admitted DELAY_MS
   stop_all
   for s in $(servers); do
     start_upstream "$1"
-    case $s in
-      paceline)
-        gateway_conf 1000000 100000000
-        start gateway "$GW_PORT" "$bin" gateway --config "$work/gateway.toml"
-        measure "$name" paceline "$GW_PORT" ;;
-      nginx)
-        nginx_conf 1000000 100000000 proxy
-        start nginx "$NGX_PORT" nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;'
-        measure "$name" "nginx limit_req" "$NGX_PORT" ;;
-      haproxy)
-        haproxy_conf 1000000 100000000
-        start haproxy "$HAP_PORT" haproxy -db -f "$work/haproxy.cfg"
-        measure "$name" "haproxy" "$HAP_PORT" ;;
-    esac
+    serve_limited "$s" 1000000 100000000 proxy
+    measure "$name" "$NAME" "$PORT"
     stop_all
   done
 }

@@ -147,11 +147,7 @@ fn caddy(check: u16, api: SocketAddr) -> Option<Proxy> {
 
 /// `examples/shiplane.toml` with the upstream of this run.
 fn shiplane(api: SocketAddr) -> GatewayConfig {
-    let text = std::fs::read_to_string(workspace().join("examples/shiplane.toml")).unwrap();
-    let text = text
-        .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\"")
-        .replace("http://127.0.0.1:9000", &format!("http://{api}"));
-    GatewayConfig::parse(&text, "shiplane.toml", None).unwrap()
+    shiplane_with(api, "")
 }
 
 fn clock() -> Arc<dyn Clock> {
@@ -682,6 +678,7 @@ fn shiplane_with(api: SocketAddr, lines: &str) -> GatewayConfig {
         .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\"")
         .replace("http://127.0.0.1:9000", &format!("http://{api}"))
         .replacen("[gateway]\n", &format!("[gateway]\n{lines}\n"), 1);
+    assert!(text.contains(&format!("[gateway]\n{lines}\n")));
     GatewayConfig::parse(&text, "shiplane.toml", None).unwrap()
 }
 
