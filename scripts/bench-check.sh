@@ -135,9 +135,17 @@ run_round() {
   local file="$root/examples/shiplane.toml"
   if [ -n "${CHECK_HTTP1:-}" ]; then
     # the check's connections served by CHECK_HTTP1 (paceline or hyper)
+    case $CHECK_HTTP1 in
+      paceline | hyper) ;;
+      *) echo "CHECK_HTTP1 is paceline or hyper, not $CHECK_HTTP1" >&2; exit 1 ;;
+    esac
     file="$work/check.toml"
     sed "s/^\[gateway\]$/[gateway]\nhttp1_server = \"$CHECK_HTTP1\"/" \
       "$root/examples/shiplane.toml" >"$file"
+    grep -q "^http1_server = \"$CHECK_HTTP1\"$" "$file" || {
+      echo "examples/shiplane.toml has no [gateway] line to add http1_server under" >&2
+      exit 1
+    }
   fi
   start check "$CHECK_PORT" "$bin" check --config "$file" \
     --listen "127.0.0.1:$CHECK_PORT"

@@ -10,8 +10,8 @@
 #   RUNS=tls scripts/bench-gateway.sh       # the same over TLS, against nginx (same certificate)
 #   ANSWER=same RUNS="429 shipped" scripts/bench-gateway.sh   # the peers' 429s as ours
 #
-# Every round measures every server once, in turn (paceline first in odd
-# rounds, last in even ones); the summary at the end gives each one's
+# Every round measures every server once, in turn (on the 429, shipped and
+# admitted paths paceline first in odd rounds, last in even ones); the summary at the end gives each one's
 # median over the rounds (runs on a shared machine move by several percent
 # from one to the next, so one run decides nothing), then paceline's
 # requests/s over the better peer's, round by round, and their median: a
@@ -280,6 +280,7 @@ summary() { # medians per path and server, in the order first measured
 
 ratios() { # per round, paceline's requests/s over the better peer's in that round
   awk -F'\t' '
+    $3 + 0 <= 0 { next }
     $2 == "paceline" { ours[$1, $8] = $3 }
     $2 == "nginx limit_req" || $2 == "haproxy" {
       if (!(($1, $8) in best) || $3 + 0 > best[$1, $8]) best[$1, $8] = $3 + 0
@@ -472,5 +473,5 @@ echo
 echo "medians over $ROUNDS round(s):"
 summary
 echo
-echo "paceline over the better of nginx and HAProxy, requests/s, round by round:"
+echo "paceline over the better of the peers measured beside it (nginx, HAProxy), requests/s, round by round:"
 ratios

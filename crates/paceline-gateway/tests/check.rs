@@ -776,39 +776,60 @@ async fn http2_check_requests_are_answered() {
 }
 
 /// A connection with no check in flight is closed at the head bound
-/// (`timeouts.client_header_ms`), and at once by a graceful shutdown.
+/// (`timeouts.client_header_ms`): one never used, and one whose head
+/// comes a piece at a time and never ends; and at once by a graceful
+/// shutdown. Whoever serves it (`gateway.http1_server`).
 #[tokio::test]
 async fn idle_check_connections_are_closed() {
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (api, _) = counting_upstream().await;
-    let cfg = shiplane_with(api, "");
     let text = std::fs::read_to_string(workspace().join("examples/shiplane.toml")).unwrap();
     assert!(text.contains("client_header_ms = 10000"));
-    let mut cfg2 = cfg.clone();
-    cfg2.settings.timeouts.client_header = Duration::from_millis(300);
-    for (cfg, stop) in [(cfg2, false), (cfg, true)] {
-        let ck = Check::bind_with_clock(cfg, "127.0.0.1:0".parse().unwrap(), clock())
-            .await
-            .unwrap();
-        let (addr, handle) = (ck.local_addr(), ck.handle());
-        tokio::spawn(ck.run(std::future::pending()));
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let started = Instant::now();
-        if stop {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    for server in ["paceline", "hyper"] {
+        let line = format!("http1_server = \"{server}\"");
+        let mut short = shiplane_with(api, &line);
+        short.settings.timeouts.client_header = Duration::from_millis(300);
+        for (cfg, how) in [
+            (short.clone(), "untouched"),
+            (short, "a head in pieces"),
+            (shiplane_with(api, &line), "shutdown"),
+        ] {
+            let ck = Check::bind_with_clock(cfg, "127.0.0.1:0".parse().unwrap(), clock())
+                .await
+                .unwrap();
+            let (addr, handle) = (ck.local_addr(), ck.handle());
+            tokio::spawn(ck.run(std::future::pending()));
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let started = Instant::now();
+            match how {
+                "a head in pieces" => {
+                    // a line every 100 ms, well inside the bound each
+                    for piece in ["GET /check HTTP/1.1\r\n", "host: x\r\n", "x-a: 1\r\n"] {
+                        s.write_all(piece.as_bytes()).await.unwrap();
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                "shutdown" => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    handle.shutdown();
+                }
+                _ => {}
+            }
+            let mut buf = [0u8; 16];
+            let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("{server}, {how}: closed within 2 s"))
+                .unwrap_or_else(|e| panic!("{server}, {how}: closed, not reset: {e}"));
+            assert_eq!(n, 0, "{server}, {how}: closed without an answer");
+            let took = started.elapsed();
+            match how {
+                "shutdown" => assert!(took < Duration::from_secs(1), "{server}: {took:?}"),
+                _ => assert!(
+                    took >= Duration::from_millis(250) && took < Duration::from_millis(1500),
+                    "{server}, {how}: {took:?}"
+                ),
+            }
             handle.shutdown();
         }
-        let mut buf = [0u8; 16];
-        let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
-            .await
-            .expect("closed within 2 s")
-            .unwrap_or(0);
-        assert_eq!(n, 0, "closed without an answer");
-        let took = started.elapsed();
-        match stop {
-            false => assert!(took >= Duration::from_millis(250), "{took:?}"),
-            true => assert!(took < Duration::from_secs(1), "{took:?}"),
-        }
-        handle.shutdown();
     }
 }

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Empty, Full};
 use paceline_core::Clock;
 use paceline_server::RateLimit;
@@ -62,7 +62,7 @@ impl Shared {
     pub(super) fn answer<B>(self: Arc<Self>, req: Request<B>, stack: Stack) -> Answering {
         // the body, if any, is never read
         let (mut parts, _body) = req.into_parts();
-        if !parts.headers.contains_key(HOST) {
+        if parts.version == Version::HTTP_2 && !parts.headers.contains_key(HOST) {
             // HTTP/2 names the check request's host in its target (its
             // `:authority`), where HTTP/1.1 sends `Host`: the described
             // request's host when the proxy names none

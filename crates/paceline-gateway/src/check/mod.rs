@@ -111,8 +111,10 @@ pub struct Check {
     seal: Seal,
     shutdown_after: Duration,
     /// The gateway's bound on a request head (the check request carries
-    /// the original's fields and a few more), and on the wait for one.
+    /// the original's fields and a few more).
     max_head: usize,
+    /// How long a connection may go with no check in flight (a head never
+    /// finished, or an idle keep-alive connection): `client_header_ms`.
     header_wait: Duration,
     /// Who serves HTTP/1.1 connections (`gateway.http1_server`).
     http1: Http1Server,
@@ -191,10 +193,12 @@ impl Check {
         };
         let shed = LoadShedLayer::deferred(h.shedder().clone(), limits);
         let mut builder = auto::Builder::new(TokioExecutor::new());
+        // as in the gateway, the head bound is kept per connection (the
+        // idle timer below), not with a timer armed for every head
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(self.header_wait)
+            .header_read_timeout(None)
             .max_buf_size(self.max_head);
         builder
             .http2()

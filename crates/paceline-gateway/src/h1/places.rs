@@ -109,10 +109,10 @@ static X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
 /// capitalised), by a comparison of the bytes; any other through
 /// `HeaderName::from_bytes`, which lowercases the name into a scratch
 /// buffer and then looks it up among every standard name (about a
-/// hundred instructions a field), and copies a name outside them (the
-/// `X-Forwarded-` and `X-Original-` ones: a proxy in front sends some on
-/// every request, and the forward-auth check's every call is made of
-/// them).
+/// hundred instructions a field) and copies a name outside them. The
+/// `X-Forwarded-` and `X-Original-` names are among those compared here:
+/// a proxy in front sends some on every request, and the forward-auth
+/// check's every call is made of them.
 fn field_name(name: &[u8]) -> Result<HeaderName, &'static str> {
     use http::header as h;
     Ok(match name {
