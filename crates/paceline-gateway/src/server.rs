@@ -304,6 +304,7 @@ impl Gateway {
             builder,
             max_head: settings.max_head_bytes,
             bound: t.client_header,
+            stall: t.body_idle,
             http1: settings.http1_server,
         });
         let tls = h.inner.tls.read().clone();
@@ -390,6 +391,9 @@ struct Serving {
     builder: auto::Builder<TokioExecutor>,
     max_head: usize,
     bound: Duration,
+    /// The longest a client may take nothing of an answer on the own
+    /// HTTP/1.1 connection (`body_idle_ms`).
+    stall: Duration,
     /// Who serves HTTP/1.1 connections.
     http1: Http1Server,
 }
@@ -484,7 +488,13 @@ impl Serving {
         let conn = match self.http1 == Http1Server::Paceline {
             true => {
                 let flags = Arc::new(h1::Flags::default());
-                let own = h1::serve(io, move |req| dispatch(req), self.max_head, flags.clone());
+                let own = h1::serve(
+                    io,
+                    move |req| dispatch(req),
+                    self.max_head,
+                    self.stall,
+                    flags.clone(),
+                );
                 h1::Conn::own(own, hyper, flags)
             }
             false => h1::Conn::hyper(hyper(h1::Rewind::new(io))),

@@ -116,6 +116,9 @@ pub struct Check {
     /// How long a connection may go with no check in flight (a head never
     /// finished, or an idle keep-alive connection): `client_header_ms`.
     header_wait: Duration,
+    /// The longest a caller may take nothing of an answer
+    /// (`body_idle_ms`).
+    stall: Duration,
     /// Who serves HTTP/1.1 connections (`gateway.http1_server`).
     http1: Http1Server,
 }
@@ -149,6 +152,7 @@ impl Check {
         let max_head = config.settings.max_head_bytes;
         let header_wait = config.settings.timeouts.client_header;
         let http1 = config.settings.http1_server;
+        let stall = config.settings.timeouts.body_idle;
         let gateway = Gateway::bind_with_clock(config, clock).await?;
         let addr = gateway.local_addr();
         let (listener, handle, reload) = gateway.into_check_parts();
@@ -161,6 +165,7 @@ impl Check {
             shutdown_after,
             max_head,
             header_wait,
+            stall,
             http1,
         })
     }
@@ -258,6 +263,7 @@ impl Check {
                         stream,
                         move |req| dispatch(req),
                         self.max_head,
+                        self.stall,
                         flags.clone(),
                     );
                     h1::Conn::own(own, hyper, flags)

@@ -25,12 +25,19 @@
 //! - a graceful shutdown ends the connection at once when it waits for a
 //!   head, otherwise after the answer in progress;
 //! - an answer says `connection: close` when the connection ends after it.
+//!
+//! Beyond hyper's: a client that takes nothing of an answer for
+//! `body_idle_ms` has its connection closed. One that sends requests and
+//! never reads would otherwise hold it for ever, a request always in
+//! flight, out of the idle timer's reach. No timer is made for an answer
+//! that goes into the socket's buffer at once.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
@@ -74,6 +81,7 @@ pub(crate) async fn serve<T, D, F, B, E>(
     mut io: T,
     dispatch: D,
     max_head: usize,
+    stall: Duration,
     flags: Arc<Flags>,
 ) -> Outcome<T>
 where
@@ -136,6 +144,7 @@ where
                 keep_alive,
                 no_body,
                 trailers,
+                stall,
             },
             &mut date,
         )
@@ -228,6 +237,8 @@ struct Written {
     no_body: bool,
     /// The client accepts trailer fields (`TE: trailers`).
     trailers: bool,
+    /// The longest the client may take nothing of the answer.
+    stall: Duration,
 }
 
 /// Writes `res`; whether the connection lives on after it.
@@ -300,8 +311,7 @@ where
     out.put_slice(b"\r\n");
     if no_body {
         drop(body);
-        io.write_all(out).await?;
-        out.clear();
+        send(io, out, how.stall).await?;
         return Ok(keep_alive);
     }
     let mut body = std::pin::pin!(body);
@@ -313,8 +323,7 @@ where
             Some(f) => f,
             None => {
                 if !out.is_empty() {
-                    io.write_all(out).await?;
-                    out.clear();
+                    send(io, out, how.stall).await?;
                 }
                 std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await
             }
@@ -346,16 +355,14 @@ where
                         out.put_slice(b"0\r\n");
                         put_fields(out, &fields);
                         out.put_slice(b"\r\n");
-                        io.write_all(out).await?;
-                        out.clear();
+                        send(io, out, how.stall).await?;
                         return Ok(keep_alive);
                     }
                 }
             },
         }
         if out.len() >= WRITE {
-            io.write_all(out).await?;
-            out.clear();
+            send(io, out, how.stall).await?;
         }
     }
     if length.is_some_and(|n| sent != n) {
@@ -364,9 +371,68 @@ where
     if chunked {
         out.put_slice(b"0\r\n\r\n");
     }
-    io.write_all(out).await?;
-    out.clear();
+    send(io, out, how.stall).await?;
     Ok(keep_alive)
+}
+
+/// Writes all of `out`, flushes it, and empties it. Most answers go into
+/// the socket's buffer at once, and no timer is made for them; past that,
+/// each wait for the client to take more is bounded by `stall`. Without
+/// the bound, a client that sends requests and never reads the answers
+/// would hold its connection, a request in flight, for ever: the idle
+/// timer counts only time with no request in flight.
+async fn send<T: AsyncWrite + Unpin>(
+    io: &mut T,
+    out: &mut BytesMut,
+    stall: Duration,
+) -> std::io::Result<()> {
+    let mut at = 0;
+    // (the context is not held across the waits below: it is not `Send`)
+    if try_send(io, out, &mut at)? {
+        out.clear();
+        return Ok(());
+    }
+    let stalled = |_| std::io::Error::from(std::io::ErrorKind::TimedOut);
+    while at < out.len() {
+        let n = tokio::time::timeout(stall, io.write(&out[at..]))
+            .await
+            .map_err(stalled)??;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        at += n;
+    }
+    tokio::time::timeout(stall, io.flush())
+        .await
+        .map_err(stalled)??;
+    out.clear();
+    Ok(())
+}
+
+/// Writes what it can of `out` from `at` on and flushes, without waiting:
+/// whether all of it went.
+fn try_send<T: AsyncWrite + Unpin>(
+    io: &mut T,
+    out: &BytesMut,
+    at: &mut usize,
+) -> std::io::Result<bool> {
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        let now = match *at < out.len() {
+            true => Pin::new(&mut *io).poll_write(&mut cx, &out[*at..]),
+            false => match Pin::new(&mut *io).poll_flush(&mut cx) {
+                Poll::Ready(Ok(())) => return Ok(true),
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => return Ok(false),
+            },
+        };
+        match now {
+            Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(n)) => *at += n,
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => return Ok(false),
+        }
+    }
 }
 
 /// `n` in lowercase hexadecimal, as a chunk's size.
