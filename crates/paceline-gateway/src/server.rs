@@ -497,7 +497,7 @@ impl Serving {
                 );
                 h1::Conn::own(own, hyper, flags)
             }
-            false => h1::Conn::hyper(hyper(h1::Rewind::new(io))),
+            false => h1::Conn::hyper(hyper(h1::Rewind::new(io, self.stall))),
         };
         let bound = self.bound;
         let (limiter, max_head) = (h.inner.limiter.clone(), self.max_head);

@@ -268,7 +268,7 @@ impl Check {
                     );
                     h1::Conn::own(own, hyper, flags)
                 }
-                Http1Server::Hyper => h1::Conn::hyper(hyper(h1::Rewind::new(stream))),
+                Http1Server::Hyper => h1::Conn::hyper(hyper(h1::Rewind::new(stream, self.stall))),
             };
             let (stop, bound) = (graceful.watcher(), self.header_wait);
             tokio::spawn(async move {

@@ -27,10 +27,12 @@
 //! - an answer says `connection: close` when the connection ends after it.
 //!
 //! Beyond hyper's: a client that takes nothing of an answer for
-//! `body_idle_ms` has its connection closed. One that sends requests and
-//! never reads would otherwise hold it for ever, a request always in
-//! flight, out of the idle timer's reach. No timer is made for an answer
-//! that goes into the socket's buffer at once.
+//! `body_idle_ms` has its connection closed, whoever serves it (a
+//! connection handed to hyper has the same bound on its writes, in
+//! [`Rewind`]). One that sends requests and never reads would otherwise
+//! hold it for ever, a request always in flight, out of the idle timer's
+//! reach. No timer is made for an answer that goes into the socket's
+//! buffer at once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -99,7 +101,7 @@ where
                 match parse_request(&mut buf, max_head) {
                     Ok(Some(head)) => break head,
                     Ok(None) => {}
-                    Err(_) => return hand_over(io, None, buf),
+                    Err(_) => return hand_over(io, None, buf, stall),
                 }
             } else {
                 flags.idle.store(true, Ordering::Release);
@@ -121,7 +123,7 @@ where
         };
         if !served_here(&head) {
             let raw = head.raw.clone();
-            return hand_over(io, Some(raw), buf);
+            return hand_over(io, Some(raw), buf, stall);
         }
         let RequestHead {
             parts,
@@ -172,7 +174,7 @@ fn served_here(head: &RequestHead) -> bool {
         && head.parts.method != Method::CONNECT
 }
 
-fn hand_over<T>(io: T, head: Option<Bytes>, rest: BytesMut) -> Outcome<T> {
+fn hand_over<T>(io: T, head: Option<Bytes>, rest: BytesMut, stall: Duration) -> Outcome<T> {
     let pre = match head {
         None => rest.freeze(),
         Some(head) if rest.is_empty() => head,
@@ -183,7 +185,12 @@ fn hand_over<T>(io: T, head: Option<Bytes>, rest: BytesMut) -> Outcome<T> {
             all.freeze()
         }
     };
-    Outcome::HandOver(Rewind { pre, inner: io })
+    Outcome::HandOver(Rewind {
+        pre,
+        inner: io,
+        stall,
+        waiting: None,
+    })
 }
 
 /// The answer to `call`, while the connection is watched: `None` when the
@@ -478,18 +485,47 @@ fn poll_now<B: Body>(body: Pin<&mut B>) -> Option<Next<B>> {
 }
 
 /// A connection with bytes already read in front of it: what hyper reads
-/// first when it takes a connection over.
+/// first when it takes a connection over. Its writes carry the own
+/// connection's bound: a client that takes nothing for `stall` fails the
+/// write, and hyper ends the connection (HTTP/1 and HTTP/2 alike). The
+/// timer is made only once a write has to wait.
 pub(crate) struct Rewind<T> {
     pre: Bytes,
     inner: T,
+    stall: Duration,
+    /// Since the first write that had to wait, none having gone since.
+    waiting: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<T> Rewind<T> {
-    /// `inner`, nothing read in front.
-    pub(crate) fn new(inner: T) -> Rewind<T> {
+    /// `inner`, nothing read in front, its writes bounded by `stall`.
+    pub(crate) fn new(inner: T, stall: Duration) -> Rewind<T> {
         Rewind {
             pre: Bytes::new(),
             inner,
+            stall,
+            waiting: None,
+        }
+    }
+
+    /// What a write that went (or failed) or waits gives: waiting past
+    /// the bound is an error.
+    fn bounded<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        if r.is_ready() {
+            self.waiting = None;
+            return r;
+        }
+        let stall = self.stall;
+        let waiting = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        match waiting.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::ErrorKind::TimedOut.into())),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -516,7 +552,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.bounded(cx, r)
     }
 
     fn poll_write_vectored(
@@ -524,7 +562,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.bounded(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -532,7 +572,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_flush(cx);
+        this.bounded(cx, r)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
