@@ -485,20 +485,8 @@ impl Serving {
                 .serve_connection(TokioIo::new(io), svc)
                 .into_owned()
         };
-        let conn = match self.http1 == Http1Server::Paceline {
-            true => {
-                let flags = Arc::new(h1::Flags::default());
-                let own = h1::serve(
-                    io,
-                    move |req| dispatch(req),
-                    self.max_head,
-                    self.stall,
-                    flags.clone(),
-                );
-                h1::Conn::own(own, hyper, flags)
-            }
-            false => h1::Conn::hyper(hyper(h1::Rewind::new(io, self.stall))),
-        };
+        let dispatch = move |req| dispatch(req);
+        let conn = h1::connection(io, dispatch, hyper, self.http1, self.max_head, self.stall);
         let bound = self.bound;
         let (limiter, max_head) = (h.inner.limiter.clone(), self.max_head);
         tokio::spawn(async move {

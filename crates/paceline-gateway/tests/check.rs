@@ -29,7 +29,7 @@ use paceline_gateway::check::Check;
 use paceline_gateway::{Gateway, GatewayConfig, GatewayHandle};
 
 use common::nginx::{free_port, missing};
-use common::{counting_upstream, LIMIT};
+use common::{counting_upstream, until_closed, LIMIT};
 
 /// The instant both clocks stand at.
 const NOW_S: u64 = 1_790_880_000;
@@ -694,15 +694,8 @@ fn check_request(key: &str, extra: &str, body: &str) -> String {
 /// Every answer on one connection, until the check closes it: status and
 /// `RateLimit` field of each.
 async fn answers_on_one_connection(check: SocketAddr, bytes: &str) -> Vec<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(check).await.unwrap();
-    s.write_all(bytes.as_bytes()).await.unwrap();
-    let mut got = Vec::new();
-    tokio::time::timeout(LIMIT, s.read_to_end(&mut got))
-        .await
-        .expect("the check closes the connection after `connection: close`")
-        .unwrap();
-    let text = String::from_utf8(got).unwrap();
+    // the check closes the connection after `connection: close`
+    let text = String::from_utf8(until_closed(check, bytes.as_bytes()).await).unwrap();
     let mut answers = Vec::new();
     for answer in text.split("HTTP/1.1 ").skip(1) {
         let status = answer[..3].parse().unwrap();

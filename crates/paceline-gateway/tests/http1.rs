@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 
 mod common;
 
-use common::{find, next_head, Rig, LIMIT};
+use common::{find, next_head, until_closed, Rig, LIMIT};
 
 const SERVERS: [&str; 2] = ["paceline", "hyper"];
 
@@ -337,13 +337,7 @@ async fn an_answer_of_unknown_length_goes_on_in_chunks_from_both_servers() {
         let gw = paceline_gateway::Gateway::bind(cfg).await.unwrap();
         let (addr, handle) = (gw.local_addr(), gw.handle());
         let served = tokio::spawn(gw.run(std::future::pending()));
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(bytes.as_bytes()).await.unwrap();
-        let mut buf = Vec::new();
-        tokio::time::timeout(LIMIT, s.read_to_end(&mut buf))
-            .await
-            .expect("closed in time")
-            .unwrap();
+        let buf = until_closed(addr, bytes.as_bytes()).await;
         handle.shutdown();
         let _ = tokio::time::timeout(LIMIT, served).await;
         let mut got = answers(&buf, &methods);

@@ -22,14 +22,8 @@ const DEADLINE_MS: u64 = 100;
 
 /// `GET path` on the operations listener: the status and the JSON body.
 async fn probe(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
     let req = format!("GET {path} HTTP/1.1\r\nhost: ops\r\nconnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(LIMIT, s.read_to_end(&mut out))
-        .await
-        .expect("an answer in time")
-        .unwrap();
+    let out = common::until_closed(addr, req.as_bytes()).await;
     let text = String::from_utf8(out).unwrap();
     let status = text[9..12].parse().unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();

@@ -256,20 +256,15 @@ impl Check {
             };
             // a check request has no body: the gateway's own connection
             // serves it, hyper whatever it hands over (h1/conn.rs)
-            let conn = match self.http1 {
-                Http1Server::Paceline => {
-                    let flags = Arc::new(h1::Flags::default());
-                    let own = h1::serve(
-                        stream,
-                        move |req| dispatch(req),
-                        self.max_head,
-                        self.stall,
-                        flags.clone(),
-                    );
-                    h1::Conn::own(own, hyper, flags)
-                }
-                Http1Server::Hyper => h1::Conn::hyper(hyper(h1::Rewind::new(stream, self.stall))),
-            };
+            let dispatch = move |req| dispatch(req);
+            let conn = h1::connection(
+                stream,
+                dispatch,
+                hyper,
+                self.http1,
+                self.max_head,
+                self.stall,
+            );
             let (stop, bound) = (graceful.watcher(), self.header_wait);
             tokio::spawn(async move {
                 match crate::idle::watched(conn, idle.idle_for(bound), stop).await {

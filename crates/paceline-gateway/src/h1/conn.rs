@@ -602,6 +602,35 @@ pin_project_lite::pin_project! {
     }
 }
 
+/// A client connection on `io`, served as `how` says: here, each request
+/// through `dispatch`, until it hands over to the connection `hyper`
+/// makes; or by that connection from its start. The gateway's and the
+/// forward-auth check's.
+pub(crate) fn connection<T, D, F, B, E, H, M>(
+    io: T,
+    dispatch: D,
+    hyper: M,
+    how: crate::config::Http1Server,
+    max_head: usize,
+    stall: Duration,
+) -> Conn<impl Future<Output = Outcome<T>>, H, M>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+    D: Fn(Request<ClientBody>) -> F,
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body<Data = Bytes>,
+    M: FnOnce(Rewind<T>) -> H,
+{
+    match how {
+        crate::config::Http1Server::Paceline => {
+            let flags = Arc::new(Flags::default());
+            let own = serve(io, dispatch, max_head, stall, flags.clone());
+            Conn::own(own, hyper, flags)
+        }
+        crate::config::Http1Server::Hyper => Conn::hyper(hyper(Rewind::new(io, stall))),
+    }
+}
+
 impl<O, H, M> Conn<O, H, M> {
     /// A connection served by `own` until it hands over, then by the
     /// connection `make` makes of what it hands over.

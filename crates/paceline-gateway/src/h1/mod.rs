@@ -25,7 +25,7 @@ mod request;
 mod scan;
 
 pub(crate) use body::ClientBody;
-pub(crate) use conn::{serve, Conn, Flags, Rewind};
+pub(crate) use conn::connection;
 pub(crate) use places::Places;
 #[cfg(test)]
 pub(crate) use places::FEW;

@@ -24,6 +24,19 @@ use tokio::net::TcpListener;
 /// The bound on every wait of these tests.
 pub(crate) const LIMIT: Duration = Duration::from_secs(10);
 
+/// Sends `bytes` on a new connection to `addr` and reads what comes back
+/// until the server closes it, within [`LIMIT`].
+pub(crate) async fn until_closed(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(LIMIT, s.read_to_end(&mut out))
+        .await
+        .expect("the connection closed in time")
+        .unwrap();
+    out
+}
+
 /// `GET path` with `Bearer key`, the answer and its whole body, each
 /// within [`LIMIT`].
 pub(crate) async fn get(
