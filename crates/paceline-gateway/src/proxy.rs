@@ -146,7 +146,7 @@ impl Proxy {
     /// its parts, and a future calling it the request again).
     async fn forward(
         self,
-        parts: http::request::Parts,
+        mut parts: http::request::Parts,
         body: ClientBody,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let this = &*self.inner;
@@ -186,6 +186,8 @@ impl Proxy {
             .answer_timer
             .within(this.timeouts.upstream_header, exchange)
             .await;
+        // the request is written: its map's room serves a later head
+        crate::h1::give_map(std::mem::take(&mut parts.headers));
         Ok(match answer {
             Ok(Ok(answer)) => {
                 let Answer {

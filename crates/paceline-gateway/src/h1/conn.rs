@@ -289,6 +289,8 @@ where
         dated |= name == DATE;
         put_field(out, name, value);
     }
+    // written: the map's room serves a later head
+    super::stock::give(parts.headers);
     if closing {
         keep_alive = false;
     } else if !keep_alive {

@@ -23,6 +23,7 @@ mod differential;
 mod places;
 mod request;
 mod scan;
+mod stock;
 
 pub(crate) use body::ClientBody;
 pub(crate) use conn::connection;
@@ -30,3 +31,4 @@ pub(crate) use places::Places;
 #[cfg(test)]
 pub(crate) use places::FEW;
 pub(crate) use scan::Scan;
+pub(crate) use stock::give as give_map;

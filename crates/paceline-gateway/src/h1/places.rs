@@ -74,7 +74,7 @@ impl Places {
         extra: usize,
         one_length: bool,
     ) -> Result<HeaderMap, &'static str> {
-        let mut headers = HeaderMap::with_capacity(self.count + extra);
+        let mut headers = super::stock::take(self.count + extra);
         for &(ns, ne, vs, ve) in self.spans() {
             let name = field_name(&head[ns as usize..ne as usize])?;
             if one_length && name == http::header::CONTENT_LENGTH && headers.contains_key(&name) {
