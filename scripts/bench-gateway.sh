@@ -230,29 +230,46 @@ cpu_ticks() { # cpu_ticks PID...: their user and system clock ticks, summed
   echo "$u $s"
 }
 
+preempted() { # preempted PID...: the times they were taken off their core while runnable, summed
+  local n=0 p v
+  for p in "$@"; do
+    v=$(awk '/^nonvoluntary_ctxt_switches/ {print $2}' "/proc/$p/status" 2>/dev/null) || continue
+    n=$((n + ${v:-0}))
+  done
+  echo "$n"
+}
+
 rows=()
 measure() { # measure PATH_NAME SERVER PORT [HEADER]
-  local out rps p50 p99 non2xx n before after us_user us_sys
+  local out rps p50 p90 p99 non2xx n secs before after us_user us_sys off0 off1 off
   local header=() pids
   [ -n "${4:-}" ] && header=(-H "$4")
   # the server's own CPU time per request, from its processes' counters
-  # (nginx: master and worker; the gateway and HAProxy: one process)
+  # (nginx: master and worker; the gateway and HAProxy: one process), and
+  # how often a runnable server was taken off its core for something
+  # else (another task, a kernel thread): each time, every connection
+  # waits, whatever the server's own speed
   mapfile -t pids < <(listeners "$3")
   before=$(cpu_ticks "${pids[@]}")
+  off0=$(preempted "${pids[@]}")
   out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" --latency \
     "${header[@]}" "${SCHEME:-http}://127.0.0.1:$3$PATH_Q")
   after=$(cpu_ticks "${pids[@]}")
+  off1=$(preempted "${pids[@]}")
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+  p90=$(awk '$1 == "90%" {print $2}' <<<"$out")
   p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+  secs=$(awk '/requests in/ {sub(/s,?$/, "", $4); print $4}' <<<"$out")
+  off=$(awk -v a="$off0" -v b="$off1" -v s="${secs:-1}" 'BEGIN { printf "%.0f", (b - a) / s }')
   non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
   n=$(awk '/requests in/ {print $1}' <<<"$out")
   read -r us_user us_sys < <(awk -v b="$before" -v a="$after" -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN {
     split(b, x, " "); split(a, y, " ")
     printf "%.2f %.2f\n", (y[1] - x[1]) * 1e6 / hz / n, (y[2] - x[2]) * 1e6 / hz / n }')
-  rows+=("$(printf '%-34s %-16s %12s %10s %10s %12s %8s %8s' "$1" "$2" "$rps" "$p50" "$p99" "${non2xx:-0}" "$us_user" "$us_sys")")
+  rows+=("$(printf '%-34s %-16s %12s %10s %10s %10s %12s %8s %8s %7s' "$1" "$2" "$rps" "$p50" "$p90" "$p99" "${non2xx:-0}" "$us_user" "$us_sys" "$off")")
   echo "${rows[-1]}"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$(ms "$p50")" "$(ms "$p99")" "$us_user" "$us_sys" "${round:-1}" >>"$work/results.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$(ms "$p50")" "$(ms "$p99")" "$us_user" "$us_sys" "${round:-1}" "$(ms "$p90")" "$off" >>"$work/results.tsv"
 }
 
 
@@ -260,20 +277,21 @@ summary() { # medians per path and server, in the order first measured
   awk -F'\t' '
     { k = $1 SUBSEP $2
       if (!(k in n)) { order[++m] = k }
-      n[k]++; rps[k, n[k]] = $3; p50[k, n[k]] = $4; p99[k, n[k]] = $5; usr[k, n[k]] = $6; sys[k, n[k]] = $7 }
+      n[k]++; rps[k, n[k]] = $3; p50[k, n[k]] = $4; p99[k, n[k]] = $5; usr[k, n[k]] = $6; sys[k, n[k]] = $7
+      p90[k, n[k]] = $9; off[k, n[k]] = $10 }
     function med(a, k, c,   i, j, t, v) {
       for (i = 1; i <= c; i++) v[i] = a[k, i] + 0
       for (i = 1; i <= c; i++) for (j = i + 1; j <= c; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
       return (c % 2) ? v[(c + 1) / 2] : (v[c / 2] + v[c / 2 + 1]) / 2
     }
     END {
-      printf "%-34s %-16s %12s %10s %10s %8s %8s %7s %14s\n", "path", "server", "req/s", "p50 ms", "p99 ms", "us usr", "us sys", "runs", "vs direct"
+      printf "%-34s %-16s %12s %10s %10s %10s %8s %8s %7s %7s %14s\n", "path", "server", "req/s", "p50 ms", "p90 ms", "p99 ms", "us usr", "us sys", "off/s", "runs", "vs direct"
       for (i = 1; i <= m; i++) {
         k = order[i]; split(k, kk, SUBSEP)
         r = med(rps, k, n[k])
         if (kk[2] == "upstream direct") direct[kk[1]] = r
         vs = (kk[1] in direct && kk[2] != "upstream direct") ? sprintf("%+.1f%%", (r / direct[kk[1]] - 1) * 100) : ""
-        printf "%-34s %-16s %12.0f %10.3f %10.3f %8.2f %8.2f %7d %14s\n", kk[1], kk[2], r, med(p50, k, n[k]), med(p99, k, n[k]), med(usr, k, n[k]), med(sys, k, n[k]), n[k], vs
+        printf "%-34s %-16s %12.0f %10.3f %10.3f %10.3f %8.2f %8.2f %7.0f %7d %14s\n", kk[1], kk[2], r, med(p50, k, n[k]), med(p90, k, n[k]), med(p99, k, n[k]), med(usr, k, n[k]), med(sys, k, n[k]), med(off, k, n[k]), n[k], vs
       }
     }' "$work/results.tsv"
 }
@@ -456,7 +474,7 @@ run_admitted() { # run_admitted DELAY_MS
 
 echo "wrk -t1 -c$CONNS -d$DURATION on core $LOAD_CPU; servers and upstream on core $SERVER_CPU"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-34s %-16s %12s %10s %10s %12s %8s %8s\n' path server "req/s" p50 p99 "non-2xx" "us usr" "us sys"
+printf '%-34s %-16s %12s %10s %10s %10s %12s %8s %8s %7s\n' path server "req/s" p50 p90 p99 "non-2xx" "us usr" "us sys" "off/s"
 for round in $(seq 1 "$ROUNDS"); do
   for r in $RUNS; do
     case $r in
