@@ -181,38 +181,6 @@ http {
 EOF
 }
 
-haproxy_conf() { # haproxy_conf RATE BURST [KEY]
-  # over a window of BURST/RATE seconds at most BURST requests
-  local window=$(($2 / $1)) type=ip track=src forwarded="" denied=""
-  if [ -n "${ANS_BODY:-}" ]; then
-    denied=" content-type application/problem+json hdr cache-control no-store hdr ratelimit-policy '$ANS_POLICY' hdr ratelimit '$ANS_LIMIT' hdr retry-after 1 string '$ANS_BODY'"
-  fi
-  if [ -n "${3:-}" ]; then type="string len 64" track=$3; fi
-  if [ "${FORWARDED:-1}" = 1 ]; then
-    forwarded=$'  option forwardfor\n  http-request set-header X-Forwarded-Proto http'
-  fi
-  cat >"$work/haproxy.cfg" <<EOF
-global
-  nbthread 1
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 2s
-  timeout client 30s
-  timeout server 30s
-  http-reuse always
-frontend fe
-  bind 127.0.0.1:$HAP_PORT
-  stick-table type $type size 100k expire 60s store http_req_rate(${window}s)
-  http-request track-sc0 $track
-  http-request deny deny_status 429$denied if { sc_http_req_rate(0) gt $2 }
-$forwarded
-  default_backend be
-backend be
-  server up 127.0.0.1:$UP_PORT
-EOF
-}
-
 # --- measuring --------------------------------------------------------------
 
 listeners() { # listeners PORT: the PIDs of every process listening on it

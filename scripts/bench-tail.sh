@@ -51,24 +51,7 @@ taskset -pc "$LOAD_CPU" $$ >/dev/null
 
 bench_setup
 bench_gateway_config "$SRV_PORT" "$UP_PORT" 20 2 >"$work/gateway.toml"
-cat >"$work/haproxy.cfg" <<EOF
-global
-  nbthread 1
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 2s
-  timeout client 30s
-  timeout server 30s
-frontend fe
-  bind 127.0.0.1:$SRV_PORT
-  stick-table type ip size 100k expire 60s store http_req_rate(2s)
-  http-request track-sc0 src
-  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 20 }
-  default_backend be
-backend be
-  server up 127.0.0.1:$UP_PORT
-EOF
+HAP_PORT=$SRV_PORT haproxy_conf 10 20
 
 serve() { # serve SERVER: the server on the server core; sets SRV_PID
   case $1 in

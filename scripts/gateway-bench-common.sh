@@ -33,6 +33,44 @@ shipped_gateway_config() {
       "$root/examples/shiplane.toml"
 }
 
+# haproxy_conf RATE BURST [KEY]: $work/haproxy.cfg, HAProxy on
+# 127.0.0.1:$HAP_PORT in front of 127.0.0.1:$UP_PORT, limiting each client
+# IP (or KEY, a sample expression) to BURST requests over BURST/RATE
+# seconds, HAProxy's closest to a token bucket; it tells the upstream who
+# asked unless FORWARDED=0, and answers a 429 with ANS_BODY and the fields
+# ANS_POLICY and ANS_LIMIT when ANS_BODY is set (else its own deny page).
+haproxy_conf() {
+  # over a window of BURST/RATE seconds at most BURST requests
+  local window=$(($2 / $1)) type=ip track=src forwarded="" denied=""
+  if [ -n "${ANS_BODY:-}" ]; then
+    denied=" content-type application/problem+json hdr cache-control no-store hdr ratelimit-policy '$ANS_POLICY' hdr ratelimit '$ANS_LIMIT' hdr retry-after 1 string '$ANS_BODY'"
+  fi
+  if [ -n "${3:-}" ]; then type="string len 64" track=$3; fi
+  if [ "${FORWARDED:-1}" = 1 ]; then
+    forwarded=$'  option forwardfor\n  http-request set-header X-Forwarded-Proto http'
+  fi
+  cat >"$work/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 30s
+  timeout server 30s
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:$HAP_PORT
+  stick-table type $type size 100k expire 60s store http_req_rate(${window}s)
+  http-request track-sc0 $track
+  http-request deny deny_status 429$denied if { sc_http_req_rate(0) gt $2 }
+$forwarded
+  default_backend be
+backend be
+  server up 127.0.0.1:$UP_PORT
+EOF
+}
+
 # wait_port PORT: until something listens on 127.0.0.1:PORT (up to 10 s;
 # under valgrind the gateway takes a while), or exit.
 wait_port() {
