@@ -267,11 +267,7 @@ where
         || status == StatusCode::NOT_MODIFIED
         || status.is_informational();
     let mut keep_alive = how.keep_alive;
-    out.put_slice(b"HTTP/1.1 ");
-    out.put_slice(status.as_str().as_bytes());
-    out.put_u8(b' ');
-    out.put_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.put_slice(b"\r\n");
+    put_status_line(out, status);
     let mut dated = false;
     let mut closing = false;
     let mut said = None;
@@ -458,6 +454,32 @@ fn put_hex(out: &mut BytesMut, n: usize) {
         }
     }
     out.put_slice(&digits[i..]);
+}
+
+/// The status line: the common ones written whole, any other from its
+/// code and reason.
+fn put_status_line(out: &mut BytesMut, status: StatusCode) {
+    let line: &[u8] = match status.as_u16() {
+        200 => b"HTTP/1.1 200 OK\r\n",
+        201 => b"HTTP/1.1 201 Created\r\n",
+        204 => b"HTTP/1.1 204 No Content\r\n",
+        304 => b"HTTP/1.1 304 Not Modified\r\n",
+        400 => b"HTTP/1.1 400 Bad Request\r\n",
+        401 => b"HTTP/1.1 401 Unauthorized\r\n",
+        404 => b"HTTP/1.1 404 Not Found\r\n",
+        429 => b"HTTP/1.1 429 Too Many Requests\r\n",
+        502 => b"HTTP/1.1 502 Bad Gateway\r\n",
+        503 => b"HTTP/1.1 503 Service Unavailable\r\n",
+        _ => {
+            out.put_slice(b"HTTP/1.1 ");
+            out.put_slice(status.as_str().as_bytes());
+            out.put_u8(b' ');
+            out.put_slice(status.canonical_reason().unwrap_or("").as_bytes());
+            out.put_slice(b"\r\n");
+            return;
+        }
+    };
+    out.put_slice(line);
 }
 
 fn put_fields(out: &mut BytesMut, fields: &HeaderMap) {
@@ -714,6 +736,21 @@ mod tests {
             let mut out = BytesMut::new();
             put_hex(&mut out, n);
             assert_eq!(&out[..], format!("{n:x}").as_bytes());
+        }
+    }
+
+    #[test]
+    fn status_lines_written_whole_are_the_code_and_its_reason() {
+        for code in 100..600 {
+            let status = StatusCode::from_u16(code).unwrap();
+            let mut out = BytesMut::new();
+            put_status_line(&mut out, status);
+            let reason = status.canonical_reason().unwrap_or("");
+            assert_eq!(
+                out,
+                format!("HTTP/1.1 {code} {reason}\r\n").as_bytes(),
+                "{code}"
+            );
         }
     }
 }
