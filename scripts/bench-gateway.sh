@@ -198,15 +198,6 @@ cpu_ticks() { # cpu_ticks PID...: their user and system clock ticks, summed
   echo "$u $s"
 }
 
-preempted() { # preempted PID...: the times they were taken off their core while runnable, summed
-  local n=0 p v
-  for p in "$@"; do
-    v=$(awk '/^nonvoluntary_ctxt_switches/ {print $2}' "/proc/$p/status" 2>/dev/null) || continue
-    n=$((n + ${v:-0}))
-  done
-  echo "$n"
-}
-
 rows=()
 measure() { # measure PATH_NAME SERVER PORT [HEADER]
   local out rps p50 p90 p99 non2xx n secs before after us_user us_sys off0 off1 off

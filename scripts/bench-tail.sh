@@ -62,8 +62,6 @@ serve() { # serve SERVER: the server on the server core; sets SRV_PID
   taskset -c "$LOAD_CPU" wrk -t1 -c50 -d1s "http://127.0.0.1:$SRV_PORT/v1/rates" >/dev/null
 }
 
-preempted() { awk '/^nonvoluntary_ctxt_switches/ {print $2}' "/proc/$1/status"; }
-
 start upstream "$UP_PORT" "$bin" demo --upstream-only --listen "127.0.0.1:$UP_PORT"
 up=("${pids[@]}")
 

@@ -71,6 +71,17 @@ backend be
 EOF
 }
 
+# preempted PID...: how often they were taken off their core while
+# runnable (their nonvoluntary_ctxt_switches), summed.
+preempted() {
+  local n=0 p v
+  for p in "$@"; do
+    v=$(awk '/^nonvoluntary_ctxt_switches/ {print $2}' "/proc/$p/status" 2>/dev/null) || continue
+    n=$((n + ${v:-0}))
+  done
+  echo "$n"
+}
+
 # wait_port PORT: until something listens on 127.0.0.1:PORT (up to 10 s;
 # under valgrind the gateway takes a while), or exit.
 wait_port() {
