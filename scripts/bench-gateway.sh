@@ -131,56 +131,6 @@ gateway_conf() { # gateway_conf RATE BURST
   bench_gateway_config "$GW_PORT" "$UP_PORT" "$2" $(($2 / $1)) >"$work/gateway.toml"
 }
 
-nginx_conf() { # nginx_conf RATE BURST MODE(static|proxy) [KEY]
-  mkdir -p "$work/www/v1"
-  printf '{"rates":[{"id":"rate_ups_ground","amount":"7.45"}]}' >"$work/www/v1/rates"
-  chmod -R a+rX "$work/www"
-  local body listen="127.0.0.1:$NGX_PORT" denied=""
-  if [ -n "${ANS_BODY:-}" ]; then
-    denied="error_page 429 @denied;
-    location @denied {
-      default_type application/problem+json;
-      add_header Cache-Control no-store always;
-      add_header RateLimit-Policy '$ANS_POLICY' always;
-      add_header RateLimit '$ANS_LIMIT' always;
-      add_header Retry-After 1 always;
-      return 429 '$ANS_BODY';
-    }"
-  fi
-  if [ -n "${TLS:-}" ]; then
-    listen="$listen ssl; ssl_certificate $work/tls.pem; ssl_certificate_key $work/tls.key; ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m"
-  fi
-  if [ "$3" = static ]; then
-    # not `return`: it would run before limit_req
-    body="root $work/www; try_files \$uri =404;"
-  else
-    body="proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\";"
-    if [ "${FORWARDED:-1}" = 1 ]; then
-      body="$body proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; proxy_set_header X-Forwarded-Proto \$scheme;"
-    fi
-  fi
-  cat >"$work/nginx.conf" <<EOF
-worker_processes 1;
-pid $work/nginx.pid;
-error_log $work/nginx-error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  limit_req_zone ${4:-\$binary_remote_addr} zone=one:10m rate=$1r/s;
-  limit_req_status 429;
-  upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; }
-  server {
-    listen $listen;
-    $denied
-    location / {
-      limit_req zone=one burst=$2 nodelay;
-      $body
-    }
-  }
-}
-EOF
-}
-
 # --- measuring --------------------------------------------------------------
 
 listeners() { # listeners PORT: the PIDs of every process listening on it
