@@ -12,7 +12,9 @@
 # run to the next (other tasks, the kernel's own work). An instruction
 # count does not: it is the same within about 1% run to run, so it shows
 # a change of a few hundred instructions a request that the timed bench
-# cannot. It counts user-space instructions only. The system calls are
+# cannot. (`count-gateway.sh` counts the gateway alone, one request at a
+# time; this script counts the peers beside it, each under load, where
+# a wake-up serves many connections.) It counts user-space instructions only. The system calls are
 # not in it: compare them with `strace -c` (the gateway makes the same
 # ones per request as nginx), and the time they take with bench-gateway.sh's
 # µs of system time.
