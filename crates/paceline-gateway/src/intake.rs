@@ -1036,6 +1036,21 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    #[tokio::test]
+    async fn a_body_with_nothing_to_come_is_one_pointer_and_ends_at_once() {
+        // every stage after the intake moves the request by value
+        assert_eq!(
+            std::mem::size_of::<RequestBody>(),
+            std::mem::size_of::<usize>()
+        );
+        let mut body = RequestBody::<crate::h1::ClientBody>::empty();
+        assert!(body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(0));
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        assert!(frame.is_none());
+        assert_eq!(body.held(), 0);
+    }
+
     fn timeouts(total_s: u64, window_s: u64, grace_s: u64) -> Timeouts {
         Timeouts {
             request_body: Duration::from_secs(total_s),
