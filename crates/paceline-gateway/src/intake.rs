@@ -469,7 +469,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut().0.as_deref_mut() {
             None => Poll::Ready(None),
-            Some(flow) => Pin::new(flow).poll_frame(cx),
+            Some(flow) => flow.poll_frame(cx),
         }
     }
 
@@ -501,10 +501,6 @@ impl<B> Drop for Flow<B> {
         }
     }
 }
-
-// Nothing inside is pinned in place: the body from the client is Unpin
-// and the timer is boxed.
-impl<B: Unpin> Unpin for Flow<B> {}
 
 impl<B> Flow<B>
 where
@@ -593,19 +589,15 @@ where
     }
 }
 
-impl<B> Body for Flow<B>
+// what `RequestBody`'s `Body` asks of a body that flows
+impl<B> Flow<B>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
+    /// The frames the intake took first, then the client's.
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self;
         if let Some(f) = this.front.pop_front() {
             let n = f.data_ref().map_or(0, |d| d.len()).min(this.held);
             this.held -= n;
